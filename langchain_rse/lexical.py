@@ -1,0 +1,192 @@
+"""The in-process lexical branch: a code- and prose-aware tokenizer and a BM25 index.
+
+The index keeps each chunk's tokens and builds the sparse BM25 matrix lazily, on the
+first query after a change, so a batch of additions or deletions costs one rebuild.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["BM25Index", "LexicalHit", "tokenize"]
+
+LexicalEngine = Literal["bm25s", "rank_bm25"]
+
+# Words, numbers and runs of CJK ideographs / kana / hangul (split per character below).
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+# camelCase / PascalCase / ACRONYMWord / digits.
+_SUBWORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+_CJK_SPLIT = re.compile(_CJK.pattern + "|" + _CJK.pattern.replace("[", "[^", 1) + "+")
+
+_STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "for",
+        "from",
+        "has",
+        "have",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "such",
+        "that",
+        "the",
+        "their",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "to",
+        "was",
+        "were",
+        "will",
+        "with",
+    ]
+)
+
+
+def tokenize(text: str) -> list[str]:
+    """Lowercased tokens for BM25.
+
+    Splits on punctuation and whitespace, splits identifiers (``getUserName``,
+    ``user_name``, ``HTTPServer``) into their parts while also keeping the whole
+    identifier, indexes CJK text per character, and drops a short list of English
+    stop words.
+    """
+    tokens: list[str] = []
+    for match in _WORD.finditer(text):
+        word = match.group()
+        if _CJK.search(word):
+            tokens.extend(p.lower() for p in _CJK_SPLIT.findall(word))
+            continue
+        lowered = word.lower()
+        if lowered in _STOPWORDS:
+            continue
+        tokens.append(lowered)
+        if word.isascii() and not word.islower() and not word.isupper():
+            parts = _SUBWORD.findall(word)
+            if len(parts) > 1:
+                tokens.extend(p.lower() for p in parts)
+    # snake_case: `[^\W_]+` already split on underscores; keep the joined identifier too.
+    for ident in re.finditer(r"\b\w+_\w+\b", text):
+        tokens.append(ident.group().lower())
+    return tokens
+
+
+LexicalHit = tuple[str, float]
+"""``(chunk_id, bm25_score)``."""
+
+
+class BM25Index:
+    """BM25 over chunk texts, keyed by chunk id.
+
+    ``engine="bm25s"`` (default) scores with a sparse matrix; ``engine="rank_bm25"``
+    uses the reference ``rank_bm25.BM25Okapi`` (much slower, for comparison).
+    """
+
+    def __init__(self, engine: LexicalEngine = "bm25s", k1: float = 1.5, b: float = 0.75) -> None:
+        if engine not in ("bm25s", "rank_bm25"):
+            raise ValueError(f"unknown lexical engine {engine!r}; use 'bm25s' or 'rank_bm25'")
+        self.engine: LexicalEngine = engine
+        self.k1 = k1
+        self.b = b
+        self._tokens: dict[str, list[str]] = {}
+        self._lock = threading.RLock()
+        self._built: tuple[list[str], Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __repr__(self) -> str:
+        return f"BM25Index(engine={self.engine!r}, chunks={len(self)})"
+
+    def add(self, ids: Sequence[str], texts: Sequence[str]) -> None:
+        """Add (or replace) chunks."""
+        if len(ids) != len(texts):
+            raise ValueError("ids and texts must have the same length")
+        tokens = [tokenize(t) for t in texts]
+        with self._lock:
+            self._tokens.update(zip(ids, tokens))
+            self._built = None
+
+    def delete(self, ids: Iterable[str]) -> None:
+        """Remove chunks; unknown ids are ignored."""
+        with self._lock:
+            for chunk_id in ids:
+                self._tokens.pop(chunk_id, None)
+            self._built = None
+
+    def tokens(self) -> dict[str, list[str]]:
+        """A copy of the stored tokens per chunk id (for saving)."""
+        with self._lock:
+            return dict(self._tokens)
+
+    def set_tokens(self, tokens: dict[str, list[str]]) -> None:
+        """Replace the whole index with pre-tokenized chunks (for loading)."""
+        with self._lock:
+            self._tokens = dict(tokens)
+            self._built = None
+
+    def _build(self) -> tuple[list[str], Any]:
+        with self._lock:
+            if self._built is not None:
+                return self._built
+            ids = list(self._tokens)
+            corpus = [self._tokens[i] for i in ids]
+            model: Any
+            if not ids:
+                model = None
+            elif self.engine == "bm25s":
+                import bm25s
+
+                model = bm25s.BM25(k1=self.k1, b=self.b)
+                model.index(corpus, show_progress=False)
+            else:
+                try:
+                    from rank_bm25 import BM25Okapi
+                except ImportError as exc:  # pragma: no cover - depends on extras
+                    raise ImportError(
+                        "engine='rank_bm25' needs `pip install \"langchain-rse[rank-bm25]\"`"
+                    ) from exc
+                model = BM25Okapi([c or [""] for c in corpus], k1=self.k1, b=self.b)
+            self._built = (ids, model)
+            return self._built
+
+    def search(self, query: str, k: int) -> list[LexicalHit]:
+        """The ``k`` best chunks with a positive BM25 score, best first."""
+        ids, model = self._build()
+        q = tokenize(query)
+        if model is None or not q or k <= 0:
+            return []
+        if self.engine == "bm25s":
+            vocab = model.vocab_dict
+            q = [t for t in q if t in vocab]
+            if not q:
+                return []
+        scores = np.asarray(model.get_scores(q), dtype=np.float64)
+        k = min(k, len(ids))
+        top = np.argpartition(-scores, k - 1)[:k]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [(ids[i], float(scores[i])) for i in top if scores[i] > 0]

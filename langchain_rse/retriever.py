@@ -1,0 +1,831 @@
+"""``RSERetriever``: the retriever that wires the stages together."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
+from langchain_core.runnables import RunnableLambda
+from langchain_core.stores import BaseStore, InMemoryByteStore
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from langchain_text_splitters import TextSplitter
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from tqdm.auto import tqdm
+
+from langchain_rse.chunking import (
+    DEFAULT_CHUNK_SIZE,
+    Chunk,
+    chunk_key,
+    chunk_uuid,
+    doc_id_for,
+    make_splitter,
+    parse_chunk_key,
+    split_text,
+)
+from langchain_rse.enrichment import BaseEnricher, ChunkContext, NoEnricher, index_text
+from langchain_rse.fusion import FusedHit, FusionMethod, fuse
+from langchain_rse.lexical import BM25Index, LexicalEngine
+from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
+from langchain_rse.segments import (
+    RSEParams,
+    best_segments,
+    chunk_values,
+    get_preset,
+    rank_relevance,
+)
+
+__all__ = ["RSERetriever"]
+
+logger = logging.getLogger(__name__)
+
+RECORD_FORMAT = 1
+"""Version of the JSON records kept in the chunk store."""
+
+
+def _store_key(kind: str, doc_id: str) -> str:
+    # Hashed, so any doc id (paths, URLs, unicode) is a valid key in every BaseStore,
+    # including file-backed ones that restrict key characters.
+    return f"{kind}/" + hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class _DocMeta:
+    """The small per-document record read at query time."""
+
+    doc_id: str
+    version: str
+    metadata: dict[str, Any]
+    spans: list[tuple[int, int]]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "format": RECORD_FORMAT,
+                "doc_id": self.doc_id,
+                "version": self.version,
+                "metadata": self.metadata,
+                "spans": [x for span in self.spans for x in span],
+            },
+            ensure_ascii=False,
+        ).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> _DocMeta:
+        data = json.loads(raw)
+        if data.get("format") != RECORD_FORMAT:
+            raise ValueError(
+                f"chunk store record has format {data.get('format')!r}; "
+                f"this version of langchain-rse reads format {RECORD_FORMAT}"
+            )
+        flat = data["spans"]
+        spans = list(zip(flat[0::2], flat[1::2]))
+        return cls(data["doc_id"], data["version"], data["metadata"], spans)
+
+
+@dataclass(frozen=True)
+class _DocBody:
+    """The source text of one document version and its chunk contexts."""
+
+    text: str
+    contexts: list[ChunkContext]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {"text": self.text, "contexts": [[c.text, c.method] for c in self.contexts]},
+            ensure_ascii=False,
+        ).encode("utf-8", "surrogatepass")
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> _DocBody:
+        data = json.loads(raw.decode("utf-8", "surrogatepass"))
+        return cls(data["text"], [ChunkContext(t, m) for t, m in data["contexts"]])
+
+
+@dataclass
+class _Candidate:
+    """A fused candidate chunk on its way to RSE."""
+
+    key: str
+    doc_id: str
+    version: str
+    chunk_index: int
+    fused: FusedHit
+    text: str | None = None  # enriched index text, when the dense branch returned it
+    relevance: float = 0.0
+    rerank_score: float | None = None
+
+
+@dataclass
+class _Prepared:
+    """What ingestion computed for one document before anything is written."""
+
+    meta: _DocMeta
+    body: _DocBody
+    chunks: list[Chunk]
+
+
+class RSERetriever(BaseRetriever):
+    """Hybrid (BM25 + vector) retriever that returns Relevant Segment Extraction segments.
+
+    Documents are split into small chunks that remember their character offsets,
+    optionally enriched with situating context, and indexed in any LangChain
+    ``VectorStore`` and an in-process BM25 index. A query runs both searches, fuses
+    them with weighted reciprocal rank fusion, optionally reranks, and returns the
+    best contiguous *segments* of the source documents: each result's
+    ``page_content`` is exactly ``source_text[start_index:end_index]``.
+
+    Setup:
+        .. code-block:: bash
+
+            pip install -U langchain-rse            # core
+            pip install -U "langchain-rse[local]"   # bundled offline embedding model
+
+    Key init args:
+        vectorstore: VectorStore
+            Any LangChain vector store; chunks are written to it with their metadata.
+        k: int
+            Maximum number of segments (or chunks) returned.
+        mode: "segments" | "chunks"
+            Return RSE segments (default) or the plain top-k chunks.
+        enricher: BaseEnricher
+            Index-time context for each chunk (``NoEnricher`` by default).
+        reranker: BaseReranker | BaseDocumentCompressor | None
+            Optional reranker; its calibrated scores become chunk relevance.
+        preset: str
+            Named RSE parameters (see ``langchain_rse.segments.PRESETS``).
+
+    Instantiate:
+        .. code-block:: python
+
+            from langchain_core.vectorstores import InMemoryVectorStore
+            from langchain_rse import RSERetriever
+
+            retriever = RSERetriever(vectorstore=InMemoryVectorStore(embeddings), k=3)
+            retriever.add_documents(docs)
+            # or: RSERetriever.from_documents(docs, embedding=embeddings)
+
+    Usage:
+        .. code-block:: python
+
+            for seg in retriever.invoke("termination for convenience", k=2):
+                meta = seg.metadata
+                print(meta["doc_id"], meta["start_index"], meta["end_index"], meta["score"])
+
+    Use within a chain:
+        .. code-block:: python
+
+            from langchain_core.output_parsers import StrOutputParser
+            from langchain_core.prompts import ChatPromptTemplate
+            from langchain_core.runnables import RunnablePassthrough
+
+            prompt = ChatPromptTemplate.from_template(
+                "Answer from the context.\\n\\n{context}\\n\\nQuestion: {question}"
+            )
+
+            def format_docs(docs):
+                return "\\n\\n".join(d.page_content for d in docs)
+
+            chain = (
+                {"context": retriever | format_docs, "question": RunnablePassthrough()}
+                | prompt
+                | llm
+                | StrOutputParser()
+            )
+            chain.invoke("Can either party terminate for convenience?")
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    vectorstore: VectorStore
+    """The vector store holding the (enriched) chunk texts."""
+    k: int = 4
+    """Maximum number of results (segments or chunks)."""
+    mode: Literal["segments", "chunks"] = "segments"
+    """``"segments"``: RSE segments; ``"chunks"``: the top-k chunks (same metadata)."""
+    docstore: BaseStore[str, bytes] = Field(default_factory=InMemoryByteStore)
+    """Chunk store: source texts, offsets and contexts as JSON, one record per document."""
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    """Chunk size in characters (ignored when ``splitter`` is given)."""
+    chunk_overlap: int = 0
+    """Chunk overlap in characters; segments restore context, so none is needed."""
+    splitter: TextSplitter | None = None
+    """A custom LangChain text splitter; its chunks are located by exact offsets."""
+    enricher: BaseEnricher = Field(default_factory=NoEnricher)
+    """Writes each chunk's situating context at index time."""
+    reranker: BaseReranker | None = None
+    """Reranks fused candidates; a ``BaseDocumentCompressor`` is wrapped automatically."""
+    strict_rerank: bool = False
+    """Raise when the reranker fails instead of falling back to the fused ranking."""
+    lexical_engine: LexicalEngine = "bm25s"
+    """BM25 implementation: ``"bm25s"`` (fast, sparse) or ``"rank_bm25"``."""
+    fetch_k: int = 50
+    """Candidates fetched from each branch (dense and lexical)."""
+    candidate_pool: int = 50
+    """Fused candidates kept for reranking and RSE."""
+    fusion: FusionMethod = "rrf"
+    """``"rrf"``, ``"relative_score"`` or ``"dist_based"``."""
+    weights: tuple[float, float] = (1.0, 1.0)
+    """Fusion weights of the (dense, lexical) branches."""
+    rrf_k: float = 60.0
+    """Reciprocal rank fusion constant."""
+    preset: str = "default"
+    """Named RSE parameters; see ``langchain_rse.segments.PRESETS``."""
+    rse_params: RSEParams | None = None
+    """Explicit RSE parameters; override ``preset`` when given."""
+    max_query_chars: int = 8192
+    """Longer queries are rejected with a ``ValueError``."""
+    index_batch_size: int = 256
+    """Chunks written to the vector store per call."""
+    show_progress: bool | None = None
+    """Progress bar while indexing; ``None`` shows it only on a terminal."""
+
+    _lexical: BM25Index = PrivateAttr()
+    _write_lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
+
+    # ------------------------------------------------------------------ setup
+
+    @field_validator("reranker", mode="before")
+    @classmethod
+    def _wrap_compressor(cls, value: Any) -> Any:
+        if isinstance(value, BaseDocumentCompressor):
+            from langchain_rse.rerank import CompressorReranker
+
+            return CompressorReranker(compressor=value)
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> RSERetriever:
+        if self.k < 0:
+            raise ValueError(f"k must be >= 0, got {self.k}")
+        for name in ("fetch_k", "candidate_pool", "max_query_chars", "index_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.splitter is None:
+            make_splitter(self.chunk_size, self.chunk_overlap)  # validates size/overlap
+        fuse([], [], self.fusion, self.rrf_k)  # validates method and constant
+        if len(self.weights) != 2 or min(self.weights) < 0 or max(self.weights) <= 0:
+            raise ValueError(f"weights must be two non-negative numbers, got {self.weights}")
+        if self.rse_params is None:
+            get_preset(self.preset)
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._lexical = BM25Index(engine=self.lexical_engine)
+
+    @property
+    def params(self) -> RSEParams:
+        """The RSE parameters in force."""
+        return self.rse_params or get_preset(self.preset)
+
+    def __repr__(self) -> str:
+        return (
+            f"RSERetriever(vectorstore={type(self.vectorstore).__name__}, k={self.k}, "
+            f"mode={self.mode!r}, chunks={len(self._lexical)}, enricher={self.enricher!r}, "
+            f"reranker={type(self.reranker).__name__ if self.reranker else None}, "
+            f"fusion={self.fusion!r}, preset={self.preset!r})"
+        )
+
+    def __str__(self) -> str:
+        return repr(self)
+
+    def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
+        params = super()._get_ls_params(**kwargs)
+        params["ls_vector_store_provider"] = type(self.vectorstore).__name__
+        embeddings = getattr(self.vectorstore, "embeddings", None)
+        if embeddings is not None:
+            params["ls_embedding_provider"] = type(embeddings).__name__
+            model = getattr(embeddings, "model", None) or getattr(embeddings, "model_name", None)
+            if isinstance(model, str):
+                params["ls_embedding_model"] = model
+        return params
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Iterable[Document],
+        embedding: Embeddings | None = None,
+        *,
+        vectorstore: VectorStore | None = None,
+        **kwargs: Any,
+    ) -> RSERetriever:
+        """Build a retriever over ``documents`` with a local in-memory vector store.
+
+        Without ``embedding`` the bundled offline model (``LocalEmbeddings``) is used.
+        """
+        if vectorstore is None:
+            if embedding is None:
+                from langchain_rse.embeddings import LocalEmbeddings
+
+                embedding = LocalEmbeddings()
+            vectorstore = InMemoryVectorStore(embedding)
+        retriever = cls(vectorstore=vectorstore, **kwargs)
+        retriever.add_documents(list(documents))
+        return retriever
+
+    # ------------------------------------------------------------------ indexing
+
+    def _splitter(self) -> TextSplitter:
+        return self.splitter or make_splitter(self.chunk_size, self.chunk_overlap)
+
+    def _version(self, text: str, metadata: dict[str, Any]) -> str:
+        h = hashlib.sha256()
+        h.update(text.encode("utf-8", "surrogatepass"))
+        h.update(json.dumps(metadata, sort_keys=True, default=str).encode())
+        splitter = (
+            f"{self.chunk_size}/{self.chunk_overlap}"
+            if self.splitter is None
+            else repr(self.splitter.__dict__)
+        )
+        h.update(f"{splitter}|{self.enricher!r}".encode())
+        return h.hexdigest()[:16]
+
+    def _validate_documents(
+        self, documents: Sequence[Document], ids: Sequence[str] | None
+    ) -> list[str]:
+        if isinstance(documents, (str, Document)):
+            raise TypeError("add_documents expects a list of Documents")
+        if ids is not None and len(ids) != len(documents):
+            raise ValueError(f"got {len(ids)} ids for {len(documents)} documents")
+        doc_ids: list[str] = []
+        for n, doc in enumerate(documents):
+            if not isinstance(doc, Document):
+                raise TypeError(f"documents[{n}] is {type(doc).__name__}, not a Document")
+            if not isinstance(doc.page_content, str):
+                raise TypeError(f"documents[{n}].page_content is not a string")
+            doc_id = str(ids[n]) if ids is not None else doc_id_for(doc)
+            for key, value in doc.metadata.items():
+                try:
+                    json.dumps(value)
+                except (TypeError, ValueError) as exc:
+                    raise TypeError(
+                        f"metadata[{key!r}] of document {doc_id!r} is not JSON-serialisable "
+                        f"({type(value).__name__}); convert it to a string or number first"
+                    ) from exc
+            doc_ids.append(doc_id)
+        seen: set[str] = set()
+        for doc_id in doc_ids:
+            if doc_id in seen:
+                raise ValueError(f"duplicate document id {doc_id!r} in one add_documents call")
+            seen.add(doc_id)
+        return doc_ids
+
+    def _progress(self, total: int, desc: str) -> tqdm:
+        show = self.show_progress if self.show_progress is not None else sys.stderr.isatty()
+        return tqdm(total=total, desc=desc, unit="doc", disable=not show)
+
+    def _get_meta(self, doc_ids: Sequence[str]) -> list[_DocMeta | None]:
+        raw = self.docstore.mget([_store_key("doc", d) for d in doc_ids])
+        return [_DocMeta.from_bytes(r) if r is not None else None for r in raw]
+
+    async def _aget_meta(self, doc_ids: Sequence[str]) -> list[_DocMeta | None]:
+        raw = await self.docstore.amget([_store_key("doc", d) for d in doc_ids])
+        return [_DocMeta.from_bytes(r) if r is not None else None for r in raw]
+
+    def _get_bodies(self, metas: Sequence[_DocMeta]) -> list[_DocBody]:
+        raw = self.docstore.mget([_store_key(f"body/{m.version}", m.doc_id) for m in metas])
+        return [self._decode_body(m, r) for m, r in zip(metas, raw)]
+
+    async def _aget_bodies(self, metas: Sequence[_DocMeta]) -> list[_DocBody]:
+        raw = await self.docstore.amget([_store_key(f"body/{m.version}", m.doc_id) for m in metas])
+        return [self._decode_body(m, r) for m, r in zip(metas, raw)]
+
+    @staticmethod
+    def _decode_body(meta: _DocMeta, raw: bytes | None) -> _DocBody:
+        if raw is None:
+            raise RuntimeError(f"chunk store has no text for document {meta.doc_id!r}")
+        return _DocBody.from_bytes(raw)
+
+    def _prepare(
+        self,
+        doc: Document,
+        doc_id: str,
+        contexts: list[ChunkContext] | None,
+        chunks: list[Chunk],
+        version: str,
+    ) -> _Prepared:
+        contexts = contexts if contexts is not None else [ChunkContext("", "none")] * len(chunks)
+        if len(contexts) != len(chunks):
+            raise RuntimeError(
+                f"{self.enricher!r} returned {len(contexts)} contexts for {len(chunks)} chunks"
+            )
+        meta = _DocMeta(
+            doc_id, version, dict(doc.metadata), [(c.start_index, c.end_index) for c in chunks]
+        )
+        return _Prepared(meta, _DocBody(doc.page_content, contexts), chunks)
+
+    def _plan(
+        self, documents: Sequence[Document], ids: Sequence[str] | None
+    ) -> tuple[list[str], list[tuple[Document, str, str, list[Chunk]]], list[str]]:
+        """Validate, split and version (no writes).
+
+        Returns all doc ids, the documents to (re)index, and the ids of documents
+        that became empty (to remove). Documents already indexed as they are skipped.
+        """
+        doc_ids = self._validate_documents(documents, ids)
+        old = self._get_meta(doc_ids) if doc_ids else []
+        todo: list[tuple[Document, str, str, list[Chunk]]] = []
+        removals: list[str] = []
+        splitter = self._splitter()
+        for doc, doc_id, prev in zip(documents, doc_ids, old):
+            version = self._version(doc.page_content, doc.metadata)
+            if prev is not None and prev.version == version:
+                logger.debug("document %r unchanged; not re-indexed", doc_id)
+                continue
+            chunks = split_text(doc.page_content, doc_id, splitter)
+            if not chunks:
+                logger.warning("document %r has no text; nothing indexed for it", doc_id)
+                removals.append(doc_id)
+                continue
+            todo.append((doc, doc_id, version, chunks))
+        return doc_ids, todo, removals
+
+    def add_documents(
+        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
+    ) -> list[str]:
+        """Index long source documents; returns their doc ids.
+
+        A document whose id is already indexed is replaced everywhere (an unchanged
+        one is skipped); empty documents are skipped with a warning (and an indexed
+        version of them removed). Documents are enriched, then written to the
+        vector store, the BM25 index and the chunk store.
+        """
+        with self._write_lock:
+            doc_ids, todo, removals = self._plan(documents, ids)
+            prepared: list[_Prepared] = []
+            with self._progress(len(todo), "enriching") as bar:
+                for doc, doc_id, version, chunks in todo:
+                    contexts = self.enricher.enrich(doc_id, doc.page_content, doc.metadata, chunks)
+                    prepared.append(self._prepare(doc, doc_id, contexts, chunks, version))
+                    bar.update(1)
+            self._write(prepared, removals)
+        return doc_ids
+
+    async def aadd_documents(
+        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
+    ) -> list[str]:
+        """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread."""
+        doc_ids, todo, removals = await asyncio.to_thread(self._plan, documents, ids)
+        prepared: list[_Prepared] = []
+        with self._progress(len(todo), "enriching") as bar:
+            for doc, doc_id, version, chunks in todo:
+                contexts = await self.enricher.aenrich(
+                    doc_id, doc.page_content, doc.metadata, chunks
+                )
+                prepared.append(self._prepare(doc, doc_id, contexts, chunks, version))
+                bar.update(1)
+        await asyncio.to_thread(self._write, prepared, removals)
+        return doc_ids
+
+    def _write(self, prepared: list[_Prepared], removals: Sequence[str] = ()) -> None:
+        """New version first (vector store, BM25, text), then the pointer, then old chunks go.
+
+        A concurrent query sees the old version until the pointer (``doc/`` record)
+        is swapped, and the new version after; chunks of any other version are ignored.
+        """
+        with self._write_lock:
+            olds = self._get_meta([p.meta.doc_id for p in prepared])
+            self._write_new(prepared)
+            self._remove(
+                [
+                    o
+                    for o, p in zip(olds, prepared)
+                    if o is not None and o.version != p.meta.version
+                ],
+                keep_pointer=True,
+            )
+            self._remove([m for m in self._get_meta(list(removals)) if m is not None])
+
+    def _write_new(self, prepared: list[_Prepared]) -> None:
+        pending: list[tuple[str, Document]] = []
+
+        def flush() -> None:
+            if pending:
+                self.vectorstore.add_documents([d for _, d in pending], ids=[i for i, _ in pending])
+                pending.clear()
+
+        lexical_ids: list[str] = []
+        lexical_texts: list[str] = []
+        for p in prepared:
+            m = p.meta
+            for chunk, ctx in zip(p.chunks, p.body.contexts):
+                key = chunk_key(m.doc_id, m.version, chunk.chunk_index)
+                text = index_text(ctx, chunk.text)
+                pending.append(
+                    (
+                        chunk_uuid(key),
+                        Document(
+                            page_content=text,
+                            id=chunk_uuid(key),
+                            metadata={
+                                "doc_id": m.doc_id,
+                                "doc_version": m.version,
+                                "chunk_index": chunk.chunk_index,
+                                "start_index": chunk.start_index,
+                                "end_index": chunk.end_index,
+                                "enrichment": ctx.method,
+                            },
+                        ),
+                    )
+                )
+                lexical_ids.append(key)
+                lexical_texts.append(text)
+                if len(pending) >= self.index_batch_size:
+                    flush()
+        flush()
+        self._lexical.add(lexical_ids, lexical_texts)
+        self.docstore.mset(
+            [
+                (_store_key(f"body/{p.meta.version}", p.meta.doc_id), p.body.to_bytes())
+                for p in prepared
+            ]
+        )
+        self.docstore.mset(
+            [(_store_key("doc", p.meta.doc_id), p.meta.to_bytes()) for p in prepared]
+        )
+        if prepared:
+            logger.info("indexed %d documents (%d chunks)", len(prepared), len(lexical_ids))
+
+    def _remove(self, metas: Sequence[_DocMeta], keep_pointer: bool = False) -> None:
+        if not metas:
+            return
+        keys = [chunk_key(m.doc_id, m.version, i) for m in metas for i in range(len(m.spans))]
+        if not keep_pointer:
+            self.docstore.mdelete([_store_key("doc", m.doc_id) for m in metas])
+        self._lexical.delete(keys)
+        if keys:
+            self.vectorstore.delete(ids=[chunk_uuid(k) for k in keys])
+        self.docstore.mdelete([_store_key(f"body/{m.version}", m.doc_id) for m in metas])
+
+    def delete(self, doc_ids: Sequence[str]) -> None:
+        """Remove documents (by doc id) from the vector store, BM25 index and chunk store."""
+        if isinstance(doc_ids, str):
+            raise TypeError("delete expects a list of document ids")
+        with self._write_lock:
+            metas = [m for m in self._get_meta(list(doc_ids)) if m is not None]
+            self._remove(metas)
+
+    # ------------------------------------------------------------------ querying
+
+    def _check_query(self, query: Any, k: Any) -> int:
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a string, got {type(query).__name__}")
+        if not query.strip():
+            raise ValueError("query must be a non-empty string (got an empty or blank query)")
+        if len(query) > self.max_query_chars:
+            raise ValueError(
+                f"query is {len(query)} characters long; the limit is max_query_chars="
+                f"{self.max_query_chars}"
+            )
+        k = self.k if k is None else k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be a non-negative integer, got {k!r}")
+        return k
+
+    def _dense(self, query: str) -> list[tuple[Document, float | None]]:
+        try:
+            return list(
+                self.vectorstore.similarity_search_with_relevance_scores(query, k=self.fetch_k)
+            )
+        except NotImplementedError:
+            return [(d, None) for d in self.vectorstore.similarity_search(query, k=self.fetch_k)]
+
+    async def _adense(self, query: str) -> list[tuple[Document, float | None]]:
+        try:
+            return list(
+                await self.vectorstore.asimilarity_search_with_relevance_scores(
+                    query, k=self.fetch_k
+                )
+            )
+        except NotImplementedError:
+            docs = await self.vectorstore.asimilarity_search(query, k=self.fetch_k)
+            return [(d, None) for d in docs]
+
+    def _lexical_search(self, query: str) -> list[tuple[str, float]]:
+        return self._lexical.search(query, self.fetch_k)
+
+    def _fuse(
+        self, dense: list[tuple[Document, float | None]], lexical: list[tuple[str, float]]
+    ) -> list[_Candidate]:
+        dense_branch: list[tuple[str, float | None]] = []
+        texts: dict[str, str] = {}
+        for doc, score in dense:
+            m = doc.metadata
+            if "doc_id" not in m or "chunk_index" not in m or "doc_version" not in m:
+                continue  # not ours (a shared vector store)
+            key = chunk_key(str(m["doc_id"]), str(m["doc_version"]), int(m["chunk_index"]))
+            dense_branch.append((key, score))
+            texts[key] = doc.page_content
+        fused = fuse([dense_branch, lexical], self.weights, self.fusion, self.rrf_k)
+        out = []
+        for hit in fused[: self.candidate_pool]:
+            doc_id, version, idx = parse_chunk_key(hit.id)
+            out.append(_Candidate(hit.id, doc_id, version, idx, hit, texts.get(hit.id)))
+        return out
+
+    @staticmethod
+    def _current(cands: list[_Candidate], metas: dict[str, _DocMeta]) -> list[_Candidate]:
+        """Drop candidates of deleted or replaced document versions."""
+        return [
+            c
+            for c in cands
+            if (m := metas.get(c.doc_id)) is not None
+            and m.version == c.version
+            and c.chunk_index < len(m.spans)
+        ]
+
+    def _rerank_inputs(
+        self, cands: list[_Candidate], bodies: dict[str, _DocBody], metas: dict[str, _DocMeta]
+    ) -> list[Document]:
+        docs = []
+        for c in cands:
+            if c.text is None:
+                body = bodies[c.doc_id]
+                start, end = metas[c.doc_id].spans[c.chunk_index]
+                c.text = index_text(body.contexts[c.chunk_index], body.text[start:end])
+            docs.append(Document(page_content=c.text, metadata={"chunk_id": chunk_uuid(c.key)}))
+        return docs
+
+    def _apply_relevance(
+        self, cands: list[_Candidate], result: RerankResult | None
+    ) -> list[_Candidate]:
+        if result is None:
+            for c, rel in zip(cands, rank_relevance(len(cands), self.params.decay_rate)):
+                c.relevance = float(rel)
+            return cands
+        ordered = []
+        for idx, score, rel in zip(result.indices, result.scores, result.relevance):
+            c = cands[idx]
+            c.rerank_score, c.relevance = float(score), float(rel)
+            ordered.append(c)
+        return ordered
+
+    def _rerank_failed(self, exc: Exception) -> None:
+        if self.strict_rerank:
+            raise exc
+        logger.warning("reranker failed (%s); using the fused ranking instead", exc)
+
+    def _results(
+        self,
+        cands: list[_Candidate],
+        metas: dict[str, _DocMeta],
+        bodies: dict[str, _DocBody],
+        k: int,
+        fallback: bool,
+        selection: list[tuple[str, int, int, float]],
+    ) -> list[Document]:
+        by_key = {(c.doc_id, c.chunk_index): c for c in cands}
+        out = []
+        for doc_id, start, end, score in selection:
+            meta, body = metas[doc_id], bodies[doc_id]
+            s, e = meta.spans[start][0], meta.spans[end - 1][1]
+            md: dict[str, Any] = dict(meta.metadata)
+            md.update(
+                doc_id=doc_id,
+                start_index=s,
+                end_index=e,
+                chunk_start=start,
+                chunk_end=end,
+                score=score,
+            )
+            if self.mode == "chunks":
+                c = by_key[(doc_id, start)]
+                md.update(
+                    chunk_index=start,
+                    fused_score=c.fused.score,
+                    dense_rank=c.fused.ranks[0],
+                    lexical_rank=c.fused.ranks[1],
+                    context=body.contexts[start].text,
+                )
+                if c.rerank_score is not None:
+                    md["rerank_score"] = c.rerank_score
+            if fallback:
+                md["rerank_fallback"] = True
+            out.append(Document(page_content=body.text[s:e], metadata=md))
+        return out[:k]
+
+    def _select(
+        self, cands: list[_Candidate], metas: dict[str, _DocMeta], k: int
+    ) -> list[tuple[str, int, int, float]]:
+        """The chosen (doc_id, chunk_start, chunk_end, score), best first."""
+        if self.mode == "chunks":
+            ranked = sorted(cands, key=lambda c: -c.relevance)
+            return [(c.doc_id, c.chunk_index, c.chunk_index + 1, c.relevance) for c in ranked[:k]]
+        p = self.params
+        docs = list(dict.fromkeys(c.doc_id for c in cands))
+        position = {d: i for i, d in enumerate(docs)}
+        values, offsets = chunk_values(
+            [len(metas[d].spans) for d in docs],
+            ((position[c.doc_id], c.chunk_index, c.relevance) for c in cands),
+            p.irrelevant_chunk_penalty,
+        )
+        segs = best_segments(
+            values, offsets, p.max_segment_chunks, p.max_total_chunks, p.min_segment_value
+        )
+        return [(docs[s.doc], s.start, s.end, s.value) for s in segs[:k]]
+
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        k = self._check_query(query, k)
+        if k == 0:
+            return []
+        callbacks = run_manager.get_child()
+        dense = RunnableLambda(self._dense, name="dense_search").invoke(
+            query, {"callbacks": callbacks}
+        )
+        lexical = RunnableLambda(self._lexical_search, name="lexical_search").invoke(
+            query, {"callbacks": callbacks}
+        )
+        cands = self._fuse(dense, lexical)
+        if not cands:
+            return []
+        doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
+        metas = {m.doc_id: m for m in self._get_meta(doc_ids) if m is not None}
+        cands = self._current(cands, metas)
+        if not cands:
+            return []
+        bodies: dict[str, _DocBody] = {}
+        result, fallback = None, False
+        if self.reranker is not None:
+            need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
+            bodies.update(zip((m.doc_id for m in need), self._get_bodies(need)))
+            try:
+                result = self.reranker.rerank(
+                    query, self._rerank_inputs(cands, bodies, metas), callbacks=callbacks
+                )
+            except RerankError as exc:
+                self._rerank_failed(exc)
+                fallback = True
+        cands = self._apply_relevance(cands, result)
+        selection = self._select(cands, metas, k)
+        need = [metas[d] for d in dict.fromkeys(s[0] for s in selection) if d not in bodies]
+        bodies.update(zip((m.doc_id for m in need), self._get_bodies(need)))
+        return self._results(cands, metas, bodies, k, fallback, selection)
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        k = self._check_query(query, k)
+        if k == 0:
+            return []
+        callbacks = run_manager.get_child()
+        lexical_search = RunnableLambda(
+            self._lexical_search,
+            afunc=lambda q: asyncio.to_thread(self._lexical_search, q),
+            name="lexical_search",
+        )
+        dense, lexical = await asyncio.gather(
+            RunnableLambda(self._dense, afunc=self._adense, name="dense_search").ainvoke(
+                query, {"callbacks": callbacks}
+            ),
+            lexical_search.ainvoke(query, {"callbacks": callbacks}),
+        )
+        cands = self._fuse(dense, lexical)
+        if not cands:
+            return []
+        doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
+        metas = {m.doc_id: m for m in await self._aget_meta(doc_ids) if m is not None}
+        cands = self._current(cands, metas)
+        if not cands:
+            return []
+        bodies: dict[str, _DocBody] = {}
+        result, fallback = None, False
+        if self.reranker is not None:
+            need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
+            bodies.update(zip((m.doc_id for m in need), await self._aget_bodies(need)))
+            try:
+                result = await self.reranker.arerank(
+                    query, self._rerank_inputs(cands, bodies, metas), callbacks=callbacks
+                )
+            except RerankError as exc:
+                self._rerank_failed(exc)
+                fallback = True
+        cands = self._apply_relevance(cands, result)
+        selection = self._select(cands, metas, k)
+        need = [metas[d] for d in dict.fromkeys(s[0] for s in selection) if d not in bodies]
+        bodies.update(zip((m.doc_id for m in need), await self._aget_bodies(need)))
+        return self._results(cands, metas, bodies, k, fallback, selection)

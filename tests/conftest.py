@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from langchain_core.documents import Document
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import HashingEmbeddings, make_contract  # noqa: E402
+
+CORPUS = {
+    "alpha": ["payment terms", "termination", "confidentiality", "indemnity"],
+    "beta": ["warranty", "termination", "governing law", "insurance"],
+    "gamma": ["licence grant", "royalties", "audit rights", "termination"],
+    "delta": ["exclusivity", "non-compete", "marketing", "insurance"],
+}
+
+
+def corpus_documents() -> list[Document]:
+    return [
+        Document(make_contract(name, topics), metadata={"source": f"{name}.txt", "title": name})
+        for name, topics in CORPUS.items()
+    ]
+
+
+@pytest.fixture
+def docs() -> list[Document]:
+    return corpus_documents()
+
+
+@pytest.fixture
+def embeddings() -> HashingEmbeddings:
+    return HashingEmbeddings()

@@ -1,0 +1,48 @@
+"""Shared test helpers: a small deterministic embedding model with real lexical semantics."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from langchain_core.embeddings import Embeddings
+
+from langchain_rse.lexical import tokenize
+
+
+class HashingEmbeddings(Embeddings):
+    """Bag-of-words feature hashing, L2-normalised: texts sharing words are close."""
+
+    def __init__(self, dim: int = 256) -> None:
+        self.dim = dim
+        self.calls = 0
+
+    def _embed(self, text: str) -> list[float]:
+        vec = np.zeros(self.dim)
+        for tok in tokenize(text):
+            h = int.from_bytes(hashlib.blake2b(tok.encode(), digest_size=8).digest(), "little")
+            vec[h % self.dim] += 1.0 if (h >> 32) & 1 else -1.0
+        norm = np.linalg.norm(vec)
+        return list(vec / norm) if norm else list(np.full(self.dim, 1.0 / np.sqrt(self.dim)))
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.calls += 1
+        return [self._embed(t) for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        self.calls += 1
+        return self._embed(text)
+
+
+def make_contract(name: str, topics: list[str], filler_paragraphs: int = 8) -> str:
+    """A long synthetic document: numbered sections, one per topic, with filler around."""
+    parts = [f"{name.upper()} AGREEMENT\n"]
+    for n, topic in enumerate(topics, start=1):
+        parts.append(f"{n}. {topic.title()}\n")
+        for p in range(filler_paragraphs):
+            parts.append(
+                f"{n}.{p + 1} The parties agree that the {topic} provisions of the {name} "
+                f"agreement apply as described in paragraph {p + 1}, and that each obligation "
+                f"on {topic} survives for the period stated herein, subject to clause {n}.\n"
+            )
+    return "\n".join(parts)

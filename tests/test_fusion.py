@@ -1,0 +1,61 @@
+"""Fusion math: weighted RRF and the score-based fusions."""
+
+from __future__ import annotations
+
+import pytest
+
+from langchain_rse.fusion import fuse
+
+
+def test_rrf_formula_and_dedupe_by_id() -> None:
+    dense = [("a", 0.9), ("b", 0.8), ("c", 0.1)]
+    lexical = [("c", 12.0), ("a", 3.0), ("a", 2.0)]  # duplicate id keeps its best rank
+    out = fuse([dense, lexical], [1.0, 2.0], "rrf", rrf_k=60)
+    scores = {h.id: h.score for h in out}
+    assert scores["a"] == pytest.approx(1 / 61 + 2 / 62)
+    assert scores["b"] == pytest.approx(1 / 62)
+    assert scores["c"] == pytest.approx(1 / 63 + 2 / 61)
+    assert [h.id for h in out] == ["c", "a", "b"]
+    assert {h.id: h.ranks for h in out} == {"a": (1, 2), "b": (2, None), "c": (3, 1)}
+
+
+def test_same_text_different_ids_are_not_merged() -> None:
+    out = fuse([[("x1", None), ("x2", None)]], None, "rrf")
+    assert [h.id for h in out] == ["x1", "x2"]
+
+
+def test_zero_weight_branch_only_orders_ties() -> None:
+    out = fuse([[("a", 1.0)], [("b", 1.0)]], [1.0, 0.0])
+    assert out[0].id == "a" and out[1].score == 0.0
+
+
+def test_relative_score_is_minmax_weighted_sum() -> None:
+    dense = [("a", 0.9), ("b", 0.5), ("c", 0.1)]
+    lexical = [("b", 10.0), ("c", 5.0)]
+    out = {h.id: h.score for h in fuse([dense, lexical], [0.5, 0.5], "relative_score")}
+    assert out["a"] == pytest.approx(0.5 * 1.0)
+    assert out["b"] == pytest.approx(0.5 * 0.5 + 0.5 * 1.0)
+    assert out["c"] == pytest.approx(0.5 * 0.0 + 0.5 * 0.0)
+
+
+def test_dist_based_uses_mean_plus_minus_three_std() -> None:
+    scores = [("a", 3.0), ("b", 2.0), ("c", 1.0)]
+    mean, std = 2.0, (2 / 3) ** 0.5
+    out = {h.id: h.score for h in fuse([scores], [1.0], "dist_based")}
+    assert out["a"] == pytest.approx((3.0 - (mean - 3 * std)) / (6 * std))
+    assert out["b"] == pytest.approx(0.5)
+
+
+def test_rank_only_branch_in_score_fusion() -> None:
+    out = fuse([[("a", None), ("b", None)]], [1.0], "relative_score")
+    assert [h.id for h in out] == ["a", "b"]
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="weights"):
+        fuse([[("a", 1.0)]], [1.0, 1.0])
+    with pytest.raises(ValueError, match="non-negative"):
+        fuse([[("a", 1.0)]], [-1.0])
+    with pytest.raises(ValueError, match="unknown fusion"):
+        fuse([[("a", 1.0)]], None, "max")  # type: ignore[arg-type]
+    assert fuse([], []) == []

@@ -1,0 +1,269 @@
+"""Behaviour of RSERetriever on the offline path (hashing embeddings, in-memory stores)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from helpers import HashingEmbeddings, make_contract
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from langchain_rse import RSERetriever
+from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
+from langchain_rse.segments import RSEParams
+
+QUERY = "termination provisions of the agreement"
+
+
+@pytest.fixture
+def retriever(docs: list[Document], embeddings: HashingEmbeddings) -> RSERetriever:
+    return RSERetriever.from_documents(docs, embedding=embeddings, k=3)
+
+
+def sources(docs: list[Document]) -> dict[str, str]:
+    return {d.metadata["source"]: d.page_content for d in docs}
+
+
+def test_segments_are_exact_slices_with_metadata(retriever, docs) -> None:
+    texts = sources(docs)
+    results = retriever.invoke(QUERY)
+    assert 1 <= len(results) <= 3
+    for seg in results:
+        m = seg.metadata
+        assert seg.page_content == texts[m["doc_id"]][m["start_index"] : m["end_index"]]
+        assert m["chunk_end"] > m["chunk_start"] >= 0
+        assert m["title"] == m["doc_id"].removesuffix(".txt")  # source metadata kept
+        assert isinstance(m["score"], float)
+    scores = [s.metadata["score"] for s in results]
+    assert scores == sorted(scores, reverse=True)
+    # the query is about termination: every returned segment mentions it
+    assert all("termination" in s.page_content for s in results)
+
+
+def test_segments_never_overlap(docs, embeddings) -> None:
+    r = RSERetriever.from_documents(
+        docs, embedding=embeddings, k=50, rse_params=RSEParams(3, 60, 0.05, 0.1, 30.0)
+    )
+    results = r.invoke(QUERY)
+    assert len(results) > 3
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for seg in results:
+        spans.setdefault(seg.metadata["doc_id"], []).append(
+            (seg.metadata["start_index"], seg.metadata["end_index"])
+        )
+    for ranges in spans.values():
+        ranges.sort()
+        assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def test_k_is_honoured(retriever) -> None:
+    assert len(retriever.invoke(QUERY, k=1)) == 1
+    assert len(retriever.invoke(QUERY, k=2)) == 2
+    assert retriever.invoke(QUERY, k=0) == []
+    with pytest.raises(ValueError, match="k must be"):
+        retriever.invoke(QUERY, k=-1)
+    with pytest.raises(ValueError, match="k must be"):
+        RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=-2)
+
+
+def test_chunks_mode_returns_exact_chunks(docs, embeddings) -> None:
+    texts = sources(docs)
+    r = RSERetriever.from_documents(docs, embedding=embeddings, k=4, mode="chunks")
+    results = r.invoke("royalties audit rights")
+    assert len(results) == 4
+    for c in results:
+        m = c.metadata
+        assert c.page_content == texts[m["doc_id"]][m["start_index"] : m["end_index"]]
+        assert m["chunk_end"] == m["chunk_start"] + 1 == m["chunk_index"] + 1
+        assert m["dense_rank"] is not None or m["lexical_rank"] is not None
+    assert results[0].metadata["doc_id"] == "gamma.txt"
+
+
+def test_empty_corpus_returns_nothing(embeddings) -> None:
+    r = RSERetriever(vectorstore=InMemoryVectorStore(embeddings))
+    assert r.invoke("anything") == []
+    assert asyncio.run(r.ainvoke("anything")) == []
+
+
+@pytest.mark.parametrize("query", ["", "   ", "\n\t"])
+def test_blank_query_is_rejected(retriever, query) -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        retriever.invoke(query)
+
+
+def test_non_string_query_is_rejected(retriever) -> None:
+    with pytest.raises(TypeError, match="query must be a string"):
+        retriever._get_relevant_documents(None, run_manager=None)  # type: ignore[arg-type]
+
+
+async def test_async_equals_sync(retriever) -> None:
+    for mode in ("segments", "chunks"):
+        retriever.mode = mode
+        sync = retriever.invoke(QUERY)
+        async_ = await retriever.ainvoke(QUERY)
+        assert [(d.page_content, d.metadata) for d in sync] == [
+            (d.page_content, d.metadata) for d in async_
+        ]
+
+
+def test_batch(retriever) -> None:
+    out = retriever.batch([QUERY, "insurance"])
+    assert len(out) == 2 and all(out)
+
+
+def test_delete_removes_everywhere(retriever) -> None:
+    vs = retriever.vectorstore
+    before = len(vs.store)
+    n_gamma = sum(1 for v in vs.store.values() if v["metadata"]["doc_id"] == "gamma.txt")
+    retriever.delete(["gamma.txt"])
+    assert len(vs.store) == before - n_gamma
+    assert all(v["metadata"]["doc_id"] != "gamma.txt" for v in vs.store.values())
+    assert len(retriever._lexical) == before - n_gamma
+    assert all(d.metadata["doc_id"] != "gamma.txt" for d in retriever.invoke("royalties", k=5))
+    keys = list(retriever.docstore.yield_keys())
+    assert len(keys) == 2 * 3  # a pointer and a body per remaining document
+
+
+def test_readd_unchanged_is_free_and_changed_replaces(docs, embeddings) -> None:
+    r = RSERetriever.from_documents(docs, embedding=embeddings, k=2)
+    calls, size = embeddings.calls, len(r.vectorstore.store)
+    assert r.add_documents(docs) == [d.metadata["source"] for d in docs]
+    assert embeddings.calls == calls and len(r.vectorstore.store) == size
+
+    new = Document(
+        make_contract("gamma", ["sunset clause", "escrow"]), metadata={"source": "gamma.txt"}
+    )
+    r.add_documents([new])
+    stored = [v for v in r.vectorstore.store.values() if v["metadata"]["doc_id"] == "gamma.txt"]
+    versions = {v["metadata"]["doc_version"] for v in stored}
+    assert len(versions) == 1  # no orphan chunks of the old version
+    assert len(r.vectorstore.store) == len(r._lexical)
+    hits = r.invoke("escrow", k=1)
+    assert hits[0].metadata["doc_id"] == "gamma.txt" and "escrow" in hits[0].page_content
+    assert all(
+        "royalties" not in d.page_content
+        for d in r.invoke("royalties", k=5)
+        if d.metadata["doc_id"] == "gamma.txt"
+    )
+
+
+def test_empty_document_is_skipped(embeddings) -> None:
+    r = RSERetriever(vectorstore=InMemoryVectorStore(embeddings))
+    assert r.add_documents([Document("  \n "), Document("real text here", id="x")]) == [
+        "sha256:" + __import__("hashlib").sha256(b"  \n ").hexdigest()[:32],
+        "x",
+    ]
+    assert len(r._lexical) == 1
+
+
+def test_bad_documents(embeddings) -> None:
+    r = RSERetriever(vectorstore=InMemoryVectorStore(embeddings))
+    with pytest.raises(ValueError, match="duplicate document id"):
+        r.add_documents([Document("a", id="x"), Document("b", id="x")])
+    with pytest.raises(TypeError, match="not JSON-serialisable"):
+        r.add_documents([Document("a", metadata={"when": object()})])
+    with pytest.raises(TypeError, match="list of Documents"):
+        r.add_documents("text")  # type: ignore[arg-type]
+    assert len(r._lexical) == 0  # nothing half-written
+
+
+def test_shared_vectorstore_foreign_documents_are_ignored(docs, embeddings) -> None:
+    vs = InMemoryVectorStore(embeddings)
+    vs.add_documents([Document("termination provisions of some other thing")])
+    r = RSERetriever(vectorstore=vs, k=3)
+    r.add_documents(docs)
+    assert all("doc_id" in d.metadata for d in r.invoke(QUERY))
+
+
+class _Recorder(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def on_chain_start(self, serialized: Any, inputs: Any, **kwargs: Any) -> None:
+        self.names.append(kwargs.get("name") or (serialized or {}).get("name", ""))
+
+
+def test_child_runs_are_traced(retriever) -> None:
+    rec = _Recorder()
+    retriever.invoke(QUERY, config={"callbacks": [rec]})
+    assert {"dense_search", "lexical_search"} <= set(rec.names)
+
+
+def test_ls_params_name_the_stores(retriever) -> None:
+    params = retriever._get_ls_params()
+    assert params["ls_vector_store_provider"] == "InMemoryVectorStore"
+    assert params["ls_embedding_provider"] == "HashingEmbeddings"
+
+
+def test_repr_is_useful(retriever) -> None:
+    text = repr(retriever)
+    assert "InMemoryVectorStore" in text and "k=3" in text and "chunks=" in text
+
+
+class _ReverseReranker(BaseReranker):
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.seen: list[list[str]] = []
+
+    def rerank(self, query, documents, *, callbacks=None) -> RerankResult:
+        if self.fail:
+            raise RerankError("service unavailable")
+        self.seen.append([d.metadata["chunk_id"] for d in documents])
+        order = list(range(len(documents)))[::-1]
+        return RerankResult(
+            order, [1.0] * len(order), [1.0 - i / len(order) for i in range(len(order))]
+        )
+
+
+def test_reranker_order_is_used(docs, embeddings) -> None:
+    plain = RSERetriever.from_documents(docs, embedding=embeddings, k=50, mode="chunks")
+    rr = _ReverseReranker()
+    reranked = RSERetriever.from_documents(
+        docs, embedding=embeddings, k=50, mode="chunks", reranker=rr
+    )
+    a, b = plain.invoke(QUERY), reranked.invoke(QUERY)
+    assert [d.metadata["chunk_index"] for d in a][::-1] == [d.metadata["chunk_index"] for d in b]
+    assert len(set(rr.seen[0])) == len(rr.seen[0])  # one document per candidate chunk
+
+
+def test_reranker_failure_falls_back_or_raises(docs, embeddings, caplog) -> None:
+    r = RSERetriever.from_documents(
+        docs, embedding=embeddings, k=2, reranker=_ReverseReranker(fail=True)
+    )
+    with caplog.at_level("WARNING"):
+        out = r.invoke(QUERY)
+    assert out and all(d.metadata["rerank_fallback"] for d in out)
+    assert "reranker failed" in caplog.text
+    r.strict_rerank = True
+    with pytest.raises(RerankError):
+        r.invoke(QUERY)
+
+
+def test_rank_bm25_engine_gives_results(docs, embeddings) -> None:
+    r = RSERetriever.from_documents(docs, embedding=embeddings, lexical_engine="rank_bm25")
+    assert r.invoke("royalties")[0].metadata["doc_id"] == "gamma.txt"
+
+
+@pytest.mark.parametrize("fusion", ["rrf", "relative_score", "dist_based"])
+def test_fusion_methods(docs, embeddings, fusion) -> None:
+    r = RSERetriever.from_documents(docs, embedding=embeddings, fusion=fusion, mode="chunks")
+    assert r.invoke("royalties")[0].metadata["doc_id"] == "gamma.txt"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"chunk_size": 0},
+        {"chunk_overlap": 700},
+        {"preset": "nope"},
+        {"fusion": "max"},
+        {"weights": (0.0, 0.0)},
+        {"fetch_k": 0},
+    ],
+)
+def test_bad_config(kwargs) -> None:
+    with pytest.raises(ValueError):
+        RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), **kwargs)

@@ -1,0 +1,105 @@
+"""RSE: the fast search equals a brute-force reference; presets and values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from langchain_rse.segments import (
+    PRESETS,
+    RSEParams,
+    best_segments,
+    chunk_values,
+    get_preset,
+    rank_relevance,
+)
+
+
+def brute_force(values, offsets, max_len, max_total, min_value):
+    """Greedy formulation, straightforwardly: every run, every pick."""
+    chosen, blocked, budget = [], set(), max_total
+    while budget > 0:
+        best = None
+        for d in range(len(offsets) - 1):
+            for s in range(offsets[d], offsets[d + 1]):
+                for length in range(1, max_len + 1):
+                    e = s + length
+                    if e > offsets[d + 1] or length > budget or blocked & set(range(s, e)):
+                        break
+                    v = sum(values[s:e])
+                    if best is None or v > best[2]:
+                        best = (s, e, v)
+        if best is None or best[2] < min_value:
+            break
+        chosen.append(best)
+        blocked |= set(range(best[0], best[1]))
+        budget -= best[1] - best[0]
+    return chosen
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_matches_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 12, size=rng.integers(1, 4))
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    values = rng.normal(-0.1, 0.5, size=offsets[-1])
+    max_len, max_total = int(rng.integers(1, 7)), int(rng.integers(1, 16))
+    min_value = float(rng.uniform(0, 1))
+    got = best_segments(values, offsets, max_len, max_total, min_value)
+    want = brute_force(list(values), list(offsets), max_len, max_total, min_value)
+    assert [(offsets[s.doc] + s.start, offsets[s.doc] + s.end) for s in got] == [
+        (a, b) for a, b, _ in want
+    ]
+    assert [s.value for s in got] == pytest.approx([v for _, _, v in want])
+
+
+def test_invariants_on_a_large_random_case() -> None:
+    rng = np.random.default_rng(1)
+    counts = rng.integers(1, 400, size=60)
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    values = rng.normal(-0.15, 0.4, size=offsets[-1])
+    segs = best_segments(values, offsets, 10, 40, 0.3)
+    assert segs
+    assert sum(s.end - s.start for s in segs) <= 40
+    covered = set()
+    for s in segs:
+        assert 0 <= s.start < s.end <= counts[s.doc]  # never crosses a document
+        assert s.end - s.start <= 10 and s.value >= 0.3
+        span = {(s.doc, i) for i in range(s.start, s.end)}
+        assert not covered & span  # never overlaps
+        covered |= span
+        lo = offsets[s.doc]
+        assert s.value == pytest.approx(values[lo + s.start : lo + s.end].sum())
+    assert [s.value for s in segs] == sorted((s.value for s in segs), reverse=True)
+
+
+def test_edge_cases() -> None:
+    assert best_segments(np.array([]), np.array([0]), 5, 10, 0.1) == []
+    assert best_segments(np.array([-1.0, -2.0]), np.array([0, 2]), 5, 10, 0.0) == []
+    assert best_segments(np.array([1.0]), np.array([0, 1]), 5, 0, 0.0) == []
+    segs = best_segments(np.array([0.5, 0.5, 0.5]), np.array([0, 3]), 2, 10, 0.0)
+    assert [(s.start, s.end) for s in segs] == [(0, 2), (2, 3)]
+
+
+def test_chunk_values_penalise_unretrieved_chunks() -> None:
+    values, offsets = chunk_values([3, 2], [(0, 1, 0.9), (1, 0, 0.5), (0, 1, 0.4)], 0.2)
+    assert list(offsets) == [0, 3, 5]
+    assert values == pytest.approx([-0.2, 0.7, -0.2, 0.3, -0.2])
+    with pytest.raises(IndexError):
+        chunk_values([1], [(0, 3, 1.0)], 0.2)
+
+
+def test_rank_relevance_decays_from_one() -> None:
+    rel = rank_relevance(4, decay_rate=10.0)
+    assert rel[0] == 1.0 and np.all(np.diff(rel) < 0)
+    assert rel[3] == pytest.approx(np.exp(-0.3))
+
+
+def test_presets() -> None:
+    assert PRESETS["balanced"] == RSEParams(15, 30, 0.5, 0.18, 30.0)
+    assert get_preset("default") == PRESETS["default"]
+    with pytest.raises(ValueError, match="unknown RSE preset"):
+        get_preset("nope")
+    with pytest.raises(ValueError, match="max_segment_chunks"):
+        RSEParams(max_segment_chunks=0)
+    assert PRESETS["balanced"].with_overrides(max_total_chunks=5).max_total_chunks == 5
