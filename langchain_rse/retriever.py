@@ -6,10 +6,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from langchain_core.callbacks import (
@@ -54,6 +55,15 @@ logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = 1
 """Version of the JSON records kept in the chunk store."""
+
+
+def _library_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("langchain-rse")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
 
 
 def _store_key(kind: str, doc_id: str) -> str:
@@ -322,16 +332,20 @@ class RSERetriever(BaseRetriever):
         vectorstore: VectorStore | None = None,
         **kwargs: Any,
     ) -> RSERetriever:
-        """Build a retriever over ``documents`` with a local in-memory vector store.
+        """Build a retriever over ``documents`` with a local vector store.
 
-        Without ``embedding`` the bundled offline model (``LocalEmbeddings``) is used.
+        The store is FAISS (exact cosine search) when ``faiss-cpu`` is installed, else
+        ``InMemoryVectorStore``; both save without pickle. Without ``embedding`` the
+        bundled offline model (``LocalEmbeddings``) is used.
         """
         if vectorstore is None:
             if embedding is None:
                 from langchain_rse.embeddings import LocalEmbeddings
 
                 embedding = LocalEmbeddings()
-            vectorstore = InMemoryVectorStore(embedding)
+            from langchain_rse.persistence import default_vectorstore
+
+            vectorstore = default_vectorstore(embedding)
         retriever = cls(vectorstore=vectorstore, **kwargs)
         retriever.add_documents(list(documents))
         return retriever
@@ -578,6 +592,142 @@ class RSERetriever(BaseRetriever):
             metas = [m for m in self._get_meta(list(doc_ids)) if m is not None]
             self._remove(metas)
 
+    # ------------------------------------------------------------------ persistence
+
+    _SAVED_FIELDS = (
+        "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
+        "fetch_k", "candidate_pool", "fusion", "weights", "rrf_k", "preset",
+        "max_query_chars", "index_batch_size",
+    )  # fmt: skip
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Save the index to a directory: settings, BM25 index, chunk store, local vectors.
+
+        JSON/NumPy/FAISS files only, no pickle. Writes are atomic: a process killed
+        during ``save`` leaves the previous save loadable. A vector store other than
+        FAISS or ``InMemoryVectorStore``, and a chunk store other than the in-memory
+        default, persist themselves and are passed again to :meth:`load`.
+        """
+        from langchain_rse import persistence as ps
+
+        with self._write_lock:
+            writer = ps.IndexWriter(path)
+            tokens = self._lexical.tokens()
+            writer.add_bytes(
+                "lexical",
+                "json",
+                ps._json_bytes({"keys": list(tokens), "tokens": list(tokens.values())}),
+            )
+            docstore_kind = "external"
+            if isinstance(self.docstore, InMemoryByteStore):
+                docstore_kind = "embedded"
+                lines = (
+                    json.dumps([key, value.decode("utf-8", "surrogatepass")], ensure_ascii=False)
+                    for key, value in self.docstore.store.items()
+                )
+                writer.add_bytes(
+                    "docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass")
+                )
+            embeddings = getattr(self.vectorstore, "embeddings", None)
+            writer.commit(
+                {
+                    "library_version": _library_version(),
+                    "config": {
+                        **{name: getattr(self, name) for name in self._SAVED_FIELDS},
+                        "rse_params": asdict(self.rse_params) if self.rse_params else None,
+                        "custom_splitter": self.splitter is not None,
+                    },
+                    "enricher": {
+                        "class": type(self.enricher).__name__,
+                        "repr": repr(self.enricher),
+                    },
+                    "embedding": {
+                        "class": type(embeddings).__name__ if embeddings is not None else None,
+                        "model": getattr(embeddings, "model_name", None)
+                        or getattr(embeddings, "model", None),
+                    },
+                    "docstore": {"kind": docstore_kind, "class": type(self.docstore).__name__},
+                    "vectorstore": ps.save_vectorstore(self.vectorstore, writer),
+                    "stats": {"chunks": len(tokens)},
+                }
+            )
+        logger.info("saved index with %d chunks to %s", len(tokens), path)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        embedding: Embeddings | None = None,
+        *,
+        vectorstore: VectorStore | None = None,
+        docstore: BaseStore[str, bytes] | None = None,
+        **kwargs: Any,
+    ) -> RSERetriever:
+        """Load a directory written by :meth:`save`.
+
+        ``embedding`` is needed for a saved local vector store (the bundled
+        ``LocalEmbeddings`` is used when the index was built with it). Pass
+        ``vectorstore`` / ``docstore`` when they were external, and any non-default
+        ``enricher``, ``reranker`` or ``splitter``; other keyword arguments override
+        saved settings.
+        """
+        from pathlib import Path
+
+        from langchain_rse import persistence as ps
+
+        directory = Path(path)
+        manifest = ps.read_manifest(directory)
+        config = dict(manifest["config"])
+        if config.pop("custom_splitter", False) and "splitter" not in kwargs:
+            raise ValueError("this index was built with a custom splitter; pass splitter=...")
+        params = config.pop("rse_params")
+        config["rse_params"] = RSEParams(**params) if params else None
+        config["weights"] = tuple(config["weights"])
+        enricher_class = manifest["enricher"]["class"]
+        if "enricher" not in kwargs:
+            from langchain_rse import enrichment
+
+            default = getattr(enrichment, enricher_class, None)
+            if enricher_class in ("NoEnricher", "HeaderEnricher") and default is not None:
+                kwargs["enricher"] = default()
+            else:
+                logger.warning(
+                    "index was built with %s; pass enricher=... to add documents the same way",
+                    manifest["enricher"]["repr"],
+                )
+        if vectorstore is None:
+            if embedding is None:
+                if manifest["embedding"]["class"] != "LocalEmbeddings":
+                    raise ValueError(
+                        f"pass embedding=... (the index was built with "
+                        f"{manifest['embedding']['class']})"
+                    )
+                from langchain_rse.embeddings import LocalEmbeddings
+
+                embedding = LocalEmbeddings()
+            vectorstore = ps.load_vectorstore(directory, manifest, embedding)
+        if docstore is None:
+            if manifest["docstore"]["kind"] != "embedded":
+                raise ValueError(
+                    f"this index keeps its chunks in an external {manifest['docstore']['class']}; "
+                    "pass docstore=..."
+                )
+            docstore = InMemoryByteStore()
+            raw = ps.checked_path(directory, manifest, "docstore").read_bytes()
+            try:
+                pairs = [
+                    json.loads(line)
+                    for line in raw.decode("utf-8", "surrogatepass").splitlines()
+                    if line
+                ]
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ps.IndexFormatError(f"chunk store file is not valid JSON: {exc}") from None
+            docstore.mset([(k, v.encode("utf-8", "surrogatepass")) for k, v in pairs])
+        lexical = ps.load_checked_json(directory, manifest, "lexical")
+        retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
+        retriever._lexical.set_tokens(dict(zip(lexical["keys"], lexical["tokens"])))
+        return retriever
+
     # ------------------------------------------------------------------ querying
 
     def _check_query(self, query: Any, k: Any) -> int:
@@ -595,10 +745,13 @@ class RSERetriever(BaseRetriever):
             raise ValueError(f"k must be a non-negative integer, got {k!r}")
         return k
 
+    # The protected `_similarity_search_with_relevance_scores` is the public method
+    # minus its [0, 1] range warning and threshold filter: fusion only needs an order
+    # (RRF) or min-max/σ normalisation, so any monotone score will do.
     def _dense(self, query: str) -> list[tuple[Document, float | None]]:
         try:
             return list(
-                self.vectorstore.similarity_search_with_relevance_scores(query, k=self.fetch_k)
+                self.vectorstore._similarity_search_with_relevance_scores(query, k=self.fetch_k)
             )
         except NotImplementedError:
             return [(d, None) for d in self.vectorstore.similarity_search(query, k=self.fetch_k)]
@@ -606,7 +759,7 @@ class RSERetriever(BaseRetriever):
     async def _adense(self, query: str) -> list[tuple[Document, float | None]]:
         try:
             return list(
-                await self.vectorstore.asimilarity_search_with_relevance_scores(
+                await self.vectorstore._asimilarity_search_with_relevance_scores(
                     query, k=self.fetch_k
                 )
             )

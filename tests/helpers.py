@@ -46,3 +46,10 @@ def make_contract(name: str, topics: list[str], filler_paragraphs: int = 8) -> s
                 f"on {topic} survives for the period stated herein, subject to clause {n}.\n"
             )
     return "\n".join(parts)
+
+
+def stored_metadata(vs) -> list[dict]:
+    """Metadata of every document held by an InMemoryVectorStore or a FAISS store."""
+    if hasattr(vs, "store"):
+        return [v["metadata"] for v in vs.store.values()]
+    return [d.metadata for d in vs.docstore._dict.values()]

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from helpers import HashingEmbeddings, make_contract
+from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
@@ -116,11 +116,11 @@ def test_batch(retriever) -> None:
 
 def test_delete_removes_everywhere(retriever) -> None:
     vs = retriever.vectorstore
-    before = len(vs.store)
-    n_gamma = sum(1 for v in vs.store.values() if v["metadata"]["doc_id"] == "gamma.txt")
+    before = len(stored_metadata(vs))
+    n_gamma = sum(1 for m in stored_metadata(vs) if m["doc_id"] == "gamma.txt")
     retriever.delete(["gamma.txt"])
-    assert len(vs.store) == before - n_gamma
-    assert all(v["metadata"]["doc_id"] != "gamma.txt" for v in vs.store.values())
+    assert len(stored_metadata(vs)) == before - n_gamma
+    assert all(m["doc_id"] != "gamma.txt" for m in stored_metadata(vs))
     assert len(retriever._lexical) == before - n_gamma
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in retriever.invoke("royalties", k=5))
     keys = list(retriever.docstore.yield_keys())
@@ -129,18 +129,18 @@ def test_delete_removes_everywhere(retriever) -> None:
 
 def test_readd_unchanged_is_free_and_changed_replaces(docs, embeddings) -> None:
     r = RSERetriever.from_documents(docs, embedding=embeddings, k=2)
-    calls, size = embeddings.calls, len(r.vectorstore.store)
+    calls, size = embeddings.calls, len(stored_metadata(r.vectorstore))
     assert r.add_documents(docs) == [d.metadata["source"] for d in docs]
-    assert embeddings.calls == calls and len(r.vectorstore.store) == size
+    assert embeddings.calls == calls and len(stored_metadata(r.vectorstore)) == size
 
     new = Document(
         make_contract("gamma", ["sunset clause", "escrow"]), metadata={"source": "gamma.txt"}
     )
     r.add_documents([new])
-    stored = [v for v in r.vectorstore.store.values() if v["metadata"]["doc_id"] == "gamma.txt"]
-    versions = {v["metadata"]["doc_version"] for v in stored}
+    stored = [m for m in stored_metadata(r.vectorstore) if m["doc_id"] == "gamma.txt"]
+    versions = {m["doc_version"] for m in stored}
     assert len(versions) == 1  # no orphan chunks of the old version
-    assert len(r.vectorstore.store) == len(r._lexical)
+    assert len(stored_metadata(r.vectorstore)) == len(r._lexical)
     hits = r.invoke("escrow", k=1)
     assert hits[0].metadata["doc_id"] == "gamma.txt" and "escrow" in hits[0].page_content
     assert all(
@@ -194,13 +194,13 @@ def test_child_runs_are_traced(retriever) -> None:
 
 def test_ls_params_name_the_stores(retriever) -> None:
     params = retriever._get_ls_params()
-    assert params["ls_vector_store_provider"] == "InMemoryVectorStore"
+    assert params["ls_vector_store_provider"] == "FAISS"
     assert params["ls_embedding_provider"] == "HashingEmbeddings"
 
 
 def test_repr_is_useful(retriever) -> None:
     text = repr(retriever)
-    assert "InMemoryVectorStore" in text and "k=3" in text and "chunks=" in text
+    assert "FAISS" in text and "k=3" in text and "chunks=" in text
 
 
 class _ReverseReranker(BaseReranker):

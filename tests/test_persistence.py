@@ -1,0 +1,159 @@
+"""Save/load: identical results, fresh process, versioning, corruption, no pickle, kill-safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from conftest import corpus_documents
+from helpers import HashingEmbeddings
+from langchain_rse import RSERetriever
+from langchain_rse.persistence import MANIFEST, IndexFormatError
+
+TESTS = Path(__file__).resolve().parent
+QUERIES = ["termination provisions", "royalties and audit rights", "insurance"]
+
+
+def snapshot(r: RSERetriever) -> list:
+    return [[(d.page_content, d.metadata) for d in r.invoke(q)] for q in QUERIES]
+
+
+@pytest.fixture(params=["faiss", "in_memory"])
+def built(request) -> RSERetriever:
+    vs = None if request.param == "faiss" else InMemoryVectorStore(HashingEmbeddings())
+    r = RSERetriever.from_documents(
+        corpus_documents(), embedding=HashingEmbeddings(), vectorstore=vs, k=3
+    )
+    assert type(r.vectorstore).__name__ == (
+        "FAISS" if request.param == "faiss" else "InMemoryVectorStore"
+    )
+    return r
+
+
+def test_round_trip_identical(built, tmp_path) -> None:
+    built.save(tmp_path / "idx")
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+    assert snapshot(loaded) == snapshot(built)
+    assert loaded.k == 3 and loaded.params == built.params
+    # the loaded index keeps working: add, replace, delete
+    loaded.delete(["gamma.txt"])
+    assert all(d.metadata["doc_id"] != "gamma.txt" for d in loaded.invoke("royalties", k=5))
+
+
+def test_round_trip_in_a_fresh_process(built, tmp_path) -> None:
+    built.save(tmp_path / "idx")
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]);"
+        "from helpers import HashingEmbeddings; from langchain_rse import RSERetriever;"
+        "r = RSERetriever.load(sys.argv[2], embedding=HashingEmbeddings());"
+        "print(json.dumps([[(d.page_content, d.metadata) for d in r.invoke(q)] "
+        "for q in json.loads(sys.argv[3])]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(TESTS), str(tmp_path / "idx"), json.dumps(QUERIES)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    expected = json.loads(json.dumps(snapshot(built)))  # tuples become lists
+    assert json.loads(out) == expected
+
+
+def test_saved_files_contain_no_pickle(built, tmp_path) -> None:
+    built.save(tmp_path / "idx")
+    files = list((tmp_path / "idx").iterdir())
+    assert not any(f.suffix in (".pkl", ".pickle") for f in files)
+    for f in files:
+        data = f.read_bytes()
+        assert not data.startswith(b"\x80"), f"{f.name} looks like a pickle"
+        if f.suffix == ".json":
+            json.loads(data)
+        elif f.suffix == ".jsonl":
+            [json.loads(line) for line in data.splitlines() if line]
+        else:
+            assert f.suffix == ".faiss"
+
+
+def test_resave_leaves_one_generation(built, tmp_path) -> None:
+    built.save(tmp_path / "idx")
+    built.save(tmp_path / "idx")
+    names = sorted(p.name for p in (tmp_path / "idx").iterdir())
+    assert len({n.split(".")[1] for n in names if n != MANIFEST}) == 1
+
+
+def test_version_and_format_errors(built, tmp_path) -> None:
+    built.save(tmp_path / "idx")
+    manifest_path = tmp_path / "idx" / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["format_version"] = 99
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="format version 99"):
+        RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+    manifest_path.write_text("{not json")
+    with pytest.raises(IndexFormatError, match="corrupted or truncated"):
+        RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+    with pytest.raises(FileNotFoundError, match="no langchain-rse index"):
+        RSERetriever.load(tmp_path / "nothing", embedding=HashingEmbeddings())
+
+
+@pytest.mark.parametrize("role", ["lexical", "docstore", "vectors"])
+def test_corrupted_or_truncated_file(built, tmp_path, role) -> None:
+    built.save(tmp_path / "idx")
+    manifest = json.loads((tmp_path / "idx" / MANIFEST).read_text())
+    target = tmp_path / "idx" / manifest["files"][role]["name"]
+    target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    with pytest.raises(IndexFormatError, match="corrupted or truncated"):
+        RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+
+
+def test_manifest_cannot_point_outside_the_directory(built, tmp_path) -> None:
+    built.save(tmp_path / "idx")
+    manifest_path = tmp_path / "idx" / MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["lexical"]["name"] = "../../etc/passwd"
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="not allowed"):
+        RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+
+
+SAVER = """
+import sys, itertools
+sys.path.insert(0, sys.argv[1])
+from helpers import HashingEmbeddings, make_contract
+from langchain_core.documents import Document
+from langchain_rse import RSERetriever
+r = RSERetriever.from_documents(
+    [Document(make_contract(f"doc{i}", ["payment", "termination"], 30), id=f"d{i}")
+     for i in range(20)], embedding=HashingEmbeddings())
+r.save(sys.argv[2])
+print("ready", flush=True)
+for n in itertools.count():
+    r.add_documents([Document(make_contract(f"extra{n}", ["escrow"], 30), id=f"x{n}")])
+    r.save(sys.argv[2])
+"""
+
+
+def test_killed_during_save_previous_index_still_loads(tmp_path) -> None:
+    target = tmp_path / "idx"
+    for delay in (0.05, 0.3, 0.9):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(TESTS), str(target)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        loaded = RSERetriever.load(target, embedding=HashingEmbeddings())
+        assert loaded.invoke("termination", k=1)
