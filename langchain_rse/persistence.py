@@ -42,6 +42,7 @@ FORMAT_NAME = "langchain-rse-index"
 FORMAT_VERSION = 1
 MANIFEST = "rse_index.json"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
+_DATA_FILE = re.compile(r"^(lexical|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+$")
 
 
 class IndexFormatError(ValueError):

@@ -22,7 +22,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
 from langchain_core.runnables import RunnableLambda
 from langchain_core.stores import BaseStore, InMemoryByteStore
-from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from tqdm.auto import tqdm

@@ -6,11 +6,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
+from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import RSERetriever
 from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
 from langchain_rse.segments import RSEParams

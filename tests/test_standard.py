@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import corpus_documents
-from helpers import HashingEmbeddings
 from langchain_core.tools import BaseTool, create_retriever_tool
 from langchain_tests.integration_tests import RetrieversIntegrationTests, ToolsIntegrationTests
 from langchain_tests.unit_tests import ToolsUnitTests
 
+from conftest import corpus_documents
+from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
 
 
