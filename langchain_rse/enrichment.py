@@ -31,7 +31,7 @@ from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.stores import BaseStore, InMemoryByteStore
@@ -50,6 +50,7 @@ __all__ = [
     "EnrichmentUsage",
     "FileByteStore",
     "HeaderEnricher",
+    "HeaderOutline",
     "NoEnricher",
     "index_text",
     "sanitize_context",
@@ -134,23 +135,28 @@ def _clip(text: str, max_chars: int) -> str:
 # Headings
 # --------------------------------------------------------------------------------------
 
-_MD_HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(\S.*?)(?:[ \t]+#+)?[ \t\r]*$", re.MULTILINE)
-_MD_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
+# Python's ``re`` is slow at ``^`` in MULTILINE mode (it tries every position), so every
+# line-anchored pattern here starts with a literal (a newline, three spaces) that its
+# engine can search for quickly; the first line of the text is matched separately.
+_MD_HEADING_BODY = r"(?P<h> {0,3}(?P<hashes>#{1,6})[ \t]+(?P<title>\S.*?)(?:[ \t]+#+)?[ \t\r]*$)"
+_MD_HEADING = (re.compile(r"\n" + _MD_HEADING_BODY, re.M), re.compile(_MD_HEADING_BODY, re.M))
+_MD_FENCE_BODY = r"(?P<h> {0,3}(?P<fence>`{3,}|~{3,}))"
+_MD_FENCE = (re.compile(r"\n" + _MD_FENCE_BODY), re.compile(_MD_FENCE_BODY))
 
 # A "logical line" starts at a real line start (up to 3 spaces of indentation) or after a
 # run of 3+ spaces: text extracted from PDFs (CUAD, EDGAR) often puts several headings
 # and paragraphs on one physical line, separated by long runs of spaces.
-_LINE_START = r"(?:^[ \t]{0,3}|(?<=[ \t\xa0]{3}))"
+_NEWLINE_START = re.compile(r"\n[ \t]{0,3}(?=[A-Z0-9])")
+_SOFT_BREAK_START = re.compile(r"   +(?=[A-Z0-9])")
+_TEXT_START = re.compile(r"[ \t]{0,3}(?=[A-Z0-9])")
 _WORDS = r"\S+(?:[ \t]{1,2}\S+){0,15}"  # up to 16 words, stopping at a 3+ space run
 _KEYWORDS = (
     "ARTICLE|Article|SECTION|Section|PART|Part|CHAPTER|Chapter|SCHEDULE|Schedule|"
     "EXHIBIT|Exhibit|ANNEX|Annex|APPENDIX|Appendix"
 )
 _PLAIN_HEADING = re.compile(
-    _LINE_START
-    + r"(?:"
     # ARTICLE IV / Section 5. / Part 2 - Scope
-    + rf"(?P<kw>{_KEYWORDS})[ \t]+(?P<kwnum>[IVXLCDM]+|\d{{1,3}}(?:\.\d{{1,3}})*|[A-Z])\b"
+    rf"(?P<kw>{_KEYWORDS})[ \t]+(?P<kwnum>[IVXLCDM]+|\d{{1,3}}(?:\.\d{{1,3}})*|[A-Z])\b"
     + rf"(?P<kwsep>\.?[ \t]{{0,2}}[.:\-–—]?)(?:[ \t]{{0,2}}(?P<kwtitle>{_WORDS}))?"
     # IV. TERMINATION
     + r"|(?P<roman>[IVX]{1,5})\.[ \t]{1,2}(?P<rtitle>[A-Z]\S*(?:[ \t]{1,2}\S+){0,15})"
@@ -159,8 +165,6 @@ _PLAIN_HEADING = re.compile(
     + rf"(?:[ \t]{{1,2}}(?P<ntitle>{_WORDS}))?"
     # TERM AND TERMINATION (a whole logical line of capitals)
     + r"|(?P<caps>[A-Z][A-Z0-9 \t,&'’/().:;\-–—]{2,99}?)(?=[ \t\r]*(?:\n|\Z)|[ \t\xa0]{3})"
-    + r")",
-    re.MULTILINE,
 )
 _LINE_BREAK = re.compile(r"\n|[ \t\xa0]{3}")
 _SENTENCE_END = re.compile(r"[.;:](?:\s|$)")
@@ -168,8 +172,7 @@ _TOP_LEVEL = 0
 """Level of ARTICLE / PART / EXHIBIT-like headings: above numbered clauses (level >= 1)."""
 
 
-@dataclass(frozen=True)
-class _Heading:
+class _Heading(NamedTuple):
     start: int
     end: int
     level: int
@@ -177,6 +180,17 @@ class _Heading:
     kind: str
     """``"markdown"``, ``"keyword"``, ``"roman"``, ``"number"`` or ``"caps"``."""
     titled: bool = True
+
+
+def _line_matches(
+    patterns: tuple[re.Pattern[str], re.Pattern[str]], text: str
+) -> Iterator[re.Match[str]]:
+    """Matches of a line-anchored pattern pair ``(after a newline, at the text start)``."""
+    after_newline, at_start = patterns
+    first = at_start.match(text)
+    if first is not None:
+        yield first
+    yield from after_newline.finditer(text)
 
 
 def _heading_title(raw: str | None) -> str:
@@ -190,8 +204,10 @@ def _heading_title(raw: str | None) -> str:
         return ""
     if not (title[0].isupper() or title[0] in "\"“'(["):
         return ""
+    if title.isupper():
+        return title
     long_words = [w for w in title.split() if len(w) > 3 and w[0].isalpha()]
-    capitalised = sum(1 for w in long_words if w[0].isupper())
+    capitalised = sum(w[0].isupper() for w in long_words)
     if long_words and capitalised * 2 < len(long_words):
         return ""  # a sentence, not a title
     return title
@@ -199,8 +215,8 @@ def _heading_title(raw: str | None) -> str:
 
 def _is_caps_heading(line: str) -> bool:
     """Whether an all-capitals logical line looks like a heading, not a code or number row."""
-    letters = sum(ch.isalpha() for ch in line)
-    visible = sum(not ch.isspace() for ch in line)
+    letters = sum(map(str.isalpha, line))
+    visible = len(line) - line.count(" ")
     return (
         letters >= 4
         and letters >= 0.6 * visible
@@ -214,10 +230,10 @@ def _fenced_spans(text: str) -> list[tuple[int, int]]:
     spans: list[tuple[int, int]] = []
     open_at: int | None = None
     open_fence = ""
-    for match in _MD_FENCE.finditer(text):
-        fence = match.group(1)
+    for match in _line_matches(_MD_FENCE, text):
+        fence = match.group("fence")
         if open_at is None:
-            open_at, open_fence = match.start(), fence
+            open_at, open_fence = match.start("h"), fence
         elif fence[0] == open_fence[0] and len(fence) >= len(open_fence):
             spans.append((open_at, match.end()))
             open_at = None
@@ -227,25 +243,43 @@ def _fenced_spans(text: str) -> list[tuple[int, int]]:
 
 
 def _markdown_headings(text: str) -> list[_Heading]:
-    """Markdown ATX headings outside fenced code blocks."""
+    """Markdown ATX headings outside fenced code blocks (those without letters ignored)."""
     spans = _fenced_spans(text)
     span_starts = [s for s, _ in spans]
     headings: list[_Heading] = []
-    for match in _MD_HEADING.finditer(text):
-        i = bisect_left(span_starts, match.start() + 1) - 1
-        if i >= 0 and match.start() < spans[i][1]:
+    for match in _line_matches(_MD_HEADING, text):
+        start = match.start("h")
+        i = bisect_left(span_starts, start + 1) - 1
+        if i >= 0 and start < spans[i][1]:
             continue  # a '# comment' inside a code block
-        title = _collapse(match.group(2))
-        if title:
-            level = len(match.group(1))
-            headings.append(_Heading(match.start(), match.end(), level, title, "markdown"))
+        title = _collapse(match.group("title"))
+        if any(ch.isalnum() for ch in title):
+            level = len(match.group("hashes"))
+            headings.append(_Heading(start, match.end(), level, title, "markdown"))
     return headings
+
+
+def _logical_line_starts(text: str) -> list[int]:
+    """Sorted starts of logical lines that begin with a capital letter or a digit."""
+    starts = {m.end() for m in _NEWLINE_START.finditer(text)}
+    starts.update(m.end() for m in _SOFT_BREAK_START.finditer(text))
+    first = _TEXT_START.match(text)
+    if first is not None:
+        starts.add(first.end())
+    return sorted(starts)
 
 
 def _plain_headings(text: str) -> list[_Heading]:
     """Clause headings of a plain-text document: keywords, numbers, ALL-CAPS lines."""
     headings: list[_Heading] = []
-    for match in _PLAIN_HEADING.finditer(text):
+    matched_to = 0
+    for position in _logical_line_starts(text):
+        if position < matched_to:
+            continue
+        match = _PLAIN_HEADING.match(text, position)
+        if match is None:
+            continue
+        matched_to = match.end()
         heading = _plain_heading(match)
         if heading is None:
             continue
@@ -256,8 +290,10 @@ def _plain_headings(text: str) -> list[_Heading]:
             and (not previous.titled or previous.kind == "caps")
             and match.start() - previous.end <= 40
             and not text[previous.end : match.start()].strip()
+            and text.count("\n", previous.end, match.start()) <= 1
         ):
-            # "ARTICLE IV\nTERM AND TERMINATION" or a title in capitals over two lines.
+            # "ARTICLE IV\nTERM AND TERMINATION" or a title in capitals over two lines
+            # (not across a blank line: that separates a title from the first heading).
             merged = _clip(f"{previous.text} {heading.text}", 100)
             headings[-1] = _Heading(
                 previous.start, heading.end, previous.level, merged, previous.kind
@@ -323,12 +359,16 @@ def _first_line(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Outline:
-    """Title and heading index of one document, computed once per document."""
+class HeaderOutline:
+    """Title and heading index of one document (:meth:`HeaderEnricher.outline`)."""
 
     title: str
     starts: list[int]
-    paths: list[tuple[str, ...]]
+    """Start offset of each heading, ascending."""
+    contexts: list[str]
+    """The context of a chunk under each heading (rendered once per heading)."""
+    untitled: str
+    """The context of a chunk before the first heading."""
 
 
 class HeaderEnricher(BaseEnricher):
@@ -364,10 +404,14 @@ class HeaderEnricher(BaseEnricher):
         self.max_depth = max_depth
         self.first_line_chars = first_line_chars
 
-    def outline(self, text: str, metadata: dict[str, Any]) -> _Outline:
+    def outline(self, text: str, metadata: dict[str, Any]) -> HeaderOutline:
         """Title and headings of a document (used once per document)."""
         headings = _markdown_headings(text)
-        markdown = bool(headings)
+        # A lone "# of Units" line does not make a contract Markdown: ask for two headings,
+        # or one that is the document's first line.
+        markdown = len(headings) >= 2 or (
+            len(headings) == 1 and not text[: headings[0].start].strip()
+        )
         if not markdown:
             headings = _plain_headings(text)
         title = ""
@@ -385,23 +429,23 @@ class HeaderEnricher(BaseEnricher):
             if source is not None and str(source).strip():
                 title = os.path.basename(str(source).rstrip("/\\")) or str(source)
         title = _clip(_collapse(title), self.max_title_chars)
-        return _Outline(title, [h.start for h in headings], _heading_paths(headings))
+        document = f"Document: {title}" if title else ""
+        folded_title = title.casefold()
+        contexts = []
+        for path in _heading_paths(headings):
+            # The H1 (or capitals line) that is also the title is not repeated.
+            shown = [h for h in path if h.casefold() != folded_title][-self.max_depth :]
+            section = "Section: " + _clip(" > ".join(shown), 300) if shown else ""
+            contexts.append("\n".join(line for line in (document, section) if line))
+        return HeaderOutline(title, [h.start for h in headings], contexts, document)
 
-    def context_for(self, outline: _Outline, text: str, chunk: Chunk) -> str:
+    def context_for(self, outline: HeaderOutline, text: str, chunk: Chunk) -> str:
         """The header text for one chunk given the document's outline."""
         limit = min(chunk.end_index, chunk.start_index + self.first_line_chars)
         line_break = _LINE_BREAK.search(text, chunk.start_index, limit)
         first_line_end = line_break.start() if line_break else limit
         i = bisect_left(outline.starts, max(first_line_end, chunk.start_index + 1)) - 1
-        path = list(outline.paths[i]) if i >= 0 else []
-        if outline.title:  # e.g. the H1 that is also the title
-            path = [h for h in path if h.casefold() != outline.title.casefold()]
-        lines = []
-        if outline.title:
-            lines.append(f"Document: {outline.title}")
-        if path:
-            lines.append("Section: " + _clip(" > ".join(path[-self.max_depth :]), 300))
-        return "\n".join(lines)
+        return outline.contexts[i] if i >= 0 else outline.untitled
 
     def enrich(
         self, doc_id: str, text: str, metadata: dict[str, Any], chunks: Sequence[Chunk]

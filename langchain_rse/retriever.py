@@ -9,7 +9,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -19,7 +20,8 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
+from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertResponse
+from langchain_core.retrievers import LangSmithRetrieverParams
 from langchain_core.runnables import RunnableLambda
 from langchain_core.stores import BaseStore, InMemoryByteStore
 from langchain_core.vectorstores import VectorStore
@@ -54,6 +56,7 @@ __all__ = ["RSERetriever"]
 logger = logging.getLogger(__name__)
 
 RECORD_FORMAT = 1
+_READ_ATTEMPTS = 3
 """Version of the JSON records kept in the chunk store."""
 
 
@@ -70,6 +73,47 @@ def _store_key(kind: str, doc_id: str) -> str:
     # Hashed, so any doc id (paths, URLs, unicode) is a valid key in every BaseStore,
     # including file-backed ones that restrict key characters.
     return f"{kind}/" + hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+class _StaleRead(Exception):
+    """A document changed while a query was reading it; the query re-reads."""
+
+
+class _RWLock:
+    """Many readers or one writer: guards in-process vector stores (FAISS, in-memory),
+    which are not safe to search while they are being modified."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
 
 
 @dataclass(frozen=True)
@@ -148,7 +192,7 @@ class _Prepared:
     chunks: list[Chunk]
 
 
-class RSERetriever(BaseRetriever):
+class RSERetriever(DocumentIndex):
     """Hybrid (BM25 + vector) retriever that returns Relevant Segment Extraction segments.
 
     Documents are split into small chunks that remember their character offsets,
@@ -265,6 +309,7 @@ class RSERetriever(BaseRetriever):
 
     _lexical: BM25Index = PrivateAttr()
     _write_lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
+    _vs_lock: _RWLock = PrivateAttr(default_factory=_RWLock)
 
     # ------------------------------------------------------------------ setup
 
@@ -419,8 +464,8 @@ class RSERetriever(BaseRetriever):
 
     @staticmethod
     def _decode_body(meta: _DocMeta, raw: bytes | None) -> _DocBody:
-        if raw is None:
-            raise RuntimeError(f"chunk store has no text for document {meta.doc_id!r}")
+        if raw is None:  # replaced or deleted since its pointer was read
+            raise _StaleRead(meta.doc_id)
         return _DocBody.from_bytes(raw)
 
     def _prepare(
@@ -528,7 +573,10 @@ class RSERetriever(BaseRetriever):
 
         def flush() -> None:
             if pending:
-                self.vectorstore.add_documents([d for _, d in pending], ids=[i for i, _ in pending])
+                with self._vs_lock.write():
+                    self.vectorstore.add_documents(
+                        [d for _, d in pending], ids=[i for i, _ in pending]
+                    )
                 pending.clear()
 
         lexical_ids: list[str] = []
@@ -581,16 +629,47 @@ class RSERetriever(BaseRetriever):
             self.docstore.mdelete([_store_key("doc", m.doc_id) for m in metas])
         self._lexical.delete(keys)
         if keys:
-            self.vectorstore.delete(ids=[chunk_uuid(k) for k in keys])
+            with self._vs_lock.write():
+                self.vectorstore.delete(ids=[chunk_uuid(k) for k in keys])
         self.docstore.mdelete([_store_key(f"body/{m.version}", m.doc_id) for m in metas])
 
-    def delete(self, doc_ids: Sequence[str]) -> None:
+    def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
         """Remove documents (by doc id) from the vector store, BM25 index and chunk store."""
-        if isinstance(doc_ids, str):
-            raise TypeError("delete expects a list of document ids")
+        if ids is None:
+            raise ValueError(
+                "delete needs a list of document ids (deleting everything is not "
+                "supported; create a new retriever instead)"
+            )
+        if isinstance(ids, str):
+            raise TypeError("delete expects a list of document ids, not a string")
         with self._write_lock:
-            metas = [m for m in self._get_meta(list(doc_ids)) if m is not None]
-            self._remove(metas)
+            metas = self._get_meta(list(ids))
+            self._remove([m for m in metas if m is not None])
+        found = [i for i, m in zip(ids, metas) if m is not None]
+        return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
+
+    async def adelete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
+        """Async :meth:`delete` (runs in a thread)."""
+        return await asyncio.to_thread(self.delete, ids)
+
+    # DocumentIndex: lets `langchain_core.indexing.index(docs, record_manager, retriever)`
+    # sync a changing source into this retriever.
+
+    def upsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
+        """Add or replace documents (``DocumentIndex`` API); same as :meth:`add_documents`."""
+        return UpsertResponse(succeeded=self.add_documents(items), failed=[])
+
+    async def aupsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
+        """Async :meth:`upsert`."""
+        return UpsertResponse(succeeded=await self.aadd_documents(items), failed=[])
+
+    def get(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]:
+        """The indexed source documents with these doc ids (unknown ids are skipped)."""
+        metas = [m for m in self._get_meta(list(ids)) if m is not None]
+        return [
+            Document(page_content=body.text, metadata=dict(m.metadata), id=m.doc_id)
+            for m, body in zip(metas, self._get_bodies(metas))
+        ]
 
     # ------------------------------------------------------------------ persistence
 
@@ -749,14 +828,18 @@ class RSERetriever(BaseRetriever):
     # minus its [0, 1] range warning and threshold filter: fusion only needs an order
     # (RRF) or min-max/σ normalisation, so any monotone score will do.
     def _dense(self, query: str) -> list[tuple[Document, float | None]]:
-        try:
-            return list(
-                self.vectorstore._similarity_search_with_relevance_scores(query, k=self.fetch_k)
-            )
-        except NotImplementedError:
-            return [(d, None) for d in self.vectorstore.similarity_search(query, k=self.fetch_k)]
+        with self._vs_lock.read():
+            try:
+                return list(
+                    self.vectorstore._similarity_search_with_relevance_scores(query, k=self.fetch_k)
+                )
+            except NotImplementedError:
+                docs = self.vectorstore.similarity_search(query, k=self.fetch_k)
+                return [(d, None) for d in docs]
 
     async def _adense(self, query: str) -> list[tuple[Document, float | None]]:
+        if self._local_vectorstore():  # in-process: search in a thread, under the lock
+            return await asyncio.to_thread(self._dense, query)
         try:
             return list(
                 await self.vectorstore._asimilarity_search_with_relevance_scores(
@@ -890,6 +973,11 @@ class RSERetriever(BaseRetriever):
         )
         return [(docs[s.doc], s.start, s.end, s.value) for s in segs[:k]]
 
+    def _local_vectorstore(self) -> bool:
+        from langchain_rse.persistence import vectorstore_kind
+
+        return vectorstore_kind(self.vectorstore) != "external"
+
     def _get_relevant_documents(
         self,
         query: str,
@@ -908,7 +996,19 @@ class RSERetriever(BaseRetriever):
         lexical = RunnableLambda(self._lexical_search, name="lexical_search").invoke(
             query, {"callbacks": callbacks}
         )
-        cands = self._fuse(dense, lexical)
+        fused = self._fuse(dense, lexical)
+        stale = None
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                return self._finish(query, list(fused), k, callbacks)
+            except _StaleRead as exc:
+                stale = exc
+                logger.debug("document %s changed during a query; re-reading", exc)
+        raise RuntimeError(f"chunk store has no text for document {stale}")
+
+    def _finish(
+        self, query: str, cands: list[_Candidate], k: int, callbacks: Any
+    ) -> list[Document]:
         if not cands:
             return []
         doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
@@ -957,7 +1057,19 @@ class RSERetriever(BaseRetriever):
             ),
             lexical_search.ainvoke(query, {"callbacks": callbacks}),
         )
-        cands = self._fuse(dense, lexical)
+        fused = self._fuse(dense, lexical)
+        stale = None
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                return await self._afinish(query, list(fused), k, callbacks)
+            except _StaleRead as exc:
+                stale = exc
+                logger.debug("document %s changed during a query; re-reading", exc)
+        raise RuntimeError(f"chunk store has no text for document {stale}")
+
+    async def _afinish(
+        self, query: str, cands: list[_Candidate], k: int, callbacks: Any
+    ) -> list[Document]:
         if not cands:
             return []
         doc_ids = list(dict.fromkeys(c.doc_id for c in cands))

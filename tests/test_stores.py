@@ -1,0 +1,203 @@
+"""One behavioural suite over every supported setup of the stateful parts.
+
+* ``in_memory``: ``InMemoryVectorStore`` + in-memory chunk store
+* ``faiss``: the default local FAISS store + in-memory chunk store
+* ``chroma_redis``: a real Chroma server (``chroma run``) as the vector store and a real
+  Redis server (``redis-server``) as the chunk store, both on 127.0.0.1, started here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.indexing import InMemoryRecordManager, index
+from langchain_core.vectorstores import InMemoryVectorStore
+from servers import chroma_server, redis_server
+
+from conftest import corpus_documents
+from helpers import HashingEmbeddings, make_contract
+from langchain_rse import RSERetriever
+from langchain_rse.chunking import chunk_key, chunk_uuid
+from langchain_rse.persistence import default_vectorstore
+
+SETUPS = ["in_memory", "faiss", "chroma_redis"]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory) -> Iterator[dict[str, int]]:
+    tmp = tmp_path_factory.mktemp("servers")
+    with redis_server(tmp) as redis_port, chroma_server(tmp) as chroma_port:
+        yield {"redis": redis_port, "chroma": chroma_port}
+
+
+@pytest.fixture(params=SETUPS)
+def make(request) -> Iterator:
+    """A factory of fresh, empty retrievers for one setup."""
+    setup = request.param
+    if setup != "chroma_redis":
+
+        def factory(**kw):
+            emb = HashingEmbeddings()
+            vs = InMemoryVectorStore(emb) if setup == "in_memory" else default_vectorstore(emb)
+            return RSERetriever(vectorstore=vs, **kw)
+
+        yield factory
+        return
+
+    servers = request.getfixturevalue("servers")
+    import chromadb
+    from langchain_chroma import Chroma
+    from langchain_community.storage import RedisStore
+
+    client = chromadb.HttpClient(
+        host="127.0.0.1",
+        port=servers["chroma"],
+        settings=chromadb.config.Settings(anonymized_telemetry=False),
+    )
+    made: list[str] = []
+
+    def factory(**kw):
+        name = f"t{uuid.uuid4().hex[:12]}"
+        made.append(name)
+        vs = Chroma(collection_name=name, embedding_function=HashingEmbeddings(), client=client)
+        store = RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name)
+        return RSERetriever(vectorstore=vs, docstore=store, **kw)
+
+    yield factory
+    for name in made:
+        client.delete_collection(name)
+
+
+def chunk_ids_of(r: RSERetriever, doc_id: str) -> list[str]:
+    meta = r._get_meta([doc_id])[0]
+    assert meta is not None
+    return [chunk_uuid(chunk_key(doc_id, meta.version, i)) for i in range(len(meta.spans))]
+
+
+def test_exact_segments(make) -> None:
+    r = make(k=3)
+    docs = corpus_documents()
+    r.add_documents(docs)
+    texts = {d.metadata["source"]: d.page_content for d in docs}
+    out = r.invoke("termination provisions of the agreement")
+    assert out
+    for seg in out:
+        m = seg.metadata
+        assert seg.page_content == texts[m["doc_id"]][m["start_index"] : m["end_index"]]
+
+
+def test_replace_and_delete_leave_no_orphans(make) -> None:
+    r = make(k=3)
+    r.add_documents(corpus_documents())
+    old_ids = chunk_ids_of(r, "gamma.txt")
+    assert len(r.vectorstore.get_by_ids(old_ids)) == len(old_ids)
+    r.add_documents(
+        [Document(make_contract("gamma", ["escrow"]), metadata={"source": "gamma.txt"})]
+    )
+    new_ids = chunk_ids_of(r, "gamma.txt")
+    assert not set(old_ids) & set(new_ids)
+    assert r.vectorstore.get_by_ids(old_ids) == []
+    assert len(r.vectorstore.get_by_ids(new_ids)) == len(new_ids)
+    assert "escrow" in r.invoke("escrow", k=1)[0].page_content
+
+    r.delete(["gamma.txt"])
+    assert r.vectorstore.get_by_ids(new_ids) == []
+    assert r._get_meta(["gamma.txt"]) == [None]
+    assert r.get(["gamma.txt"]) == []
+    assert all(d.metadata["doc_id"] != "gamma.txt" for d in r.invoke("escrow", k=5))
+
+
+async def test_async_equals_sync(make) -> None:
+    r = make(k=3)
+    await r.aadd_documents(corpus_documents())
+    q = "insurance obligations"
+    assert [d.metadata for d in r.invoke(q)] == [d.metadata for d in await r.ainvoke(q)]
+
+
+def test_langchain_indexing_api_syncs_a_changing_source(make) -> None:
+    r = make(k=5)
+    manager = InMemoryRecordManager("test")
+    manager.create_schema()
+    docs = corpus_documents()
+    first = index(docs, manager, r, cleanup="incremental", source_id_key="source",
+                  key_encoder="sha256")  # fmt: skip
+    assert first["num_added"] == 4
+    again = index(docs, manager, r, cleanup="incremental", source_id_key="source",
+                  key_encoder="sha256")  # fmt: skip
+    assert again["num_added"] == 0 and again["num_skipped"] == 4
+    docs[2] = Document(make_contract("gamma", ["escrow"]), metadata={"source": "gamma.txt"})
+    changed = index(docs, manager, r, cleanup="incremental", source_id_key="source",
+                    key_encoder="sha256")  # fmt: skip
+    assert changed["num_added"] == 1 and changed["num_deleted"] == 1
+    results = r.invoke("royalties audit rights")
+    assert results
+    # the old gamma text (the only one about royalties) is gone; the new one is indexed
+    assert all("royalties" not in d.page_content for d in results)
+    assert r.invoke("escrow", k=1)[0].metadata["source"] == "gamma.txt"
+
+
+def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
+    """8 threads query while another thread replaces documents back and forth.
+
+    The two versions of each document have different offsets (B has a prefix), so a
+    segment cut from one version with the other's offsets would not match either.
+    """
+    r = make(k=4)
+    names = ["alpha", "beta", "gamma"]
+    versions = {
+        n: [make_contract(n, ["termination", "payment"], 6),
+            "PREAMBLE " * 37 + "\n\n" + make_contract(n, ["termination", "payment"], 7)]
+        for n in names
+    }  # fmt: skip
+    r.add_documents([Document(versions[n][0], id=n) for n in names])
+    errors: list[BaseException] = []
+    mixed: list[str] = []
+    stop = threading.Event()
+    queries = itertools.cycle(["termination provisions", "payment obligations", "preamble"])
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                for seg in r.invoke(next(queries)):
+                    m = seg.metadata
+                    if not any(
+                        v[m["start_index"] : m["end_index"]] == seg.page_content
+                        for v in versions[m["doc_id"]]
+                    ):
+                        mixed.append(m["doc_id"])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        for round_ in range(6):
+            r.add_documents([Document(versions[n][(round_ + 1) % 2], id=n) for n in names])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    assert not errors, errors[0]
+    assert not mixed
+    assert len(r._lexical) == sum(len(r._get_meta([n])[0].spans) for n in names)
+
+
+def test_save_and_load_round_trip(make, tmp_path: Path) -> None:
+    r = make(k=3)
+    r.add_documents(corpus_documents())
+    r.save(tmp_path / "idx")
+    kwargs = {}
+    from langchain_rse.persistence import vectorstore_kind
+
+    if vectorstore_kind(r.vectorstore) == "external":
+        kwargs = {"vectorstore": r.vectorstore, "docstore": r.docstore}
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), **kwargs)
+    q = "royalties and audit rights"
+    assert [d.page_content for d in loaded.invoke(q)] == [d.page_content for d in r.invoke(q)]
