@@ -1,10 +1,22 @@
 """langchain-rse: contextual hybrid retrieval with Relevant Segment Extraction for LangChain."""
 
 from langchain_rse.chunking import Chunk, split_text
-from langchain_rse.enrichment import BaseEnricher, ChunkContext, NoEnricher
+from langchain_rse.enrichment import (
+    BaseEnricher,
+    ChunkContext,
+    ContextualEnricher,
+    HeaderEnricher,
+    NoEnricher,
+)
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index, tokenize
-from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
+from langchain_rse.rerank import (
+    BaseReranker,
+    CohereReranker,
+    CompressorReranker,
+    RerankError,
+    RerankResult,
+)
 from langchain_rse.retriever import RSERetriever
 from langchain_rse.segments import PRESETS, RSEParams, best_segments
 
@@ -15,6 +27,10 @@ __all__ = [
     "BaseReranker",
     "Chunk",
     "ChunkContext",
+    "CohereReranker",
+    "CompressorReranker",
+    "ContextualEnricher",
+    "HeaderEnricher",
     "NoEnricher",
     "RSEParams",
     "RSERetriever",

@@ -613,9 +613,9 @@ class CohereReranker(CalibratedReranker):
         """
         if not documents:
             return RerankResult(indices=[], scores=[], relevance=[])
-        deadline = _Deadline.after(self.timeout)
         texts = [doc.page_content for doc in documents]
         client = self._get_client()
+        deadline = _Deadline.after(self.timeout)
         batches = self._batches(len(texts))
         executor = ThreadPoolExecutor(
             max_workers=min(len(batches), self.max_concurrent_requests),
@@ -650,9 +650,9 @@ class CohereReranker(CalibratedReranker):
         """Rerank ``documents`` against ``query`` with ``cohere.AsyncClientV2`` (native async)."""
         if not documents:
             return RerankResult(indices=[], scores=[], relevance=[])
-        deadline = _Deadline.after(self.timeout)
         texts = [doc.page_content for doc in documents]
         client = self._get_async_client()
+        deadline = _Deadline.after(self.timeout)
         limit = asyncio.Semaphore(self.max_concurrent_requests)
 
         async def run(start: int, stop: int) -> list[tuple[int, float]]:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -39,7 +40,7 @@ from langchain_rse.chunking import (
     parse_chunk_key,
     split_text,
 )
-from langchain_rse.enrichment import BaseEnricher, ChunkContext, NoEnricher, index_text
+from langchain_rse.enrichment import BaseEnricher, ChunkContext, HeaderEnricher, index_text
 from langchain_rse.fusion import FusedHit, FusionMethod, fuse
 from langchain_rse.lexical import BM25Index, LexicalEngine
 from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
@@ -54,6 +55,18 @@ from langchain_rse.segments import (
 __all__ = ["RSERetriever"]
 
 logger = logging.getLogger(__name__)
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _looks_binary(text: str) -> bool:
+    """NUL characters, or over 10% control/replacement characters in the first 100k."""
+    if "\x00" in text:
+        return True
+    head = text[:100_000]
+    odd = len(_CONTROL.findall(head)) + head.count("\ufffd")
+    return odd > 0.1 * max(len(head), 1)
+
 
 RECORD_FORMAT = 1
 _READ_ATTEMPTS = 3
@@ -216,7 +229,7 @@ class RSERetriever(DocumentIndex):
         mode: "segments" | "chunks"
             Return RSE segments (default) or the plain top-k chunks.
         enricher: BaseEnricher
-            Index-time context for each chunk (``NoEnricher`` by default).
+            Index-time context for each chunk (offline ``HeaderEnricher`` by default).
         reranker: BaseReranker | BaseDocumentCompressor | None
             Optional reranker; its calibrated scores become chunk relevance.
         preset: str
@@ -278,8 +291,9 @@ class RSERetriever(DocumentIndex):
     """Chunk overlap in characters; segments restore context, so none is needed."""
     splitter: TextSplitter | None = None
     """A custom LangChain text splitter; its chunks are located by exact offsets."""
-    enricher: BaseEnricher = Field(default_factory=NoEnricher)
-    """Writes each chunk's situating context at index time."""
+    enricher: BaseEnricher = Field(default_factory=HeaderEnricher)
+    """Writes each chunk's situating context at index time (offline title/section header
+    by default; ``ContextualEnricher`` for LLM-written context; ``NoEnricher`` for none)."""
     reranker: BaseReranker | None = None
     """Reranks fused candidates; a ``BaseDocumentCompressor`` is wrapped automatically."""
     strict_rerank: bool = False
@@ -296,12 +310,17 @@ class RSERetriever(DocumentIndex):
     """Fusion weights of the (dense, lexical) branches."""
     rrf_k: float = 60.0
     """Reciprocal rank fusion constant."""
+    relevance: Literal["rank", "score"] = "rank"
+    """Chunk relevance without a reranker: ``"rank"`` = ``exp(-rank / decay_rate)`` of the
+    fused rank; ``"score"`` = fused score divided by the best fused score."""
     preset: str = "default"
     """Named RSE parameters; see ``langchain_rse.segments.PRESETS``."""
     rse_params: RSEParams | None = None
     """Explicit RSE parameters; override ``preset`` when given."""
     max_query_chars: int = 8192
     """Longer queries are rejected with a ``ValueError``."""
+    max_document_chars: int = 20_000_000
+    """Longer documents are rejected with a ``ValueError`` before anything is written."""
     index_batch_size: int = 256
     """Chunks written to the vector store per call."""
     show_progress: bool | None = None
@@ -326,7 +345,13 @@ class RSERetriever(DocumentIndex):
     def _check(self) -> RSERetriever:
         if self.k < 0:
             raise ValueError(f"k must be >= 0, got {self.k}")
-        for name in ("fetch_k", "candidate_pool", "max_query_chars", "index_batch_size"):
+        for name in (
+            "fetch_k",
+            "candidate_pool",
+            "max_query_chars",
+            "max_document_chars",
+            "index_batch_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.splitter is None:
@@ -426,6 +451,17 @@ class RSERetriever(DocumentIndex):
             if not isinstance(doc.page_content, str):
                 raise TypeError(f"documents[{n}].page_content is not a string")
             doc_id = str(ids[n]) if ids is not None else doc_id_for(doc)
+            if len(doc.page_content) > self.max_document_chars:
+                raise ValueError(
+                    f"document {doc_id!r} has {len(doc.page_content):,} characters; the limit "
+                    f"is max_document_chars={self.max_document_chars:,} (split it, or raise "
+                    "the limit)"
+                )
+            if _looks_binary(doc.page_content):
+                raise ValueError(
+                    f"document {doc_id!r} looks like binary data decoded as text (NUL or "
+                    "many control characters); extract its text first"
+                )
             for key, value in doc.metadata.items():
                 try:
                     json.dumps(value)
@@ -675,8 +711,8 @@ class RSERetriever(DocumentIndex):
 
     _SAVED_FIELDS = (
         "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
-        "fetch_k", "candidate_pool", "fusion", "weights", "rrf_k", "preset",
-        "max_query_chars", "index_batch_size",
+        "fetch_k", "candidate_pool", "fusion", "weights", "rrf_k", "relevance", "preset",
+        "max_query_chars", "max_document_chars", "index_batch_size",
     )  # fmt: skip
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -809,20 +845,28 @@ class RSERetriever(DocumentIndex):
 
     # ------------------------------------------------------------------ querying
 
-    def _check_query(self, query: Any, k: Any) -> int:
+    def _check_mode(self, mode: Any) -> str:
+        mode = self.mode if mode is None else mode
+        if mode not in ("segments", "chunks"):
+            raise ValueError(f"mode must be 'segments' or 'chunks', got {mode!r}")
+        return str(mode)
+
+    def _check_query(self, query: Any, k: Any) -> tuple[str, int]:
+        """The cleaned query (control characters become spaces) and the effective ``k``."""
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
-        if not query.strip():
-            raise ValueError("query must be a non-empty string (got an empty or blank query)")
         if len(query) > self.max_query_chars:
             raise ValueError(
                 f"query is {len(query)} characters long; the limit is max_query_chars="
                 f"{self.max_query_chars}"
             )
+        query = _CONTROL.sub(" ", query).encode("utf-8", "replace").decode("utf-8")
+        if not query.strip():
+            raise ValueError("query must be a non-empty string (got an empty or blank query)")
         k = self.k if k is None else k
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"k must be a non-negative integer, got {k!r}")
-        return k
+        return query, k
 
     # The protected `_similarity_search_with_relevance_scores` is the public method
     # minus its [0, 1] range warning and threshold filter: fusion only needs an order
@@ -899,8 +943,13 @@ class RSERetriever(DocumentIndex):
         self, cands: list[_Candidate], result: RerankResult | None
     ) -> list[_Candidate]:
         if result is None:
-            for c, rel in zip(cands, rank_relevance(len(cands), self.params.decay_rate)):
-                c.relevance = float(rel)
+            if self.relevance == "score":
+                top = max(c.fused.score for c in cands) or 1.0
+                for c in cands:
+                    c.relevance = c.fused.score / top
+            else:
+                for c, rel in zip(cands, rank_relevance(len(cands), self.params.decay_rate)):
+                    c.relevance = float(rel)
             return cands
         ordered = []
         for idx, score, rel in zip(result.indices, result.scores, result.relevance):
@@ -922,6 +971,7 @@ class RSERetriever(DocumentIndex):
         k: int,
         fallback: bool,
         selection: list[tuple[str, int, int, float]],
+        mode: str,
     ) -> list[Document]:
         by_key = {(c.doc_id, c.chunk_index): c for c in cands}
         out = []
@@ -937,7 +987,7 @@ class RSERetriever(DocumentIndex):
                 chunk_end=end,
                 score=score,
             )
-            if self.mode == "chunks":
+            if mode == "chunks":
                 c = by_key[(doc_id, start)]
                 md.update(
                     chunk_index=start,
@@ -954,10 +1004,10 @@ class RSERetriever(DocumentIndex):
         return out[:k]
 
     def _select(
-        self, cands: list[_Candidate], metas: dict[str, _DocMeta], k: int
+        self, cands: list[_Candidate], metas: dict[str, _DocMeta], k: int, mode: str
     ) -> list[tuple[str, int, int, float]]:
         """The chosen (doc_id, chunk_start, chunk_end, score), best first."""
-        if self.mode == "chunks":
+        if mode == "chunks":
             ranked = sorted(cands, key=lambda c: -c.relevance)
             return [(c.doc_id, c.chunk_index, c.chunk_index + 1, c.relevance) for c in ranked[:k]]
         p = self.params
@@ -984,9 +1034,11 @@ class RSERetriever(DocumentIndex):
         *,
         run_manager: CallbackManagerForRetrieverRun,
         k: int | None = None,
+        mode: Literal["segments", "chunks"] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        k = self._check_query(query, k)
+        query, k = self._check_query(query, k)
+        mode = self._check_mode(mode)
         if k == 0:
             return []
         callbacks = run_manager.get_child()
@@ -1000,14 +1052,14 @@ class RSERetriever(DocumentIndex):
         stale = None
         for _ in range(_READ_ATTEMPTS):
             try:
-                return self._finish(query, list(fused), k, callbacks)
+                return self._finish(query, list(fused), k, mode, callbacks)
             except _StaleRead as exc:
                 stale = exc
                 logger.debug("document %s changed during a query; re-reading", exc)
         raise RuntimeError(f"chunk store has no text for document {stale}")
 
     def _finish(
-        self, query: str, cands: list[_Candidate], k: int, callbacks: Any
+        self, query: str, cands: list[_Candidate], k: int, mode: str, callbacks: Any
     ) -> list[Document]:
         if not cands:
             return []
@@ -1029,10 +1081,10 @@ class RSERetriever(DocumentIndex):
                 self._rerank_failed(exc)
                 fallback = True
         cands = self._apply_relevance(cands, result)
-        selection = self._select(cands, metas, k)
+        selection = self._select(cands, metas, k, mode)
         need = [metas[d] for d in dict.fromkeys(s[0] for s in selection) if d not in bodies]
         bodies.update(zip((m.doc_id for m in need), self._get_bodies(need)))
-        return self._results(cands, metas, bodies, k, fallback, selection)
+        return self._results(cands, metas, bodies, k, fallback, selection, mode)
 
     async def _aget_relevant_documents(
         self,
@@ -1040,9 +1092,11 @@ class RSERetriever(DocumentIndex):
         *,
         run_manager: AsyncCallbackManagerForRetrieverRun,
         k: int | None = None,
+        mode: Literal["segments", "chunks"] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        k = self._check_query(query, k)
+        query, k = self._check_query(query, k)
+        mode = self._check_mode(mode)
         if k == 0:
             return []
         callbacks = run_manager.get_child()
@@ -1061,14 +1115,14 @@ class RSERetriever(DocumentIndex):
         stale = None
         for _ in range(_READ_ATTEMPTS):
             try:
-                return await self._afinish(query, list(fused), k, callbacks)
+                return await self._afinish(query, list(fused), k, mode, callbacks)
             except _StaleRead as exc:
                 stale = exc
                 logger.debug("document %s changed during a query; re-reading", exc)
         raise RuntimeError(f"chunk store has no text for document {stale}")
 
     async def _afinish(
-        self, query: str, cands: list[_Candidate], k: int, callbacks: Any
+        self, query: str, cands: list[_Candidate], k: int, mode: str, callbacks: Any
     ) -> list[Document]:
         if not cands:
             return []
@@ -1090,7 +1144,7 @@ class RSERetriever(DocumentIndex):
                 self._rerank_failed(exc)
                 fallback = True
         cands = self._apply_relevance(cands, result)
-        selection = self._select(cands, metas, k)
+        selection = self._select(cands, metas, k, mode)
         need = [metas[d] for d in dict.fromkeys(s[0] for s in selection) if d not in bodies]
         bodies.update(zip((m.doc_id for m in need), await self._aget_bodies(need)))
-        return self._results(cands, metas, bodies, k, fallback, selection)
+        return self._results(cands, metas, bodies, k, fallback, selection, mode)
