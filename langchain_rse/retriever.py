@@ -10,7 +10,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -23,7 +23,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertResponse
 from langchain_core.retrievers import LangSmithRetrieverParams
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.stores import BaseStore, InMemoryByteStore
 from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
@@ -317,6 +317,10 @@ class RSERetriever(DocumentIndex):
     """Named RSE parameters; see ``langchain_rse.segments.PRESETS``."""
     rse_params: RSEParams | None = None
     """Explicit RSE parameters; override ``preset`` when given."""
+    query_expander: Any = None
+    """Optional ``QueryExpander``: an LLM rewrites the query into several search queries."""
+    max_queries: int = 6
+    """Most queries searched for one retrieval (original + ``queries=`` + expansions)."""
     max_query_chars: int = 8192
     """Longer queries are rejected with a ``ValueError``."""
     max_document_chars: int = 20_000_000
@@ -348,6 +352,7 @@ class RSERetriever(DocumentIndex):
         for name in (
             "fetch_k",
             "candidate_pool",
+            "max_queries",
             "max_query_chars",
             "max_document_chars",
             "index_batch_size",
@@ -712,7 +717,7 @@ class RSERetriever(DocumentIndex):
     _SAVED_FIELDS = (
         "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
         "fetch_k", "candidate_pool", "fusion", "weights", "rrf_k", "relevance", "preset",
-        "max_query_chars", "max_document_chars", "index_batch_size",
+        "max_queries", "max_query_chars", "max_document_chars", "index_batch_size",
     )  # fmt: skip
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -898,20 +903,27 @@ class RSERetriever(DocumentIndex):
         return self._lexical.search(query, self.fetch_k)
 
     def _fuse(
-        self, dense: list[tuple[Document, float | None]], lexical: list[tuple[str, float]]
+        self,
+        dense: Sequence[list[tuple[Document, float | None]]],
+        lexical: Sequence[list[tuple[str, float]]],
     ) -> list[_Candidate]:
-        dense_branch: list[tuple[str, float | None]] = []
+        """Fuse (dense, lexical) results of each query into candidates, best first."""
+        branches: list[list[tuple[str, float | None]]] = []
         texts: dict[str, str] = {}
-        for doc, score in dense:
-            m = doc.metadata
-            if "doc_id" not in m or "chunk_index" not in m or "doc_version" not in m:
-                continue  # not ours (a shared vector store)
-            key = chunk_key(str(m["doc_id"]), str(m["doc_version"]), int(m["chunk_index"]))
-            dense_branch.append((key, score))
-            texts[key] = doc.page_content
-        fused = fuse([dense_branch, lexical], self.weights, self.fusion, self.rrf_k)
+        for dense_hits, lexical_hits in zip(dense, lexical):
+            branch: list[tuple[str, float | None]] = []
+            for doc, score in dense_hits:
+                m = doc.metadata
+                if "doc_id" not in m or "chunk_index" not in m or "doc_version" not in m:
+                    continue  # not ours (a shared vector store)
+                key = chunk_key(str(m["doc_id"]), str(m["doc_version"]), int(m["chunk_index"]))
+                branch.append((key, score))
+                texts[key] = doc.page_content
+            branches += [branch, list(lexical_hits)]
+        fused = fuse(branches, list(self.weights) * len(dense), self.fusion, self.rrf_k)
+        pool = self.candidate_pool + (len(dense) - 1) * (self.candidate_pool // 2)
         out = []
-        for hit in fused[: self.candidate_pool]:
+        for hit in fused[:pool]:
             doc_id, version, idx = parse_chunk_key(hit.id)
             out.append(_Candidate(hit.id, doc_id, version, idx, hit, texts.get(hit.id)))
         return out
@@ -940,9 +952,10 @@ class RSERetriever(DocumentIndex):
         return docs
 
     def _apply_relevance(
-        self, cands: list[_Candidate], result: RerankResult | None
+        self, cands: list[_Candidate], results: list[RerankResult] | None
     ) -> list[_Candidate]:
-        if result is None:
+        """Set each candidate's relevance: reranked (best over queries) or from fusion."""
+        if results is None:
             if self.relevance == "score":
                 top = max(c.fused.score for c in cands) or 1.0
                 for c in cands:
@@ -951,27 +964,24 @@ class RSERetriever(DocumentIndex):
                 for c, rel in zip(cands, rank_relevance(len(cands), self.params.decay_rate)):
                     c.relevance = float(rel)
             return cands
-        ordered = []
-        for idx, score, rel in zip(result.indices, result.scores, result.relevance):
-            c = cands[idx]
-            c.rerank_score, c.relevance = float(score), float(rel)
-            ordered.append(c)
-        return ordered
-
-    def _rerank_failed(self, exc: Exception) -> None:
-        if self.strict_rerank:
-            raise exc
-        logger.warning("reranker failed (%s); using the fused ranking instead", exc)
+        kept: dict[int, _Candidate] = {}
+        for result in results:
+            for idx, score, rel in zip(result.indices, result.scores, result.relevance):
+                c = cands[idx]
+                if idx not in kept or rel > c.relevance:
+                    c.rerank_score, c.relevance = float(score), float(rel)
+                kept[idx] = c
+        return sorted(kept.values(), key=lambda c: -c.relevance)
 
     def _results(
         self,
         cands: list[_Candidate],
         metas: dict[str, _DocMeta],
         bodies: dict[str, _DocBody],
-        k: int,
-        fallback: bool,
         selection: list[tuple[str, int, int, float]],
         mode: str,
+        queries: list[str],
+        fallback: bool,
     ) -> list[Document]:
         by_key = {(c.doc_id, c.chunk_index): c for c in cands}
         out = []
@@ -998,13 +1008,24 @@ class RSERetriever(DocumentIndex):
                 )
                 if c.rerank_score is not None:
                     md["rerank_score"] = c.rerank_score
+            if len(queries) > 1:
+                # Which queries found this result, and their best rank in either branch.
+                hits: dict[str, int] = {}
+                for i in range(start, end):
+                    c = by_key.get((doc_id, i))
+                    for q_index, query in enumerate(queries):
+                        ranks = [r for r in c.fused.ranks[2 * q_index : 2 * q_index + 2]
+                                 if r is not None] if c else []  # fmt: skip
+                        if ranks and min(ranks) < hits.get(query, 1 << 30):
+                            hits[query] = min(ranks)
+                md.update(queries=list(queries), query_ranks=hits)
             if fallback:
                 md["rerank_fallback"] = True
             out.append(Document(page_content=body.text[s:e], metadata=md))
-        return out[:k]
+        return out
 
     def _select(
-        self, cands: list[_Candidate], metas: dict[str, _DocMeta], k: int, mode: str
+        self, cands: list[_Candidate], metas: dict[str, _DocMeta], k: int, mode: str, n_queries: int
     ) -> list[tuple[str, int, int, float]]:
         """The chosen (doc_id, chunk_start, chunk_end, score), best first."""
         if mode == "chunks":
@@ -1018,15 +1039,113 @@ class RSERetriever(DocumentIndex):
             ((position[c.doc_id], c.chunk_index, c.relevance) for c in cands),
             p.irrelevant_chunk_penalty,
         )
-        segs = best_segments(
-            values, offsets, p.max_segment_chunks, p.max_total_chunks, p.min_segment_value
-        )
+        budget = p.max_total_chunks + (n_queries - 1) * p.extra_query_chunks
+        segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
         return [(docs[s.doc], s.start, s.end, s.value) for s in segs[:k]]
 
     def _local_vectorstore(self) -> bool:
         from langchain_rse.persistence import vectorstore_kind
 
         return vectorstore_kind(self.vectorstore) != "external"
+
+    # The query path after search is written once, as a generator that yields its I/O
+    # requests; `_drive` and `_adrive` carry them out synchronously or asynchronously.
+
+    def _pipeline(
+        self, queries: list[str], cands: list[_Candidate], k: int, mode: str
+    ) -> Generator[tuple[str, Any], Any, list[Document]]:
+        if not cands:
+            return []
+        doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
+        metas = {m.doc_id: m for m in (yield ("meta", doc_ids)) if m is not None}
+        cands = self._current(cands, metas)
+        if not cands:
+            return []
+        bodies: dict[str, _DocBody] = {}
+        results: list[RerankResult] | None = None
+        fallback = False
+        if self.reranker is not None:
+            need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
+            bodies.update(zip((m.doc_id for m in need), (yield ("bodies", need))))
+            try:
+                results = yield ("rerank", (queries, self._rerank_inputs(cands, bodies, metas)))
+            except RerankError as exc:
+                if self.strict_rerank:
+                    raise
+                logger.warning("reranker failed (%s); using the fused ranking instead", exc)
+                fallback = True
+        cands = self._apply_relevance(cands, results)
+        selection = self._select(cands, metas, k, mode, len(queries))
+        need = [metas[d] for d in dict.fromkeys(s[0] for s in selection) if d not in bodies]
+        bodies.update(zip((m.doc_id for m in need), (yield ("bodies", need))))
+        return self._results(cands, metas, bodies, selection, mode, queries, fallback)
+
+    def _drive(self, queries: list[str], fused: list[_Candidate], k: int, mode: str,
+               callbacks: Any) -> list[Document]:  # fmt: skip
+        for _ in range(_READ_ATTEMPTS):
+            gen = self._pipeline(queries, list(fused), k, mode)
+            try:
+                request = next(gen)
+                while True:
+                    kind, arg = request
+                    if kind == "meta":
+                        request = gen.send(self._get_meta(arg))
+                    elif kind == "bodies":
+                        request = gen.send(self._get_bodies(arg))
+                    else:
+                        try:
+                            reply = [self.reranker.rerank(q, arg[1], callbacks=callbacks)  # type: ignore[union-attr]
+                                     for q in arg[0]]  # fmt: skip
+                        except RerankError as exc:
+                            request = gen.throw(exc)
+                        else:
+                            request = gen.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            except _StaleRead as exc:
+                logger.debug("document %s changed during a query; re-reading", exc)
+        raise RuntimeError("the chunk store keeps losing documents during this query")
+
+    async def _adrive(self, queries: list[str], fused: list[_Candidate], k: int, mode: str,
+                      callbacks: Any) -> list[Document]:  # fmt: skip
+        for _ in range(_READ_ATTEMPTS):
+            gen = self._pipeline(queries, list(fused), k, mode)
+            try:
+                request = next(gen)
+                while True:
+                    kind, arg = request
+                    if kind == "meta":
+                        request = gen.send(await self._aget_meta(arg))
+                    elif kind == "bodies":
+                        request = gen.send(await self._aget_bodies(arg))
+                    else:
+                        try:
+                            reply = await asyncio.gather(*(
+                                self.reranker.arerank(q, arg[1], callbacks=callbacks)  # type: ignore[union-attr]
+                                for q in arg[0]
+                            ))  # fmt: skip
+                        except RerankError as exc:
+                            request = gen.throw(exc)
+                        else:
+                            request = gen.send(list(reply))
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            except _StaleRead as exc:
+                logger.debug("document %s changed during a query; re-reading", exc)
+        raise RuntimeError("the chunk store keeps losing documents during this query")
+
+    def _query_set(self, query: str, queries: Any, expansions: list[str]) -> list[str]:
+        """The original query first, then extra and expanded queries, deduplicated."""
+        extra: list[str] = []
+        if queries is not None:
+            if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
+                raise TypeError("queries must be a list of strings")
+            extra = [self._check_query(q, 0)[0] for q in queries]
+        out: list[str] = []
+        for q in [query, *extra, *expansions]:
+            if q.strip().casefold() not in {o.strip().casefold() for o in out}:
+                out.append(q)
+        return out[: self.max_queries]
 
     def _get_relevant_documents(
         self,
@@ -1035,6 +1154,7 @@ class RSERetriever(DocumentIndex):
         run_manager: CallbackManagerForRetrieverRun,
         k: int | None = None,
         mode: Literal["segments", "chunks"] | None = None,
+        queries: list[str] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
         query, k = self._check_query(query, k)
@@ -1042,49 +1162,18 @@ class RSERetriever(DocumentIndex):
         if k == 0:
             return []
         callbacks = run_manager.get_child()
-        dense = RunnableLambda(self._dense, name="dense_search").invoke(
-            query, {"callbacks": callbacks}
+        expansions = (
+            self.query_expander.expand(query, callbacks=callbacks)
+            if self.query_expander is not None
+            else []
         )
-        lexical = RunnableLambda(self._lexical_search, name="lexical_search").invoke(
-            query, {"callbacks": callbacks}
-        )
-        fused = self._fuse(dense, lexical)
-        stale = None
-        for _ in range(_READ_ATTEMPTS):
-            try:
-                return self._finish(query, list(fused), k, mode, callbacks)
-            except _StaleRead as exc:
-                stale = exc
-                logger.debug("document %s changed during a query; re-reading", exc)
-        raise RuntimeError(f"chunk store has no text for document {stale}")
-
-    def _finish(
-        self, query: str, cands: list[_Candidate], k: int, mode: str, callbacks: Any
-    ) -> list[Document]:
-        if not cands:
-            return []
-        doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
-        metas = {m.doc_id: m for m in self._get_meta(doc_ids) if m is not None}
-        cands = self._current(cands, metas)
-        if not cands:
-            return []
-        bodies: dict[str, _DocBody] = {}
-        result, fallback = None, False
-        if self.reranker is not None:
-            need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
-            bodies.update(zip((m.doc_id for m in need), self._get_bodies(need)))
-            try:
-                result = self.reranker.rerank(
-                    query, self._rerank_inputs(cands, bodies, metas), callbacks=callbacks
-                )
-            except RerankError as exc:
-                self._rerank_failed(exc)
-                fallback = True
-        cands = self._apply_relevance(cands, result)
-        selection = self._select(cands, metas, k, mode)
-        need = [metas[d] for d in dict.fromkeys(s[0] for s in selection) if d not in bodies]
-        bodies.update(zip((m.doc_id for m in need), self._get_bodies(need)))
-        return self._results(cands, metas, bodies, k, fallback, selection, mode)
+        all_queries = self._query_set(query, queries, expansions)
+        config: RunnableConfig = {"callbacks": callbacks}
+        dense_search = RunnableLambda(self._dense, name="dense_search")
+        lexical_search = RunnableLambda(self._lexical_search, name="lexical_search")
+        dense = [dense_search.invoke(q, config) for q in all_queries]
+        lexical = [lexical_search.invoke(q, config) for q in all_queries]
+        return self._drive(all_queries, self._fuse(dense, lexical), k, mode, callbacks)
 
     async def _aget_relevant_documents(
         self,
@@ -1093,6 +1182,7 @@ class RSERetriever(DocumentIndex):
         run_manager: AsyncCallbackManagerForRetrieverRun,
         k: int | None = None,
         mode: Literal["segments", "chunks"] | None = None,
+        queries: list[str] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
         query, k = self._check_query(query, k)
@@ -1100,51 +1190,23 @@ class RSERetriever(DocumentIndex):
         if k == 0:
             return []
         callbacks = run_manager.get_child()
+        expansions = (
+            await self.query_expander.aexpand(query, callbacks=callbacks)
+            if self.query_expander is not None
+            else []
+        )
+        all_queries = self._query_set(query, queries, expansions)
+        config: RunnableConfig = {"callbacks": callbacks}
+        dense_search = RunnableLambda(self._dense, afunc=self._adense, name="dense_search")
         lexical_search = RunnableLambda(
             self._lexical_search,
             afunc=lambda q: asyncio.to_thread(self._lexical_search, q),
             name="lexical_search",
         )
-        dense, lexical = await asyncio.gather(
-            RunnableLambda(self._dense, afunc=self._adense, name="dense_search").ainvoke(
-                query, {"callbacks": callbacks}
-            ),
-            lexical_search.ainvoke(query, {"callbacks": callbacks}),
+        n = len(all_queries)
+        found = await asyncio.gather(
+            *(dense_search.ainvoke(q, config) for q in all_queries),
+            *(lexical_search.ainvoke(q, config) for q in all_queries),
         )
-        fused = self._fuse(dense, lexical)
-        stale = None
-        for _ in range(_READ_ATTEMPTS):
-            try:
-                return await self._afinish(query, list(fused), k, mode, callbacks)
-            except _StaleRead as exc:
-                stale = exc
-                logger.debug("document %s changed during a query; re-reading", exc)
-        raise RuntimeError(f"chunk store has no text for document {stale}")
-
-    async def _afinish(
-        self, query: str, cands: list[_Candidate], k: int, mode: str, callbacks: Any
-    ) -> list[Document]:
-        if not cands:
-            return []
-        doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
-        metas = {m.doc_id: m for m in await self._aget_meta(doc_ids) if m is not None}
-        cands = self._current(cands, metas)
-        if not cands:
-            return []
-        bodies: dict[str, _DocBody] = {}
-        result, fallback = None, False
-        if self.reranker is not None:
-            need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
-            bodies.update(zip((m.doc_id for m in need), await self._aget_bodies(need)))
-            try:
-                result = await self.reranker.arerank(
-                    query, self._rerank_inputs(cands, bodies, metas), callbacks=callbacks
-                )
-            except RerankError as exc:
-                self._rerank_failed(exc)
-                fallback = True
-        cands = self._apply_relevance(cands, result)
-        selection = self._select(cands, metas, k, mode)
-        need = [metas[d] for d in dict.fromkeys(s[0] for s in selection) if d not in bodies]
-        bodies.update(zip((m.doc_id for m in need), await self._aget_bodies(need)))
-        return self._results(cands, metas, bodies, k, fallback, selection, mode)
+        fused = self._fuse(found[:n], found[n:])
+        return await self._adrive(all_queries, fused, k, mode, callbacks)

@@ -50,6 +50,8 @@ class RSEParams:
     """Subtracted from every chunk's relevance; the price of including a chunk."""
     decay_rate: float = 30.0
     """Rank→relevance decay when there is no reranker: ``exp(-rank / decay_rate)``."""
+    extra_query_chunks: int = 5
+    """Budget added to ``max_total_chunks`` for each query beyond the first."""
 
     def __post_init__(self) -> None:
         if self.max_segment_chunks < 1:
