@@ -70,6 +70,7 @@ def _looks_binary(text: str) -> bool:
 
 RECORD_FORMAT = 1
 _READ_ATTEMPTS = 3
+_META_CACHE_SIZE = 4096
 """Version of the JSON records kept in the chunk store."""
 
 
@@ -333,6 +334,8 @@ class RSERetriever(DocumentIndex):
     _lexical: BM25Index = PrivateAttr()
     _write_lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
     _vs_lock: _RWLock = PrivateAttr(default_factory=_RWLock)
+    _meta_cache: dict[bytes, _DocMeta] = PrivateAttr(default_factory=dict)
+    _searches: tuple[RunnableLambda, RunnableLambda] = PrivateAttr()
 
     # ------------------------------------------------------------------ setup
 
@@ -370,6 +373,15 @@ class RSERetriever(DocumentIndex):
 
     def model_post_init(self, context: Any, /) -> None:
         self._lexical = BM25Index(engine=self.lexical_engine)
+        # Built once: constructing a RunnableLambda inspects signatures (~0.1 ms each).
+        self._searches = (
+            RunnableLambda(self._dense, afunc=self._adense, name="dense_search"),
+            RunnableLambda(
+                self._lexical_search,
+                afunc=lambda q: asyncio.to_thread(self._lexical_search, q),
+                name="lexical_search",
+            ),
+        )
 
     @property
     def params(self) -> RSEParams:
@@ -487,13 +499,25 @@ class RSERetriever(DocumentIndex):
         show = self.show_progress if self.show_progress is not None else sys.stderr.isatty()
         return tqdm(total=total, desc=desc, unit="doc", disable=not show)
 
+    def _decode_meta(self, raw: bytes | None) -> _DocMeta | None:
+        """Decode a pointer record; decoded records are cached by their bytes."""
+        if raw is None:
+            return None
+        meta = self._meta_cache.get(raw)
+        if meta is None:
+            meta = _DocMeta.from_bytes(raw)
+            if len(self._meta_cache) >= _META_CACHE_SIZE:
+                self._meta_cache.pop(next(iter(self._meta_cache)), None)
+            self._meta_cache[raw] = meta
+        return meta
+
     def _get_meta(self, doc_ids: Sequence[str]) -> list[_DocMeta | None]:
         raw = self.docstore.mget([_store_key("doc", d) for d in doc_ids])
-        return [_DocMeta.from_bytes(r) if r is not None else None for r in raw]
+        return [self._decode_meta(r) for r in raw]
 
     async def _aget_meta(self, doc_ids: Sequence[str]) -> list[_DocMeta | None]:
         raw = await self.docstore.amget([_store_key("doc", d) for d in doc_ids])
-        return [_DocMeta.from_bytes(r) if r is not None else None for r in raw]
+        return [self._decode_meta(r) for r in raw]
 
     def _get_bodies(self, metas: Sequence[_DocMeta]) -> list[_DocBody]:
         raw = self.docstore.mget([_store_key(f"body/{m.version}", m.doc_id) for m in metas])
@@ -1169,8 +1193,7 @@ class RSERetriever(DocumentIndex):
         )
         all_queries = self._query_set(query, queries, expansions)
         config: RunnableConfig = {"callbacks": callbacks}
-        dense_search = RunnableLambda(self._dense, name="dense_search")
-        lexical_search = RunnableLambda(self._lexical_search, name="lexical_search")
+        dense_search, lexical_search = self._searches
         dense = [dense_search.invoke(q, config) for q in all_queries]
         lexical = [lexical_search.invoke(q, config) for q in all_queries]
         return self._drive(all_queries, self._fuse(dense, lexical), k, mode, callbacks)
@@ -1197,12 +1220,7 @@ class RSERetriever(DocumentIndex):
         )
         all_queries = self._query_set(query, queries, expansions)
         config: RunnableConfig = {"callbacks": callbacks}
-        dense_search = RunnableLambda(self._dense, afunc=self._adense, name="dense_search")
-        lexical_search = RunnableLambda(
-            self._lexical_search,
-            afunc=lambda q: asyncio.to_thread(self._lexical_search, q),
-            name="lexical_search",
-        )
+        dense_search, lexical_search = self._searches
         n = len(all_queries)
         found = await asyncio.gather(
             *(dense_search.ainvoke(q, config) for q in all_queries),
