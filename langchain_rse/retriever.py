@@ -130,6 +130,14 @@ class _RWLock:
                 self._cond.notify_all()
 
 
+def _key_of(chunk: Document) -> str | None:
+    """The chunk key of a search hit written by this retriever; None for foreign documents."""
+    m = chunk.metadata
+    if "doc_id" not in m or "chunk_index" not in m or "doc_version" not in m:
+        return None
+    return chunk_key(str(m["doc_id"]), str(m["doc_version"]), int(m["chunk_index"]))
+
+
 @dataclass(frozen=True)
 class _DocMeta:
     """The small per-document record read at query time."""
@@ -299,6 +307,10 @@ class RSERetriever(DocumentIndex):
     """Reranks fused candidates; a ``BaseDocumentCompressor`` is wrapped automatically."""
     strict_rerank: bool = False
     """Raise when the reranker fails instead of falling back to the fused ranking."""
+    lexical_store: VectorStore | None = None
+    """An external lexical index used instead of the in-process BM25 index, for corpora
+    beyond one machine: any ``VectorStore`` whose search is lexical, e.g.
+    ``ElasticsearchStore(strategy=BM25Strategy())``. Chunks are written to it too."""
     lexical_engine: LexicalEngine = "bm25s"
     """BM25 implementation: ``"bm25s"`` (fast, sparse) or ``"rank_bm25"``."""
     fetch_k: int = 50
@@ -638,10 +650,11 @@ class RSERetriever(DocumentIndex):
 
         def flush() -> None:
             if pending:
+                docs, ids = [d for _, d in pending], [i for i, _ in pending]
                 with self._vs_lock.write():
-                    self.vectorstore.add_documents(
-                        [d for _, d in pending], ids=[i for i, _ in pending]
-                    )
+                    self.vectorstore.add_documents(docs, ids=ids)
+                if self.lexical_store is not None:
+                    self.lexical_store.add_documents(docs, ids=ids)
                 pending.clear()
 
         lexical_ids: list[str] = []
@@ -673,7 +686,8 @@ class RSERetriever(DocumentIndex):
                 if len(pending) >= self.index_batch_size:
                     flush()
         flush()
-        self._lexical.add(lexical_ids, lexical_texts)
+        if self.lexical_store is None:
+            self._lexical.add(lexical_ids, lexical_texts)
         self.docstore.mset(
             [
                 (_store_key(f"body/{p.meta.version}", p.meta.doc_id), p.body.to_bytes())
@@ -694,8 +708,11 @@ class RSERetriever(DocumentIndex):
             self.docstore.mdelete([_store_key("doc", m.doc_id) for m in metas])
         self._lexical.delete(keys)
         if keys:
+            ids = [chunk_uuid(k) for k in keys]
             with self._vs_lock.write():
-                self.vectorstore.delete(ids=[chunk_uuid(k) for k in keys])
+                self.vectorstore.delete(ids=ids)
+            if self.lexical_store is not None:
+                self.lexical_store.delete(ids=ids)
         self.docstore.mdelete([_store_key(f"body/{m.version}", m.doc_id) for m in metas])
 
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
@@ -791,6 +808,10 @@ class RSERetriever(DocumentIndex):
                         or getattr(embeddings, "model", None),
                     },
                     "docstore": {"kind": docstore_kind, "class": type(self.docstore).__name__},
+                    "lexical": {
+                        "kind": "in_process" if self.lexical_store is None else "external",
+                        "class": type(self.lexical_store or self._lexical).__name__,
+                    },
                     "vectorstore": ps.save_vectorstore(self.vectorstore, writer),
                     "stats": {"chunks": len(tokens)},
                 }
@@ -867,6 +888,12 @@ class RSERetriever(DocumentIndex):
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise ps.IndexFormatError(f"chunk store file is not valid JSON: {exc}") from None
             docstore.mset([(k, v.encode("utf-8", "surrogatepass")) for k, v in pairs])
+        lexical_info = manifest.get("lexical", {"kind": "in_process"})
+        if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
+            raise ValueError(
+                f"this index searches an external lexical store ({lexical_info['class']}); "
+                "pass lexical_store=..."
+            )
         lexical = ps.load_checked_json(directory, manifest, "lexical")
         retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
         retriever._lexical.set_tokens(dict(zip(lexical["keys"], lexical["tokens"])))
@@ -924,7 +951,10 @@ class RSERetriever(DocumentIndex):
             return [(d, None) for d in docs]
 
     def _lexical_search(self, query: str) -> list[tuple[str, float]]:
-        return self._lexical.search(query, self.fetch_k)
+        if self.lexical_store is None:
+            return self._lexical.search(query, self.fetch_k)
+        hits = self.lexical_store.similarity_search_with_score(query, k=self.fetch_k)
+        return [(key, float(score)) for doc, score in hits if (key := _key_of(doc)) is not None]
 
     def _fuse(
         self,
@@ -937,10 +967,9 @@ class RSERetriever(DocumentIndex):
         for dense_hits, lexical_hits in zip(dense, lexical):
             branch: list[tuple[str, float | None]] = []
             for doc, score in dense_hits:
-                m = doc.metadata
-                if "doc_id" not in m or "chunk_index" not in m or "doc_version" not in m:
+                key = _key_of(doc)
+                if key is None:
                     continue  # not ours (a shared vector store)
-                key = chunk_key(str(m["doc_id"]), str(m["doc_version"]), int(m["chunk_index"]))
                 branch.append((key, score))
                 texts[key] = doc.page_content
             branches += [branch, list(lexical_hits)]
