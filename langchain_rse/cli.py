@@ -174,7 +174,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         stat = path.stat()
         key = str(path)
         stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        if record.get(key, {}).get("stamp") == stamp:
+        previous = record.get(key, {})
+        if previous.get("stamp") == stamp and not previous.get("fallbacks"):
             unchanged += 1
             continue
         try:
@@ -200,6 +201,9 @@ def cmd_index(args: argparse.Namespace) -> int:
             record.pop(key)
     if todo:
         retriever.add_documents(todo)
+        for doc, meta in zip(todo, retriever._get_meta([d.id for d in todo])):
+            if meta is not None:  # LLM contexts that fell back are retried next run
+                record[str(doc.id)]["fallbacks"] = meta.fallbacks
     retriever.save(index_dir)
     atomic_write(index_dir / FILES_RECORD, json.dumps(record, indent=1).encode())
     print(

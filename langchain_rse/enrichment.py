@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.stores import BaseStore, InMemoryByteStore
+from pydantic import SecretStr
 from tqdm.auto import tqdm
 
 from langchain_rse.chunking import Chunk
@@ -528,6 +529,16 @@ def sanitize_context(raw: str, max_chars: int = 500) -> str:
     return _clip(text, max_chars)
 
 
+def _redact(text: str, owner: Any) -> str:
+    """Replace every ``SecretStr`` value held by ``owner`` (e.g. an API key) with ``***``."""
+    for value in vars(owner).values() if hasattr(owner, "__dict__") else ():
+        if isinstance(value, SecretStr):
+            secret = value.get_secret_value()
+            if secret:
+                text = text.replace(secret, "***")
+    return text
+
+
 def _message_text(message: Any) -> str:
     """The text of a chat model reply (string content or text content blocks)."""
     content = getattr(message, "content", message)
@@ -862,6 +873,7 @@ class ContextualEnricher(BaseEnricher):
                 self.model_identity,
                 PROMPT_VERSION,
                 plan.doc_hash,
+                plan.title,
                 self._view(plan, chunk),
                 chunk.text,
             ],
@@ -986,7 +998,7 @@ class ContextualEnricher(BaseEnricher):
                 len(run.results),
                 run.plan.doc_id,
                 type(last).__name__ if last else "unknown",
-                str(last)[:200] if last else "",
+                _redact(str(last), self.llm)[:200] if last else "",
             )
         return [ctx for ctx in run.results if ctx is not None]
 

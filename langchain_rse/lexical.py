@@ -104,17 +104,33 @@ class BM25Index:
 
     ``engine="bm25s"`` (default) scores with a sparse matrix; ``engine="rank_bm25"``
     uses the reference ``rank_bm25.BM25Okapi`` (much slower, for comparison).
+
+    The scoring model is rebuilt after changes, on the next search. Up to
+    ``sync_rebuild_max`` chunks that rebuild happens in the searching call, so a search
+    always sees the latest writes; above it, searches keep using the previous model
+    while one background thread rebuilds, so a stream of writes never stalls queries
+    (new chunks become searchable when the rebuild lands; :meth:`refresh` waits for it).
     """
 
-    def __init__(self, engine: LexicalEngine = "bm25s", k1: float = 1.5, b: float = 0.75) -> None:
+    def __init__(
+        self,
+        engine: LexicalEngine = "bm25s",
+        k1: float = 1.5,
+        b: float = 0.75,
+        sync_rebuild_max: int = 20_000,
+    ) -> None:
         if engine not in ("bm25s", "rank_bm25"):
             raise ValueError(f"unknown lexical engine {engine!r}; use 'bm25s' or 'rank_bm25'")
         self.engine: LexicalEngine = engine
         self.k1 = k1
         self.b = b
+        self.sync_rebuild_max = sync_rebuild_max
         self._tokens: dict[str, list[str]] = {}
         self._lock = threading.RLock()
-        self._built: tuple[list[str], Any] | None = None
+        self._generation = 0  # bumped by every change
+        self._built: tuple[int, list[str], Any] | None = None  # (generation, ids, model)
+        self._rebuilding: threading.Thread | None = None
+        self._rebuild_lock = threading.Lock()  # one rebuild at a time
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -129,14 +145,14 @@ class BM25Index:
         tokens = [tokenize(t) for t in texts]
         with self._lock:
             self._tokens.update(zip(ids, tokens))
-            self._built = None
+            self._generation += 1
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove chunks; unknown ids are ignored."""
         with self._lock:
             for chunk_id in ids:
                 self._tokens.pop(chunk_id, None)
-            self._built = None
+            self._generation += 1
 
     def tokens(self) -> dict[str, list[str]]:
         """A copy of the stored tokens per chunk id (for saving)."""
@@ -147,36 +163,62 @@ class BM25Index:
         """Replace the whole index with pre-tokenized chunks (for loading)."""
         with self._lock:
             self._tokens = dict(tokens)
-            self._built = None
+            self._generation += 1
 
-    def _build(self) -> tuple[list[str], Any]:
+    def _fit(self, ids: list[str], corpus: list[list[str]]) -> Any:
+        if not ids:
+            return None
+        if self.engine == "bm25s":
+            import bm25s
+
+            model = bm25s.BM25(k1=self.k1, b=self.b)
+            model.index(corpus, show_progress=False)
+            return model
+        try:
+            from rank_bm25 import BM25Okapi
+        except ImportError as exc:  # pragma: no cover - depends on extras
+            raise ImportError(
+                "engine='rank_bm25' needs `pip install \"langchain-rse[rank-bm25]\"`"
+            ) from exc
+        return BM25Okapi([c or [""] for c in corpus], k1=self.k1, b=self.b)
+
+    def _rebuild(self) -> None:
+        """Fit a model on a snapshot of the tokens; install it unless it is already older."""
         with self._lock:
-            if self._built is not None:
-                return self._built
+            generation = self._generation
             ids = list(self._tokens)
             corpus = [self._tokens[i] for i in ids]
-            model: Any
-            if not ids:
-                model = None
-            elif self.engine == "bm25s":
-                import bm25s
+        model = self._fit(ids, corpus)  # outside the lock: writers and readers go on
+        with self._lock:
+            if self._built is None or self._built[0] < generation:
+                self._built = (generation, ids, model)
 
-                model = bm25s.BM25(k1=self.k1, b=self.b)
-                model.index(corpus, show_progress=False)
-            else:
-                try:
-                    from rank_bm25 import BM25Okapi
-                except ImportError as exc:  # pragma: no cover - depends on extras
-                    raise ImportError(
-                        "engine='rank_bm25' needs `pip install \"langchain-rse[rank-bm25]\"`"
-                    ) from exc
-                model = BM25Okapi([c or [""] for c in corpus], k1=self.k1, b=self.b)
-            self._built = (ids, model)
-            return self._built
+    def refresh(self) -> None:
+        """Make every write so far searchable now (waits for or runs the rebuild)."""
+        with self._rebuild_lock:
+            if self._built is None or self._built[0] != self._generation:
+                self._rebuild()
+
+    def _model(self) -> tuple[list[str], Any]:
+        built = self._built
+        if built is not None and built[0] == self._generation:
+            return built[1], built[2]
+        if built is None or len(self._tokens) <= self.sync_rebuild_max:
+            self.refresh()
+        else:
+            with self._lock:
+                if self._rebuilding is None or not self._rebuilding.is_alive():
+                    self._rebuilding = threading.Thread(
+                        target=self.refresh, name="bm25-rebuild", daemon=True
+                    )
+                    self._rebuilding.start()
+        built = self._built
+        assert built is not None
+        return built[1], built[2]
 
     def search(self, query: str, k: int) -> list[LexicalHit]:
         """The ``k`` best chunks with a positive BM25 score, best first."""
-        ids, model = self._build()
+        ids, model = self._model()
         q = tokenize(query)
         if model is None or not q or k <= 0:
             return []

