@@ -8,6 +8,7 @@ from langchain_rse.enrichment import (
     HeaderEnricher,
     NoEnricher,
 )
+from langchain_rse.expansion import QueryExpander
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index, tokenize
 from langchain_rse.rerank import (
@@ -32,6 +33,7 @@ __all__ = [
     "ContextualEnricher",
     "HeaderEnricher",
     "NoEnricher",
+    "QueryExpander",
     "RSEParams",
     "RSERetriever",
     "RerankError",

@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from conftest import corpus_documents
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
+from langchain_rse.expansion import QueryExpander
 from langchain_rse.segments import RSEParams
 
 PARAMS = RSEParams(4, 8, 0.3, 0.2, 10.0, extra_query_chunks=4)
@@ -103,3 +106,46 @@ async def test_expander_queries_are_searched_and_original_kept() -> None:
     assert out[0].metadata["queries"] == ["termination", "royalties payable", "audit rights"]
     assert any("royalties" in d.page_content.lower() for d in out)
     assert [d.metadata for d in await r.ainvoke("termination")] == [d.metadata for d in out]
+
+
+class CountingChat(GenericFakeChatModel):
+    """A fake chat model that answers with a numbered list and counts its calls."""
+
+    calls: int = 0
+    fail: bool = False
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):  # type: ignore[override]
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("model unavailable")
+        return super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+
+
+def expander_retriever(llm: CountingChat) -> RSERetriever:
+    expander = QueryExpander(llm, n=2, max_retries=0)
+    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10,
+                     rse_params=PARAMS, query_expander=expander)  # fmt: skip
+    r.add_documents(corpus_documents())
+    return r
+
+
+def test_query_expander_end_to_end_cached() -> None:
+    llm = CountingChat(messages=iter([AIMessage("1. royalties payable\n2. audit rights\n")]))
+    r = expander_retriever(llm)
+    first = r.invoke("termination")
+    assert llm.calls == 1
+    assert first[0].metadata["queries"] == ["termination", "royalties payable", "audit rights"]
+    again = r.invoke("termination")  # cached expansion: no model call
+    assert llm.calls == 1 and spans(again) == spans(first)
+
+
+def test_query_expander_failure_falls_back_to_the_query(caplog) -> None:
+    llm = CountingChat(messages=iter([]), fail=True)
+    r = expander_retriever(llm)
+    plain = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10,
+                         rse_params=PARAMS)  # fmt: skip
+    plain.add_documents(corpus_documents())
+    with caplog.at_level("WARNING"):
+        out = r.invoke("termination")
+    assert llm.calls >= 1 and "queries" not in out[0].metadata
+    assert spans(out) == spans(plain.invoke("termination"))
