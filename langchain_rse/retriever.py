@@ -26,7 +26,7 @@ from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertRespons
 from langchain_core.retrievers import LangSmithRetrieverParams
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.stores import BaseStore, InMemoryByteStore
-from langchain_core.vectorstores import VectorStore
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from langchain_text_splitters import TextSplitter
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from tqdm.auto import tqdm
@@ -943,6 +943,8 @@ class RSERetriever(DocumentIndex):
     # (RRF) or min-max/σ normalisation, so any monotone score will do.
     def _dense(self, query: str) -> list[tuple[Document, float | None]]:
         with self._vs_lock.read():
+            if isinstance(self.vectorstore, InMemoryVectorStore):  # scores are cosines
+                return list(self.vectorstore.similarity_search_with_score(query, k=self.fetch_k))
             try:
                 return list(
                     self.vectorstore._similarity_search_with_relevance_scores(query, k=self.fetch_k)
