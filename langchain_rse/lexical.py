@@ -117,7 +117,7 @@ class BM25Index:
         engine: LexicalEngine = "bm25s",
         k1: float = 1.5,
         b: float = 0.75,
-        sync_rebuild_max: int = 20_000,
+        sync_rebuild_max: int = 2_000,
     ) -> None:
         if engine not in ("bm25s", "rank_bm25"):
             raise ValueError(f"unknown lexical engine {engine!r}; use 'bm25s' or 'rank_bm25'")
