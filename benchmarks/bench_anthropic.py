@@ -1,0 +1,163 @@
+"""Pass@k on Anthropic's contextual-retrieval codebase set, chunks as given.
+
+Each of the 737 given chunks is indexed as its own document (id
+``"{doc_uuid}:{original_index}"``) with a chunk size larger than any chunk, so the
+retriever keeps it whole; all methods share one ``InMemoryVectorStore`` (same chunks,
+same vectors). Pass@k = per query, the fraction of golden chunks in the top k, averaged.
+
+Usage::
+
+    python benchmarks/bench_anthropic.py
+    python benchmarks/bench_anthropic.py --fusion relative_score --weights 1,0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from common import CACHE_DIR, CachedEmbeddings, base_embeddings, fmt_table, log, require_data
+from langchain_core.documents import Document
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from langchain_rse import RSERetriever
+from langchain_rse.lexical import BM25Index, tokenize
+
+KS = (5, 10, 20)
+PUBLISHED = {
+    "published: voyage-2 base": (80.92, 87.15, 90.06),
+    "published: contextual embeddings": (86.37, 92.81, 93.78),
+    "published: + contextual BM25": (86.43, 93.21, 94.99),
+    "published: + Cohere rerank": (91.24, 94.79, 96.30),
+}
+CHUNK_SIZE = 8000
+"""Larger than the longest given chunk (3,898 characters): every chunk stays whole."""
+
+Method = Callable[[str], list[str]]
+
+
+def load() -> tuple[list[Document], list[dict[str, Any]]]:
+    root = require_data("anthropic_codebase")
+    corpus = json.loads((root / "codebase_chunks.json").read_text(encoding="utf-8"))
+    docs = [
+        Document(
+            page_content=chunk["content"],
+            id=f"{doc['original_uuid']}:{chunk['original_index']}",
+            metadata={"source": doc["doc_id"]},
+        )
+        for doc in corpus
+        for chunk in doc["chunks"]
+    ]
+    with (root / "evaluation_set.jsonl").open(encoding="utf-8") as f:
+        queries = [json.loads(line) for line in f if line.strip()]
+    return docs, queries
+
+
+def make_methods(retriever: RSERetriever, which: Sequence[str]) -> dict[str, Method]:
+    from langchain_community.retrievers import BM25Retriever
+
+    try:
+        from langchain_classic.retrievers import EnsembleRetriever
+    except ImportError:  # older LangChain
+        from langchain.retrievers import EnsembleRetriever  # type: ignore[no-redef]
+
+    k = max(KS)
+    vs = retriever.vectorstore
+    assert isinstance(vs, InMemoryVectorStore)
+    chunks = [Document(page_content=r["text"], metadata=r["metadata"]) for r in vs.store.values()]
+
+    def ids(docs: Sequence[Document]) -> list[str]:
+        return [str(d.metadata["doc_id"]) for d in docs]
+
+    methods: dict[str, Method] = {}
+    if "dense" in which:
+        methods["dense"] = lambda q: ids(vs.similarity_search(q, k=k))
+    if "bm25" in which:
+        index = BM25Index()
+        index.add([str(d.metadata["doc_id"]) for d in chunks], [d.page_content for d in chunks])
+        methods["bm25"] = lambda q: [i for i, _ in index.search(q, k)]
+    dense_retriever = vs.as_retriever(search_kwargs={"k": k})
+    for name, preprocess in (("ensemble(split)", None), ("ensemble(tokenize)", tokenize)):
+        if name not in which:
+            continue
+        kwargs: dict[str, Any] = {"k": k}
+        if preprocess is not None:
+            kwargs["preprocess_func"] = preprocess
+        bm25 = BM25Retriever.from_documents(chunks, **kwargs)
+        ensemble = EnsembleRetriever(retrievers=[bm25, dense_retriever], weights=[0.5, 0.5])
+        methods[name] = lambda q, e=ensemble: ids(e.invoke(q))
+    if "hybrid" in which:
+        methods["hybrid"] = lambda q: ids(retriever.invoke(q, k=k))
+    return methods
+
+
+def evaluate(methods: dict[str, Method], queries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name, method in methods.items():
+        t0 = time.perf_counter()
+        sums = dict.fromkeys(KS, 0.0)
+        for q in queries:
+            got = method(q["query"])
+            golden = {f"{u}:{i}" for u, i in q["golden_chunk_uuids"]}
+            for k in KS:
+                sums[k] += len(golden & set(got[:k])) / len(golden)
+        seconds = time.perf_counter() - t0
+        log(f"{name}: {seconds:.1f}s")
+        results[name] = {
+            "pass": {k: 100 * sums[k] / len(queries) for k in KS},
+            "seconds_per_query": seconds / len(queries),
+        }
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fusion", default="rrf")
+    ap.add_argument("--weights", default="1,1", help="dense,lexical fusion weights")
+    ap.add_argument("--fetch-k", type=int, default=50)
+    ap.add_argument("--methods", default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+    docs, queries = load()
+    inner, model_name = base_embeddings()
+    embeddings = CachedEmbeddings(inner, model_name)
+    embeddings.embed_array([q["query"] for q in queries], "query")  # batched, cached
+    dense_w, lexical_w = (float(x) for x in args.weights.split(","))
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(embeddings),
+        mode="chunks",
+        chunk_size=CHUNK_SIZE,
+        fusion=args.fusion,
+        weights=(dense_w, lexical_w),
+        fetch_k=args.fetch_k,
+        candidate_pool=max(args.fetch_k, max(KS)),
+        show_progress=False,
+    )
+    log(f"indexing {len(docs)} chunks")
+    retriever.add_documents(docs)
+    results = evaluate(make_methods(retriever, args.methods.split(",")), queries)
+
+    rows = [
+        [name, *(f"{res['pass'][k]:.2f}" for k in KS), f"{res['seconds_per_query']:.3f}"]
+        for name, res in results.items()
+    ]
+    rows += [[name, *(f"{v:.2f}" for v in vals), ""] for name, vals in PUBLISHED.items()]
+    print(
+        f"Anthropic codebase set: {len(docs)} chunks, {len(queries)} queries; "
+        f"embeddings {model_name}; hybrid fusion={args.fusion} weights={args.weights} "
+        f"fetch_k={args.fetch_k}"
+    )
+    print(fmt_table(["method", *(f"Pass@{k}" for k in KS), "s/query"], rows))
+    out = CACHE_DIR / "results" / f"anthropic_{args.fusion}_{args.weights}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "results": results}), encoding="utf-8")
+    embeddings.close()
+
+
+if __name__ == "__main__":
+    main()

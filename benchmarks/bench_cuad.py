@@ -1,0 +1,319 @@
+"""CUAD (dev split) character recall / precision at equal budgets of returned text.
+
+All chosen contracts are indexed in ONE retriever, and every method searches all of
+them. Every method uses the same chunks and the same chunk vectors (one shared
+``InMemoryVectorStore``, filled by ``RSERetriever.add_documents``), so the methods
+differ only in how they rank and what they return:
+
+* ``dense``: the vector store alone, top-k chunks;
+* ``bm25``: our ``BM25Index`` alone, top-k chunks (same chunk texts);
+* ``ensemble(split)`` / ``ensemble(tokenize)``: LangChain's ``EnsembleRetriever`` over
+  ``BM25Retriever`` (default ``str.split`` preprocessing / our tokenizer) and
+  ``vectorstore.as_retriever()``;
+* ``hybrid``: ``RSERetriever(mode="chunks")``;
+* ``rse``: ``RSERetriever(mode="segments")``.
+
+Each method's best-first character ranges are cut at budgets of 1k/2k/4k/8k characters
+(the last range truncated); per query, recall = |gold ∩ returned| / |gold| and precision =
+|gold ∩ returned| / |returned|, averaged over queries.
+
+Usage::
+
+    python benchmarks/bench_cuad.py                      # 50 seeded dev contracts
+    python benchmarks/bench_cuad.py --contracts 100 --seed 1
+    python benchmarks/bench_cuad.py --all --enricher none
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from common import (
+    CACHE_DIR,
+    RESULTS_DIR,
+    CachedEmbeddings,
+    Span,
+    base_embeddings,
+    bootstrap_se,
+    cut_at_budget,
+    fmt_table,
+    log,
+    recall_precision,
+)
+from cuad_data import (
+    DEFAULT_CONTRACTS,
+    DEFAULT_SEED,
+    CuadSubset,
+    build_retriever,
+    load_cuad,
+    make_enricher,
+)
+from langchain_core.documents import Document
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from langchain_rse import RSERetriever
+from langchain_rse.chunking import chunk_key
+from langchain_rse.lexical import BM25Index, tokenize
+from langchain_rse.segments import RSEParams, get_preset
+
+BUDGETS = (1000, 2000, 4000, 8000)
+TARGET_BUDGET = 4000
+
+Method = Callable[[str], list[Span]]
+
+
+def spans_of(docs: Sequence[Document]) -> list[Span]:
+    """``(doc_id, start_index, end_index)`` of returned documents, in order."""
+    return [
+        (str(d.metadata["doc_id"]), int(d.metadata["start_index"]), int(d.metadata["end_index"]))
+        for d in docs
+    ]
+
+
+def chunk_documents(vectorstore: InMemoryVectorStore) -> list[Document]:
+    """The chunk documents (indexed text + offsets) the retriever wrote to the store."""
+    return [
+        Document(page_content=rec["text"], metadata=rec["metadata"], id=rec["id"])
+        for rec in vectorstore.store.values()
+    ]
+
+
+def make_methods(retriever: RSERetriever, n_chunks: int, which: Sequence[str]) -> dict[str, Method]:
+    """The compared methods, each a function from a query to best-first ranges."""
+    from langchain_community.retrievers import BM25Retriever
+
+    try:
+        from langchain_classic.retrievers import EnsembleRetriever
+    except ImportError:  # older LangChain
+        from langchain.retrievers import EnsembleRetriever  # type: ignore[no-redef]
+
+    vs = retriever.vectorstore
+    assert isinstance(vs, InMemoryVectorStore)
+    chunks = chunk_documents(vs)
+    methods: dict[str, Method] = {}
+
+    if "dense" in which:
+        methods["dense"] = lambda q: spans_of(vs.similarity_search(q, k=n_chunks))
+
+    if "bm25" in which:
+        index = BM25Index()
+        keys = [
+            chunk_key(d.metadata["doc_id"], d.metadata["doc_version"], d.metadata["chunk_index"])
+            for d in chunks
+        ]
+        index.add(keys, [d.page_content for d in chunks])
+        span_of = {
+            k: (d.metadata["doc_id"], d.metadata["start_index"], d.metadata["end_index"])
+            for k, d in zip(keys, chunks)
+        }
+        methods["bm25"] = lambda q: [span_of[k] for k, _ in index.search(q, n_chunks)]
+
+    dense_retriever = vs.as_retriever(search_kwargs={"k": n_chunks})
+    for name, preprocess in (("ensemble(split)", None), ("ensemble(tokenize)", tokenize)):
+        if name not in which:
+            continue
+        kwargs: dict[str, Any] = {"k": n_chunks}
+        if preprocess is not None:
+            kwargs["preprocess_func"] = preprocess
+        bm25 = BM25Retriever.from_documents(chunks, **kwargs)
+        ensemble = EnsembleRetriever(retrievers=[bm25, dense_retriever], weights=[0.5, 0.5])
+        methods[name] = lambda q, e=ensemble: spans_of(e.invoke(q))
+
+    if "hybrid" in which:
+        hybrid = retriever.model_copy(
+            update={"mode": "chunks", "candidate_pool": max(retriever.candidate_pool, n_chunks)}
+        )
+        methods["hybrid"] = lambda q: spans_of(hybrid.invoke(q, k=n_chunks))
+
+    if "rse" in which:
+        rse = retriever.model_copy(update={"mode": "segments"})
+        methods["rse"] = lambda q: spans_of(rse.invoke(q, k=100))
+    return methods
+
+
+def evaluate(
+    data: CuadSubset, methods: dict[str, Method], budgets: Sequence[int] = BUDGETS
+) -> dict[str, dict[str, Any]]:
+    """Per method: per-budget mean recall / precision / returned chars and per-query values."""
+    results: dict[str, dict[str, Any]] = {}
+    for name, method in methods.items():
+        t0 = time.perf_counter()
+        per_budget: dict[int, dict[str, list[float]]] = {
+            b: {"recall": [], "precision": [], "chars": []} for b in budgets
+        }
+        for q in data.queries:
+            ranked = method(q.text)
+            for b in budgets:
+                cut = cut_at_budget(ranked, b)
+                r, p = recall_precision(q.gold, cut)
+                per_budget[b]["recall"].append(r)
+                per_budget[b]["precision"].append(p)
+                per_budget[b]["chars"].append(sum(e - s for _, s, e in cut))
+        seconds = time.perf_counter() - t0
+        log(f"{name}: {seconds:.1f}s for {len(data.queries)} queries")
+        results[name] = {
+            "seconds_per_query": seconds / max(len(data.queries), 1),
+            "budgets": {
+                str(b): {
+                    "recall": _mean(v["recall"]),
+                    "precision": _mean(v["precision"]),
+                    "chars": _mean(v["chars"]),
+                    "recall_se": bootstrap_se(v["recall"]),
+                    "per_query_recall": v["recall"],
+                    "per_query_precision": v["precision"],
+                }
+                for b, v in per_budget.items()
+            },
+        }
+    return results
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else math.nan
+
+
+def report(results: dict[str, dict[str, Any]], budgets: Sequence[int] = BUDGETS) -> str:
+    """The method × budget table and the RSE / dense ratios at the target budget."""
+    header = ["method", *[f"{b // 1000}k R / P (%)" for b in budgets], "chars@4k", "s/query"]
+    rows = []
+    for name, res in results.items():
+        cells = [
+            f"{100 * res['budgets'][str(b)]['recall']:.1f} / "
+            f"{100 * res['budgets'][str(b)]['precision']:.2f}"
+            for b in budgets
+        ]
+        chars = res["budgets"][str(TARGET_BUDGET)]["chars"]
+        rows.append([name, *cells, f"{chars:.0f}", f"{res['seconds_per_query']:.3f}"])
+    lines = [fmt_table(header, rows)]
+    se = max(r["budgets"][str(TARGET_BUDGET)]["recall_se"] for r in results.values())
+    lines.append(f"\nbootstrap s.e. of recall@4k: up to {100 * se:.1f} points")
+    if "dense" in results:
+        base = results["dense"]["budgets"][str(TARGET_BUDGET)]
+        for name, res in results.items():
+            if name == "dense":
+                continue
+            cur = res["budgets"][str(TARGET_BUDGET)]
+            lines.append(
+                f"{name} / dense at 4k: recall x{cur['recall'] / base['recall']:.2f}, "
+                f"precision x{cur['precision'] / base['precision']:.2f}"
+            )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    """Recall vs budget per method (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, res in results.items():
+        budgets = sorted(int(b) for b in res["budgets"])
+        recall = [100 * res["budgets"][str(b)]["recall"] for b in budgets]
+        precision = [100 * res["budgets"][str(b)]["precision"] for b in budgets]
+        style = "-" if name.startswith("rse") else "--"
+        axes[0].plot(budgets, recall, style, marker="o", label=name)
+        axes[1].plot(budgets, precision, style, marker="o", label=name)
+    for ax, metric in zip(axes, ("character recall (%)", "character precision (%)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(BUDGETS), [f"{b // 1000}k" for b in BUDGETS])
+        ax.set_xlabel("budget of returned characters")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    log(f"wrote {path}")
+
+
+def parse_rse(text: str | None, preset: str, decay: float | None) -> RSEParams:
+    """Preset, then ``--decay``, then ``--rse key=value,...`` overrides."""
+    params = get_preset(preset)
+    overrides: dict[str, float | int] = {}
+    if decay is not None:
+        overrides["decay_rate"] = decay
+    for item in filter(None, (text or "").split(",")):
+        key, value = item.split("=")
+        key = key.strip()
+        overrides[key] = int(value) if key.startswith("max_") else float(value)
+    return params.with_overrides(**overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS)
+    ap.add_argument("--all", action="store_true", help="all dev contracts")
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ap.add_argument("--chunk-size", type=int, default=600)
+    ap.add_argument("--enricher", default="header", help="header | lead | none")
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--decay", type=float, default=None, help="rank->relevance decay rate")
+    ap.add_argument("--rse", default=None, help="RSEParams overrides, e.g. max_segment_chunks=4")
+    ap.add_argument("--fusion", default="rrf")
+    ap.add_argument("--weights", default="1,1", help="dense,lexical fusion weights")
+    ap.add_argument("--fetch-k", type=int, default=50)
+    ap.add_argument("--candidate-pool", type=int, default=50)
+    ap.add_argument(
+        "--methods",
+        default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid,rse",
+        help="comma-separated subset of the methods",
+    )
+    ap.add_argument("--tag", default=None, help="name of the JSON/PNG outputs")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+    data = load_cuad(None if args.all else args.contracts, args.seed)
+    n_chars = sum(len(t) for t in data.contracts.values())
+    n_queries = len(data.queries)
+    log(f"{len(data.contracts)} contracts ({n_chars / 1e6:.2f}M chars), {n_queries} queries")
+    inner, model_name = base_embeddings()
+    embeddings = CachedEmbeddings(inner, model_name)
+    embeddings.embed_array([q.text for q in data.queries], "query")  # batched, cached
+    params = parse_rse(args.rse, args.preset, args.decay)
+    dense_w, lexical_w = (float(x) for x in args.weights.split(","))
+    retriever = build_retriever(
+        data,
+        embeddings,
+        chunk_size=args.chunk_size,
+        enricher=make_enricher(args.enricher),
+        rse_params=params,
+        fusion=args.fusion,
+        weights=(dense_w, lexical_w),
+        fetch_k=args.fetch_k,
+        candidate_pool=args.candidate_pool,
+    )
+    n_chunks = math.ceil(1.6 * max(BUDGETS) / args.chunk_size) + 4
+    methods = make_methods(retriever, n_chunks, args.methods.split(","))
+    results = evaluate(data, methods)
+
+    subset = "all" if args.all else f"{len(data.contracts)} (seed {args.seed})"
+    config = (
+        f"CUAD dev, contracts: {subset}, queries: {len(data.queries)}, "
+        f"chunk_size={args.chunk_size}, enricher={args.enricher}, fusion={args.fusion}, "
+        f"weights={args.weights}, fetch_k={args.fetch_k}, candidate_pool={args.candidate_pool}, "
+        f"rse={params}"
+    )
+    print(config)
+    print(report(results))
+    tag = args.tag or f"cuad_{len(data.contracts)}_{args.chunk_size}_{args.enricher}"
+    (CACHE_DIR / "results").mkdir(parents=True, exist_ok=True)
+    out = {"config": config, "args": vars(args), "results": results}
+    (CACHE_DIR / "results" / f"{tag}.json").write_text(json.dumps(out), encoding="utf-8")
+    if not args.no_plot:
+        plot(results, RESULTS_DIR / f"{tag}.png", config[:120] + "…")
+    embeddings.close()
+
+
+if __name__ == "__main__":
+    main()

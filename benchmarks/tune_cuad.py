@@ -1,0 +1,540 @@
+"""Parameter sweeps for RSE on the CUAD dev split, fast.
+
+``bench_cuad.py`` runs the real retriever; a sweep over hundreds of configurations
+would re-run the same dense and BM25 searches each time. Here both searches run once
+per query (over the same chunks and vectors the retriever indexed), and each
+configuration replays the retriever's query path with the library's own pure functions
+(``fuse``, ``rank_relevance``, ``chunk_values``, ``best_segments``). ``--verify``
+checks that the replay returns exactly what ``RSERetriever.invoke`` returns.
+
+Prototypes of ideas the library does not have yet are marked ``proto`` in the output:
+
+* ``dense_scores``: give fusion the dense cosine scores. ``InMemoryVectorStore`` does not
+  implement relevance scores, so the retriever passes ``None`` and the score-based
+  fusions fall back to ``1/rank`` for the dense branch.
+* ``route``: restrict retrieval to the top document(s) before RSE. ``"mass"``: the
+  documents with the most fused relevance among the candidates; ``"title"``: a
+  document-level search (BM25 + dense, fused) over each document's opening text
+  (its title, parties and date for a contract). Each branch is then searched again
+  within the chosen documents (``refetch``).
+* ``relevance="score"``: relevance from the fused score (``score / best score``) instead
+  of the rank.
+
+Usage::
+
+    python benchmarks/tune_cuad.py --chunk-size 600 --enricher none --grid all
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from common import (
+    CACHE_DIR,
+    CachedEmbeddings,
+    Span,
+    base_embeddings,
+    cut_at_budget,
+    fmt_table,
+    log,
+    recall_precision,
+)
+from cuad_data import (
+    DEFAULT_CONTRACTS,
+    DEFAULT_SEED,
+    CuadSubset,
+    build_retriever,
+    lead_title,
+    load_cuad,
+    make_enricher,
+)
+from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_core.vectorstores.utils import _cosine_similarity
+
+from langchain_rse import RSERetriever
+from langchain_rse.chunking import chunk_key
+from langchain_rse.fusion import fuse
+from langchain_rse.lexical import BM25Index
+from langchain_rse.segments import RSEParams, best_segments, chunk_values, get_preset
+
+BUDGETS = (1000, 2000, 4000, 8000)
+BASE_PARAMS = RSEParams(4, 12, 0.2, 0.3, 10.0)
+"""The library's "default" preset when these sweeps ran (pinned: the preset may change)."""
+COS_RANGES = ((0.82, 0.90), (0.84, 0.90), (0.86, 0.92))
+"""Cosine -> relevance calibrations tried (e5-small cosines: chunk median ~0.80,
+top-1 ~0.90, gold chunks ~0.86 on CUAD)."""
+FETCH_KS = (10, 20, 50, 100, 200)
+"""The fetch_k values a sweep may use."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the sweep; defaults are the library defaults."""
+
+    mode: Literal["segments", "chunks", "dense", "bm25"] = "segments"
+    params: RSEParams = field(default_factory=lambda: BASE_PARAMS)
+    fusion: Literal["rrf", "relative_score", "dist_based"] = "rrf"
+    weights: tuple[float, float] = (1.0, 1.0)
+    rrf_k: float = 60.0
+    fetch_k: int = 50
+    candidate_pool: int = 50
+    dense_scores: bool = False  # proto
+    route: Literal["none", "mass", "title"] = "none"  # proto
+    route_docs: int = 1  # proto
+    relevance: Literal["rank", "score", "cosine", "cosine_rank"] = "rank"  # proto
+    cos_lo: float = 0.78  # proto: cosine mapped to relevance 0 ...
+    cos_hi: float = 0.90  # ... and to relevance 1
+    order: Literal["value", "density"] = "value"  # proto: segments by value or value/length
+    name: str = ""
+    """Shown instead of the RSE parameters (e.g. a preset name)."""
+
+    def label(self) -> str:
+        base = Config()
+        parts = [self.mode]
+        for key, value in asdict(self).items():
+            if key in ("mode", "params", "name") or value == getattr(base, key):
+                continue
+            parts.append(f"{key}={value}")
+        if self.name:
+            parts.append(self.name)
+        elif self.mode == "segments":
+            p = self.params
+            parts.append(
+                f"seg={p.max_segment_chunks} tot={p.max_total_chunks} "
+                f"min={p.min_segment_value:g} pen={p.irrelevant_chunk_penalty:g} "
+                f"decay={p.decay_rate:g}"
+            )
+        return " ".join(parts)
+
+    @property
+    def is_proto(self) -> bool:
+        return (
+            self.dense_scores
+            or self.route != "none"
+            or self.relevance != "rank"
+            or self.order != "value"
+        )
+
+
+@dataclass
+class Corpus:
+    """The indexed chunks, flattened: row ``i`` is chunk ``idx[i]`` of document ``doc[i]``."""
+
+    keys: list[str]
+    doc: np.ndarray
+    idx: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    vectors: np.ndarray
+    doc_names: list[str]
+    doc_rows: list[np.ndarray]  # rows of each document, in chunk order
+    bm25: BM25Index
+    row_of: dict[str, int]
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (cosine = dot product, as in InMemoryVectorStore)."""
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(norms == 0, 1, norms)
+
+
+def _in_chunk_order(rows: np.ndarray, recs: list[dict[str, Any]]) -> np.ndarray:
+    return rows[np.argsort([recs[i]["metadata"]["chunk_index"] for i in rows])]
+
+
+def corpus_of(retriever: RSERetriever) -> Corpus:
+    vs = retriever.vectorstore
+    assert isinstance(vs, InMemoryVectorStore)
+    recs = list(vs.store.values())
+    names = sorted({r["metadata"]["doc_id"] for r in recs})
+    pos = {n: i for i, n in enumerate(names)}
+    # Rows stay in the store's order, so that exact ties order as the store orders them.
+    keys = [
+        chunk_key(
+            r["metadata"]["doc_id"], r["metadata"]["doc_version"], r["metadata"]["chunk_index"]
+        )
+        for r in recs
+    ]
+    doc = np.array([pos[r["metadata"]["doc_id"]] for r in recs])
+    bm25 = BM25Index()
+    bm25.add(keys, [r["text"] for r in recs])
+    return Corpus(
+        keys=keys,
+        doc=doc,
+        idx=np.array([r["metadata"]["chunk_index"] for r in recs]),
+        start=np.array([r["metadata"]["start_index"] for r in recs]),
+        end=np.array([r["metadata"]["end_index"] for r in recs]),
+        vectors=np.asarray([r["vector"] for r in recs]),
+        doc_names=names,
+        doc_rows=[_in_chunk_order(np.flatnonzero(doc == d), recs) for d in range(len(names))],
+        bm25=bm25,
+        row_of={k: i for i, k in enumerate(keys)},
+    )
+
+
+@dataclass
+class Branches:
+    """Per query: dense cosines over all rows, and BM25 hits (row, score), best first."""
+
+    cosine: np.ndarray
+    dense_order: np.ndarray  # all rows, best first, as the store orders them
+    lexical: list[tuple[int, float]]  # all hits
+    lexical_at: dict[int, list[tuple[int, float]]]
+    """``BM25Index.search(query, k)`` per fetch_k (ties at the cut depend on k)."""
+    doc_rank: list[int]  # document-level ranking from the title search (proto)
+
+
+def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -> list[Branches]:
+    qv = embeddings.embed_array([q.text for q in data.queries], "query")
+    # The store's own similarity function, query by query, so ties order as in the store.
+    cos = [_cosine_similarity([v.tolist()], corpus.vectors)[0] for v in qv]
+    # Document-level search over each document's opening text (proto "title" routing).
+    leads = [lead_title(data.contracts[n]) for n in corpus.doc_names]
+    lead_vecs = _unit(embeddings.embed_array(leads, "passage"))
+    lead_bm25 = BM25Index()
+    lead_bm25.add([str(i) for i in range(len(leads))], leads)
+    out = []
+    lead_cos = _unit(qv) @ lead_vecs.T
+    for q, c, lc in zip(data.queries, cos, lead_cos):
+        hits = corpus.bm25.search(q.text, len(corpus.keys))
+        dense_docs = np.argsort(-lc, kind="stable")
+        lex_docs = lead_bm25.search(q.text, len(leads))
+        fused = fuse(
+            [[(str(int(d)), None) for d in dense_docs], [(i, s) for i, s in lex_docs]],
+            [1.0, 1.0],
+        )
+        at = {
+            n: [(corpus.row_of[k], s) for k, s in corpus.bm25.search(q.text, n)] for n in FETCH_KS
+        }
+        out.append(
+            Branches(
+                c,
+                c.argsort()[::-1],
+                [(corpus.row_of[k], s) for k, s in hits],
+                at,
+                [int(h.id) for h in fused],
+            )
+        )
+    return out
+
+
+def _dense_list(br: Branches, rows: np.ndarray | None, n: int) -> list[tuple[int, float]]:
+    """Best-first (row, cosine), ordered as ``InMemoryVectorStore`` orders (ties reversed)."""
+    cos = br.cosine
+    top = br.dense_order[:n] if rows is None else rows[cos[rows].argsort()[::-1]][:n]
+    return [(int(i), float(cos[i])) for i in top]
+
+
+def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
+    """Best-first ranges for one query under ``cfg`` (the retriever's query path)."""
+    names = corpus.doc_names
+    n_chunks = 2 * math.ceil(max(BUDGETS) / 300) + 4
+    allowed: np.ndarray | None = None
+    if cfg.route == "title":
+        allowed = np.concatenate([corpus.doc_rows[d] for d in br.doc_rank[: cfg.route_docs]])
+    rows: list[int] = []
+    if cfg.mode == "dense":
+        rows = [r for r, _ in _dense_list(br, allowed, n_chunks)]
+    elif cfg.mode == "bm25":
+        keep = None if allowed is None else set(allowed.tolist())
+        rows = [r for r, _ in br.lexical if keep is None or r in keep][:n_chunks]
+    if cfg.mode in ("dense", "bm25"):
+        return [(names[corpus.doc[r]], int(corpus.start[r]), int(corpus.end[r])) for r in rows]
+
+    dense = _dense_list(br, allowed, cfg.fetch_k)
+    if allowed is not None:
+        keep = set(allowed.tolist())
+        lexical = [(r, s) for r, s in br.lexical if r in keep][: cfg.fetch_k]
+    else:
+        lexical = br.lexical_at[cfg.fetch_k]
+    fused = fuse(
+        [
+            [(str(r), s if cfg.dense_scores else None) for r, s in dense],
+            [(str(r), s) for r, s in lexical],
+        ],
+        cfg.weights,
+        cfg.fusion,
+        cfg.rrf_k,
+    )[: cfg.candidate_pool]
+    cands = [int(h.id) for h in fused]
+    if not cands:
+        return []
+    p = cfg.params
+    rank_rel = np.exp(-np.arange(len(cands), dtype=np.float64) / p.decay_rate)
+    if cfg.relevance == "score":
+        top = fused[0].score or 1.0
+        rel = np.array([h.score / top for h in fused])
+    elif cfg.relevance in ("cosine", "cosine_rank"):
+        cos = (br.cosine[cands] - cfg.cos_lo) / (cfg.cos_hi - cfg.cos_lo)
+        rel = np.clip(cos, 0.0, 1.0) * (rank_rel if cfg.relevance == "cosine_rank" else 1.0)
+    else:
+        rel = rank_rel
+    if cfg.route == "mass":
+        mass: dict[int, float] = {}
+        for r, v in zip(cands, rel):
+            mass[int(corpus.doc[r])] = mass.get(int(corpus.doc[r]), 0.0) + float(v)
+        chosen = set(sorted(mass, key=lambda d: -mass[d])[: cfg.route_docs])
+        keep_idx = [i for i, r in enumerate(cands) if corpus.doc[r] in chosen]
+        cands, rel = [cands[i] for i in keep_idx], rel[keep_idx]
+    if cfg.mode == "chunks":
+        order = np.argsort(-rel, kind="stable")
+        return [
+            (names[corpus.doc[cands[i]]], int(corpus.start[cands[i]]), int(corpus.end[cands[i]]))
+            for i in order[:n_chunks]
+        ]
+    docs = list(dict.fromkeys(int(corpus.doc[r]) for r in cands))
+    position = {d: i for i, d in enumerate(docs)}
+    values, offsets = chunk_values(
+        [len(corpus.doc_rows[d]) for d in docs],
+        ((position[int(corpus.doc[r])], int(corpus.idx[r]), float(v)) for r, v in zip(cands, rel)),
+        p.irrelevant_chunk_penalty,
+    )
+    segs = best_segments(
+        values, offsets, p.max_segment_chunks, p.max_total_chunks, p.min_segment_value
+    )
+    if cfg.order == "density":
+        segs = sorted(segs, key=lambda s: -s.value / (s.end - s.start))
+    out: list[Span] = []
+    for s in segs:
+        rows_of_doc = corpus.doc_rows[docs[s.doc]]
+        out.append(
+            (
+                names[docs[s.doc]],
+                int(corpus.start[rows_of_doc[s.start]]),
+                int(corpus.end[rows_of_doc[s.end - 1]]),
+            )
+        )
+    return out
+
+
+def score(
+    cfg: Config, data: CuadSubset, corpus: Corpus, branches: Sequence[Branches]
+) -> dict[str, Any]:
+    """Mean recall / precision / returned characters per budget."""
+    sums = {b: np.zeros(3) for b in BUDGETS}
+    per_query_recall4k = []
+    for q, br in zip(data.queries, branches):
+        ranked = run_query(cfg, corpus, br)
+        for b in BUDGETS:
+            cut = cut_at_budget(ranked, b)
+            r, p = recall_precision(q.gold, cut)
+            sums[b] += (r, p, sum(e - s for _, s, e in cut))
+            if b == 4000:
+                per_query_recall4k.append(r)
+    n = len(data.queries)
+    return {
+        "label": cfg.label(),
+        "proto": cfg.is_proto,
+        **{f"R{b // 1000}k": sums[b][0] / n for b in BUDGETS},
+        **{f"P{b // 1000}k": sums[b][1] / n for b in BUDGETS},
+        **{f"C{b // 1000}k": sums[b][2] / n for b in BUDGETS},
+        "recall4k": per_query_recall4k,
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Grids
+# --------------------------------------------------------------------------------------
+
+
+def _p(base: RSEParams, **kw: float | int) -> RSEParams:
+    return base.with_overrides(**kw)
+
+
+def grid(name: str) -> Iterable[Config]:
+    d = Config()
+    dp = d.params
+    if name in ("baselines", "all"):
+        yield Config(mode="dense")
+        yield Config(mode="bm25")
+        yield Config(mode="chunks")
+    if name in ("presets", "all"):
+        for preset in ("balanced", "precision", "find_all"):
+            yield Config(params=get_preset(preset), name=f"preset={preset}")
+    if name in ("decay", "all"):
+        for decay in (1, 2, 3, 5, 7, 10, 15, 20, 30, 50):
+            yield Config(params=_p(dp, decay_rate=decay))
+    if name in ("penalty", "all"):
+        for decay in (3, 5, 10):
+            for pen in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4):
+                yield Config(params=_p(dp, decay_rate=decay, irrelevant_chunk_penalty=pen))
+    if name in ("lengths", "all"):
+        for decay in (5, 10):
+            for seg in (1, 2, 3, 4, 6, 8, 15):
+                for total in (6, 12, 30):
+                    yield Config(
+                        params=_p(
+                            dp, decay_rate=decay, max_segment_chunks=seg, max_total_chunks=total
+                        )
+                    )
+    if name in ("minvalue", "all"):
+        for decay in (5, 10):
+            for mv in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+                yield Config(params=_p(dp, decay_rate=decay, min_segment_value=mv))
+    if name in ("fusion", "all"):
+        for fusion in ("rrf", "relative_score", "dist_based"):
+            for weights in ((1.0, 1.0), (1.0, 0.5), (1.0, 2.0), (1.0, 0.0), (0.0, 1.0)):
+                for dense_scores in (False, True):
+                    if fusion == "rrf" and dense_scores:
+                        continue
+                    for mode in ("chunks", "segments"):
+                        yield Config(
+                            mode=mode, fusion=fusion, weights=weights, dense_scores=dense_scores
+                        )
+    if name in ("pool", "all"):
+        for fetch_k in (10, 20, 50, 100, 200):
+            for pool in (10, 20, 50, 100):
+                if pool <= 2 * fetch_k:
+                    yield Config(fetch_k=fetch_k, candidate_pool=pool)
+    if name in ("route", "all"):
+        for docs in (1, 2, 3):
+            for mode in ("dense", "bm25", "chunks", "segments"):
+                yield Config(mode=mode, route="title", route_docs=docs)
+            for mode in ("chunks", "segments"):
+                yield Config(mode=mode, route="mass", route_docs=docs)
+    if name == "proto":
+        for route in ("none", "title"):
+            rels: list[dict[str, Any]] = [
+                *({"params": {"decay_rate": d}} for d in (5, 10, 20)),
+                *({"relevance": "cosine", "cos_lo": lo, "cos_hi": hi} for lo, hi in COS_RANGES),
+                {"relevance": "cosine_rank", "cos_lo": 0.82, "cos_hi": 0.90, "params": {}},
+            ]
+            for rel in rels:
+                extra = {k: v for k, v in rel.items() if k != "params"}
+                for seg in (1, 2, 4):
+                    for pen in (0.1, 0.2, 0.3):
+                        for mv in (0.2, 0.5):
+                            params = _p(
+                                dp,
+                                **rel.get("params", {}),
+                                max_segment_chunks=seg,
+                                irrelevant_chunk_penalty=pen,
+                                min_segment_value=mv,
+                            )
+                            yield Config(route=route, params=params, **extra)
+    if name == "proto2":
+        rels2: list[dict[str, Any]] = [
+            {"params": {"decay_rate": 10}},
+            {"relevance": "cosine", "cos_lo": 0.82, "cos_hi": 0.90},
+            {"relevance": "cosine", "cos_lo": 0.80, "cos_hi": 0.90},
+        ]
+        for route in ("none", "title"):
+            for weights in ((1.0, 0.0), (1.0, 0.5)):
+                for rel in rels2:
+                    extra = {k: v for k, v in rel.items() if k != "params"}
+                    for seg in (1, 2, 3):
+                        for pen in (0.1, 0.2, 0.3):
+                            for mv in (0.1, 0.3):
+                                params = _p(
+                                    dp,
+                                    **rel.get("params", {}),
+                                    max_segment_chunks=seg,
+                                    irrelevant_chunk_penalty=pen,
+                                    min_segment_value=mv,
+                                )
+                                yield Config(route=route, weights=weights, params=params, **extra)
+    if name in ("relevance", "all"):
+        for fusion in ("relative_score", "dist_based"):
+            yield Config(fusion=fusion, dense_scores=True, relevance="score")
+
+
+def verify(
+    data: CuadSubset,
+    retriever: RSERetriever,
+    corpus: Corpus,
+    branches: Sequence[Branches],
+    n: int = 40,
+) -> None:
+    """The replay must return what the retriever returns (default configuration)."""
+    for mode in ("segments", "chunks"):
+        r = retriever.model_copy(update={"mode": mode})
+        cfg = Config(mode=mode)
+        bad = 0
+        for q, br in list(zip(data.queries, branches))[:n]:
+            k = 100 if mode == "segments" else 2 * math.ceil(max(BUDGETS) / 300) + 4
+            got = [
+                (d.metadata["doc_id"], d.metadata["start_index"], d.metadata["end_index"])
+                for d in r.invoke(q.text, k=k)
+            ]
+            want = run_query(cfg, corpus, br)[: len(got)] if mode == "chunks" else None
+            if mode == "segments":
+                want = run_query(cfg, corpus, br)
+            if got != want:
+                bad += 1
+                first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+                log(f"  differs at position {first} of {len(got)} / {len(want)}")
+        log(f"verify {mode}: {n - bad}/{n} queries identical")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS)
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ap.add_argument("--chunk-size", type=int, default=600)
+    ap.add_argument("--enricher", default="none")
+    ap.add_argument("--grid", default="all")
+    ap.add_argument("--verify", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+    data = load_cuad(args.contracts, args.seed)
+    inner, model_name = base_embeddings()
+    embeddings = CachedEmbeddings(inner, model_name)
+    embeddings.embed_array([q.text for q in data.queries], "query")
+    retriever = build_retriever(data, embeddings, args.chunk_size, make_enricher(args.enricher))
+    corpus = corpus_of(retriever)
+    t0 = time.perf_counter()
+    branches = precompute(data, corpus, embeddings)
+    log(f"branches precomputed in {time.perf_counter() - t0:.1f}s")
+    gold_doc = [corpus.doc_names.index(q.gold[0][0]) for q in data.queries]
+    for n in (1, 2, 3):
+        hit = np.mean([g in br.doc_rank[:n] for g, br in zip(gold_doc, branches)])
+        log(f"title routing: gold contract in the top {n}: {100 * hit:.1f}% of queries")
+    if args.verify:
+        verify(data, retriever, corpus, branches)
+
+    configs = list(dict.fromkeys(c for g in args.grid.split(",") for c in grid(g)))
+    rows: list[dict[str, Any]] = []
+    for i, cfg in enumerate(configs):
+        rows.append(score(cfg, data, corpus, branches))
+        if i % 20 == 0:
+            log(f"{i + 1}/{len(configs)} configurations")
+    dense = next((r for r in rows if r["label"] == "dense"), None)
+    table = []
+    for r in rows:
+        ratio = f"x{r['R4k'] / dense['R4k']:.2f} / x{r['P4k'] / dense['P4k']:.2f}" if dense else ""
+        table.append(
+            [
+                ("proto " if r["proto"] else "") + r["label"],
+                *[f"{100 * r[f'R{b}k']:.1f}/{100 * r[f'P{b}k']:.2f}" for b in (1, 2, 4, 8)],
+                f"{r['C4k']:.0f}",
+                ratio,
+            ]
+        )
+    print(
+        f"CUAD dev, {len(data.contracts)} contracts (seed {args.seed}), "
+        f"{len(data.queries)} queries, chunk_size={args.chunk_size}, enricher={args.enricher}"
+    )
+    print(
+        fmt_table(
+            ["config", "1k R/P", "2k R/P", "4k R/P", "8k R/P", "chars@4k", "vs dense @4k R / P"],
+            table,
+        )
+    )
+    out = CACHE_DIR / "results" / (args.out or f"tune_{args.chunk_size}_{args.enricher}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows), encoding="utf-8")
+    embeddings.close()
+
+
+if __name__ == "__main__":
+    main()
