@@ -554,7 +554,7 @@ class CohereReranker(CalibratedReranker):
 
     def _redact(self, text: str) -> str:
         """Remove the API key from error text (a proxy may echo the request's headers)."""
-        key = self.cohere_api_key.get_secret_value()
+        key = self.cohere_api_key.get_secret_value() if self.cohere_api_key else ""
         return text.replace(key, "***") if key else text
 
     def _failure(self, exc: BaseException, attempts: int) -> RerankError:

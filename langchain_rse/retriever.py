@@ -1081,10 +1081,10 @@ class RSERetriever(DocumentIndex):
                 # Which queries found this result, and their best rank in either branch.
                 hits: dict[str, int] = {}
                 for i in range(start, end):
-                    c = by_key.get((doc_id, i))
+                    hit = by_key.get((doc_id, i))
                     for q_index, query in enumerate(queries):
-                        ranks = [r for r in c.fused.ranks[2 * q_index : 2 * q_index + 2]
-                                 if r is not None] if c else []  # fmt: skip
+                        ranks = [r for r in hit.fused.ranks[2 * q_index : 2 * q_index + 2]
+                                 if r is not None] if hit else []  # fmt: skip
                         if ranks and min(ranks) < hits.get(query, 1 << 30):
                             hits[query] = min(ranks)
                 md.update(queries=list(queries), query_ranks=hits)
@@ -1227,7 +1227,7 @@ class RSERetriever(DocumentIndex):
         **kwargs: Any,
     ) -> list[Document]:
         query, k = self._check_query(query, k)
-        mode = self._check_mode(mode)
+        checked_mode = self._check_mode(mode)
         if k == 0:
             return []
         callbacks = run_manager.get_child()
@@ -1241,7 +1241,7 @@ class RSERetriever(DocumentIndex):
         dense_search, lexical_search = self._searches
         dense = [dense_search.invoke(q, config) for q in all_queries]
         lexical = [lexical_search.invoke(q, config) for q in all_queries]
-        return self._drive(all_queries, self._fuse(dense, lexical), k, mode, callbacks)
+        return self._drive(all_queries, self._fuse(dense, lexical), k, checked_mode, callbacks)
 
     async def _aget_relevant_documents(
         self,
@@ -1254,7 +1254,7 @@ class RSERetriever(DocumentIndex):
         **kwargs: Any,
     ) -> list[Document]:
         query, k = self._check_query(query, k)
-        mode = self._check_mode(mode)
+        checked_mode = self._check_mode(mode)
         if k == 0:
             return []
         callbacks = run_manager.get_child()
@@ -1272,4 +1272,4 @@ class RSERetriever(DocumentIndex):
             *(lexical_search.ainvoke(q, config) for q in all_queries),
         )
         fused = self._fuse(found[:n], found[n:])
-        return await self._adrive(all_queries, fused, k, mode, callbacks)
+        return await self._adrive(all_queries, fused, k, checked_mode, callbacks)
