@@ -15,6 +15,7 @@ from langchain_rse.rerank import (
     BaseReranker,
     CohereReranker,
     CompressorReranker,
+    EmbeddingReranker,
     RerankError,
     RerankResult,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "CohereReranker",
     "CompressorReranker",
     "ContextualEnricher",
+    "EmbeddingReranker",
     "HeaderEnricher",
     "NoEnricher",
     "QueryExpander",

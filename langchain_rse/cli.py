@@ -106,10 +106,11 @@ def _make_enricher(llm: str | None, index_dir: Path) -> Any:
 
 
 def _make_reranker(name: str | None) -> Any:
-    if not name:
+    """The Cohere reranker for ``--reranker cohere`` (``embedding`` needs the open index)."""
+    if not name or name == "embedding":
         return None
     if name != "cohere":
-        raise CLIError(f"unknown reranker {name!r}; the CLI knows 'cohere'")
+        raise CLIError(f"unknown reranker {name!r}; the CLI knows 'cohere' and 'embedding'")
     if not (os.environ.get("COHERE_API_KEY") or os.environ.get("CO_API_KEY")):
         raise CLIError("--reranker cohere needs the COHERE_API_KEY environment variable")
     from langchain_rse.rerank import CohereReranker
@@ -247,7 +248,16 @@ def cmd_query(args: argparse.Namespace) -> int:
     reranker = _make_reranker(args.reranker)
     if reranker is not None:
         kwargs["reranker"] = reranker
+    if args.reranker:
+        kwargs["preset"] = "reranked"
     retriever = _open_index(Path(args.index), **kwargs)
+    if args.reranker == "embedding":
+        from langchain_rse.rerank import EmbeddingReranker
+
+        embeddings = getattr(retriever.vectorstore, "embeddings", None)
+        if embeddings is None:
+            raise CLIError("--reranker embedding needs a vector store with an embedding model")
+        retriever.reranker = EmbeddingReranker(embeddings=embeddings)
     try:
         docs = retriever.invoke(args.question, k=args.k)
     except (ValueError, TypeError) as exc:
@@ -336,7 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=4, help="maximum number of results")
     p.add_argument("--json", action="store_true", help="JSON output for scripts")
     p.add_argument("--mode", choices=["segments", "chunks"], default="segments")
-    p.add_argument("--reranker", choices=["cohere"], help="rerank with Cohere (needs key)")
+    p.add_argument(
+        "--reranker",
+        choices=["cohere", "embedding"],
+        help="rerank with Cohere (needs COHERE_API_KEY) or offline by embedding similarity; "
+        "either uses the 'reranked' RSE preset",
+    )
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("info", help="describe an index")

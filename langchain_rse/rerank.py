@@ -8,6 +8,9 @@ Two rerankers are provided:
   and jitter (honouring ``Retry-After``), and never runs past its per-query ``timeout``.
 - :class:`CompressorReranker` adapts any LangChain ``BaseDocumentCompressor`` (for example
   ``langchain_cohere.CohereRerank`` or ``CrossEncoderReranker``).
+- :class:`EmbeddingReranker` scores candidates by the cosine similarity of their embeddings to
+  the query's, with any LangChain ``Embeddings``: an offline stand-in that gives RSE a
+  relevance that means the same thing from query to query (used to tune RSE on CUAD offline).
 
 Both turn raw scores into a calibrated relevance in ``[0, 1]`` for Relevant Segment Extraction
 (see :func:`calibrate`), optionally combined with a rank decay.
@@ -33,6 +36,7 @@ import httpx
 import numpy as np
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.embeddings import Embeddings
 from langchain_core.utils import from_env, secret_from_env
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
@@ -50,6 +54,7 @@ __all__ = [
     "CalibrationMethod",
     "CohereReranker",
     "CompressorReranker",
+    "EmbeddingReranker",
     "RerankError",
     "RerankResult",
     "apply_rank_decay",
@@ -824,6 +829,93 @@ class CompressorReranker(CalibratedReranker):
         except Exception as exc:
             raise self._describe_failure(exc, len(documents)) from exc
         return self._read(outputs, len(documents))
+
+
+# --------------------------------------------------------------------------------------------
+# Offline: cosine similarity of embeddings
+# --------------------------------------------------------------------------------------------
+
+
+def _cosines(query: Sequence[float], vectors: Sequence[Sequence[float]]) -> NDArray[np.float64]:
+    q = np.asarray(query, dtype=np.float64)
+    m = np.asarray(vectors, dtype=np.float64).reshape(len(vectors), q.size)
+    norms = np.linalg.norm(m, axis=1) * np.linalg.norm(q)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = (m @ q) / norms
+    return np.nan_to_num(out, nan=0.0)
+
+
+class EmbeddingReranker(CalibratedReranker):
+    """Rerank by cosine similarity between the query's and each candidate's embedding.
+
+    An offline reranker: no API key, no network, any LangChain ``Embeddings``. It is weaker
+    than a cross-encoder such as Cohere's: it re-scores with a bi-encoder, and with the
+    retriever's own model it restores the dense order within the fused candidates. It gives
+    RSE a relevance from similarity rather than from fused rank alone. The candidate texts are
+    embedded at query time (``candidate_pool`` of them per query); wrap the model in
+    LangChain's ``CacheBackedEmbeddings`` to embed each chunk once.
+
+    Example:
+        .. code-block:: python
+
+            from langchain_rse import EmbeddingReranker, RSERetriever
+            from langchain_rse.embeddings import LocalEmbeddings
+
+            retriever = RSERetriever(
+                reranker=EmbeddingReranker(embeddings=LocalEmbeddings()), preset="reranked"
+            )
+
+    The default calibration is ``"minmax"`` over the candidates times a rank decay of 20
+    (``exp(-rank / 20)``): on the CUAD dev split it did as well as the best absolute (sigmoid)
+    calibration and, unlike one, it does not depend on where a model's cosines sit (the
+    bundled multilingual-e5-small crowds them between 0.75 and 0.92; other models spread them
+    elsewhere). For an absolute scale, set ``calibration="sigmoid"`` with ``sigmoid_center``
+    near the cosine of a typical relevant chunk (0.84 for e5-small) and
+    ``sigmoid_temperature=0.02``. See ``benchmarks/RESULTS.md``; pair it with
+    ``preset="reranked"``.
+    """
+
+    embeddings: Embeddings
+    """The model that embeds the query and the candidates."""
+    calibration: Literal["auto", "beta", "identity", "minmax", "sigmoid"] = "minmax"
+    rank_decay: float | None = Field(default=20.0, gt=0)
+
+    def _ranked(self, query_vector: list[float], vectors: list[list[float]]) -> RerankResult:
+        cos = _cosines(query_vector, vectors)
+        order = sorted(range(cos.size), key=lambda i: -cos[i])
+        return self._result(order, [float(cos[i]) for i in order])
+
+    def _failure(self, exc: BaseException, n_documents: int) -> RerankError:
+        return RerankError(
+            f"{type(self.embeddings).__name__} failed to embed the query or {n_documents} "
+            f"candidates: {type(exc).__name__}: {exc}"
+        )
+
+    def rerank(
+        self, query: str, documents: Sequence[Document], *, callbacks: Callbacks = None
+    ) -> RerankResult:
+        """Rerank ``documents`` by the cosine of their embeddings to the query's."""
+        if not documents:
+            return RerankResult(indices=[], scores=[], relevance=[])
+        try:
+            query_vector = self.embeddings.embed_query(query)
+            vectors = self.embeddings.embed_documents([d.page_content for d in documents])
+        except Exception as exc:
+            raise self._failure(exc, len(documents)) from exc
+        return self._ranked(query_vector, vectors)
+
+    async def arerank(
+        self, query: str, documents: Sequence[Document], *, callbacks: Callbacks = None
+    ) -> RerankResult:
+        """Async :meth:`rerank` with the model's ``aembed_query`` / ``aembed_documents``."""
+        if not documents:
+            return RerankResult(indices=[], scores=[], relevance=[])
+        try:
+            query_vector = await self.embeddings.aembed_query(query)
+            vectors = await self.embeddings.aembed_documents([d.page_content for d in documents])
+        except Exception as exc:
+            raise self._failure(exc, len(documents)) from exc
+        return self._ranked(query_vector, vectors)
 
 
 def as_reranker(

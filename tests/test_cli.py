@@ -81,6 +81,18 @@ def test_index_query_reindex_info(folder: Path, tmp_path: Path, capsys) -> None:
     code, out, _ = run(capsys, "query", index, "warranty period", "-k", "1", "--json")
     assert json.loads(out)[0]["source"].endswith("scan.pdf")
 
+    # the offline reranker re-scores the candidates with the index's own embedding model
+    question = ("query", index, "hotel reimbursement per night", "--json")
+    code, out, _ = run(capsys, *question, "--reranker", "embedding")
+    reranked = json.loads(out)
+    assert code == 0 and reranked[0]["source"].endswith("policy.txt")
+    for hit in reranked:
+        text = Path(hit["source"]).read_text(encoding="utf-8")
+        assert hit["text"] == text[hit["start_index"] : hit["end_index"]]
+    code, out, _ = run(capsys, *question, "--reranker", "embedding", "--mode", "chunks", "-k", "50")
+    scores = [h["score"] for h in json.loads(out)]  # min-max calibrated: best 1, worst 0
+    assert code == 0 and scores[0] == 1.0 and scores[-1] == 0.0 and scores == sorted(scores)[::-1]
+
     code, out, _ = run(capsys, "query", index, "How much notice to end the lease?", "-k", "2")
     assert code == 0 and "lease.md" in out and "chars" in out and "three months" in out
 

@@ -6,6 +6,7 @@ Real SDK clients against fakes on 127.0.0.1: ``ChatOpenAI`` writes the chunk con
 
 from __future__ import annotations
 
+import pytest
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_openai import ChatOpenAI
@@ -75,3 +76,43 @@ async def test_full_pipeline_sync_and_async(tmp_path) -> None:
             ]
         )
         assert 0 < len(llm_server.requests) - calls <= n_chunks // 2
+
+
+async def test_offline_pipeline_with_the_embedding_reranker() -> None:
+    """The offline stand-in reranker: header contexts, hybrid search, cosine rerank, RSE."""
+    import numpy as np
+
+    from langchain_rse import EmbeddingReranker
+
+    docs = corpus_documents()
+    texts = {d.metadata["source"]: d.page_content for d in docs}
+    embeddings = HashingEmbeddings()
+    reranker = EmbeddingReranker(embeddings=embeddings, calibration="identity", rank_decay=None)
+    retriever = RSERetriever(vectorstore=InMemoryVectorStore(embeddings), reranker=reranker, k=3)
+    retriever.add_documents(docs)
+    query = "termination provisions of the agreement"
+
+    chunks = retriever.invoke(query, mode="chunks", k=5)
+    q = np.asarray(embeddings.embed_query(query))
+    indexed = {
+        (v["metadata"]["doc_id"], v["metadata"]["chunk_index"]): v["text"]
+        for v in retriever.vectorstore.store.values()
+    }
+    assert len(chunks) == 5
+    scores = [c.metadata["rerank_score"] for c in chunks]
+    assert scores == sorted(scores, reverse=True)
+    for chunk in chunks:
+        m = chunk.metadata
+        text = indexed[(m["doc_id"], m["chunk_index"])]
+        assert text.endswith(chunk.page_content)  # the enriched text was reranked
+        assert m["rerank_score"] == pytest.approx(float(q @ np.asarray(embeddings._embed(text))))
+        assert m["score"] == pytest.approx(max(m["rerank_score"], 0.0))
+
+    segments = retriever.invoke(query)
+    assert segments and all("rerank_fallback" not in s.metadata for s in segments)
+    for seg in segments:
+        m = seg.metadata
+        assert seg.page_content == texts[m["doc_id"]][m["start_index"] : m["end_index"]]
+    assert [(d.page_content, d.metadata) for d in await retriever.ainvoke(query)] == [
+        (d.page_content, d.metadata) for d in segments
+    ]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.embeddings import Embeddings
 from pydantic import PrivateAttr, SecretStr
 
 from fake_cohere_server import FakeCohereServer, Reply, overlap_score, running_server
@@ -20,6 +21,7 @@ from langchain_rse.rerank import (
     BaseReranker,
     CohereReranker,
     CompressorReranker,
+    EmbeddingReranker,
     RerankError,
     RerankResult,
     apply_rank_decay,
@@ -489,3 +491,81 @@ def test_as_reranker() -> None:
     assert isinstance(cohere, BaseReranker)
     with pytest.raises(TypeError):
         as_reranker("rerank-v3.5")  # type: ignore[arg-type]
+
+
+# -- EmbeddingReranker --------------------------------------------------------------------------
+
+
+class TableEmbeddings(Embeddings):
+    """Fixed vectors per text (unit length or not), counting calls."""
+
+    def __init__(self, table: dict[str, list[float]], fail: bool = False) -> None:
+        self.table, self.fail, self.calls = table, fail, 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.calls += 1
+        if self.fail:
+            raise ConnectionError("model server down")
+        return [self.table[t] for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+def angle_table() -> dict[str, list[float]]:
+    # cosines to the query: 1.0, 0.0, -1.0 and 0.8 (vector lengths vary on purpose)
+    return {
+        QUERY: [1.0, 0.0],
+        "same direction": [3.0, 0.0],
+        "orthogonal": [0.0, 2.0],
+        "opposite": [-1.0, 0.0],
+        "close": [0.8, 0.6],
+        "zero vector": [0.0, 0.0],
+    }
+
+
+def test_embedding_reranker_orders_by_cosine_and_keeps_positions() -> None:
+    texts = ["orthogonal", "close", "same direction", "opposite", "close", "zero vector"]
+    reranker = EmbeddingReranker(
+        embeddings=TableEmbeddings(angle_table()), calibration="identity", rank_decay=None
+    )
+    result = reranker.rerank(QUERY, make_docs(texts))
+    assert result.indices[:3] == [2, 1, 4]  # duplicates keep their own positions, stable order
+    assert sorted(result.indices) == list(range(len(texts)))
+    assert result.scores == pytest.approx([1.0, 0.8, 0.8, 0.0, 0.0, -1.0])
+    assert result.indices[-1] == 3
+    assert result.relevance == pytest.approx([1.0, 0.8, 0.8, 0.0, 0.0, 0.0])
+    assert reranker.rerank(QUERY, []) == RerankResult(indices=[], scores=[], relevance=[])
+
+
+def test_embedding_reranker_calibrations() -> None:
+    docs = make_docs(["orthogonal", "close", "same direction"])
+    default = EmbeddingReranker(embeddings=TableEmbeddings(angle_table()))
+    assert (default.calibration_method, default.rank_decay) == ("minmax", 20.0)
+    result = default.rerank(QUERY, docs)
+    assert result.indices == [2, 1, 0] and result.scores == pytest.approx([1.0, 0.8, 0.0])
+    minmax = np.array([1.0, 0.8, 0.0])  # (cos - 0) / (1 - 0)
+    assert result.relevance == pytest.approx((minmax * np.exp(-np.arange(3) / 20.0)).tolist())
+
+    sigmoid = EmbeddingReranker(
+        embeddings=TableEmbeddings(angle_table()),
+        calibration="sigmoid",
+        sigmoid_center=0.84,
+        sigmoid_temperature=0.02,
+        rank_decay=None,
+    )
+    out = sigmoid.rerank(QUERY, docs)
+    expected = 1 / (1 + np.exp(-(np.array([1.0, 0.8, 0.0]) - 0.84) / 0.02))
+    assert out.relevance == pytest.approx(expected.tolist())
+
+
+async def test_embedding_reranker_async_matches_sync_and_failures_raise() -> None:
+    texts = ["orthogonal", "close", "same direction"]
+    reranker = EmbeddingReranker(embeddings=TableEmbeddings(angle_table()))
+    docs = make_docs(texts)
+    assert await reranker.arerank(QUERY, docs) == reranker.rerank(QUERY, docs)
+    failing = EmbeddingReranker(embeddings=TableEmbeddings(angle_table(), fail=True))
+    with pytest.raises(RerankError, match="TableEmbeddings.*ConnectionError"):
+        failing.rerank(QUERY, make_docs(texts))
+    with pytest.raises(RerankError, match="TableEmbeddings"):
+        await failing.arerank(QUERY, make_docs(texts))
