@@ -61,6 +61,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_rse import RSERetriever
 from langchain_rse.chunking import chunk_key
 from langchain_rse.lexical import BM25Index, tokenize
+from langchain_rse.rerank import EmbeddingReranker
 from langchain_rse.segments import RSEParams, get_preset
 
 BUDGETS = (1000, 2000, 4000, 8000)
@@ -85,8 +86,14 @@ def chunk_documents(vectorstore: InMemoryVectorStore) -> list[Document]:
     ]
 
 
-def make_methods(retriever: RSERetriever, n_chunks: int, which: Sequence[str]) -> dict[str, Method]:
-    """The compared methods, each a function from a query to best-first ranges."""
+def make_methods(
+    retriever: RSERetriever,
+    n_chunks: int,
+    which: Sequence[str],
+    rerank_params: RSEParams | None = None,
+) -> dict[str, Method]:
+    """The compared methods, each a function from a query to best-first ranges
+    (``rerank_params``: the RSE parameters of ``rse+rerank``; default: preset "reranked")."""
     from langchain_community.retrievers import BM25Retriever
 
     try:
@@ -135,6 +142,47 @@ def make_methods(retriever: RSERetriever, n_chunks: int, which: Sequence[str]) -
     if "rse" in which:
         rse = retriever.model_copy(update={"mode": "segments"})
         methods["rse"] = lambda q: spans_of(rse.invoke(q, k=100))
+
+    # The offline reranker stand-in: the library's EmbeddingReranker (cosine of the same
+    # model's embeddings of the enriched chunk text, sigmoid-calibrated).
+    reranker = EmbeddingReranker(embeddings=vs.embeddings)
+    if "hybrid+rerank" in which:
+        reranked = retriever.model_copy(
+            update={
+                "mode": "chunks",
+                "candidate_pool": max(retriever.candidate_pool, n_chunks),
+                "reranker": reranker,
+            }
+        )
+        methods["hybrid+rerank"] = lambda q: spans_of(reranked.invoke(q, k=n_chunks))
+    if "rse+rerank" in which:
+        update: dict[str, Any] = {"mode": "segments", "reranker": reranker}
+        update["rse_params"] = rerank_params or get_preset("reranked")
+        rse_rr = retriever.model_copy(update=update)
+        methods["rse+rerank"] = lambda q: spans_of(rse_rr.invoke(q, k=100))
+    return methods
+
+
+TUNED = {
+    "rse tuned, dense only (lib)": {"weights": (1.0, 0.0)},
+    "dense + route (proto)": {"mode": "dense", "route": "title"},
+    "rse tuned + route (proto)": {"route": "title", "weights": (1.0, 0.0)},
+}
+"""Extra rows from the sweeps (``tune_cuad.py``), replayed exactly; ``proto`` rows use
+document routing, which the library does not have yet."""
+
+
+def tuned_methods(
+    data: CuadSubset, retriever: RSERetriever, embeddings: CachedEmbeddings, params: RSEParams
+) -> dict[str, Method]:
+    from tune_cuad import Config, corpus_of, precompute, run_query
+
+    corpus = corpus_of(retriever)
+    by_text = dict(zip((q.text for q in data.queries), precompute(data, corpus, embeddings)))
+    methods: dict[str, Method] = {}
+    for name, overrides in TUNED.items():
+        cfg = Config(params=params, **overrides)  # type: ignore[arg-type]
+        methods[name] = lambda q, c=cfg: run_query(c, corpus, by_text[q])
     return methods
 
 
@@ -266,7 +314,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--methods",
         default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid,rse",
-        help="comma-separated subset of the methods",
+        help="comma-separated subset of the methods (also: hybrid+rerank, rse+rerank, with "
+        "the offline EmbeddingReranker)",
+    )
+    ap.add_argument(
+        "--rerank-rse",
+        default=None,
+        help="RSEParams for rse+rerank, as --rse (default: the 'reranked' preset)",
+    )
+    ap.add_argument(
+        "--tuned",
+        default=None,
+        help="RSEParams for extra tuned rows (replayed; 'proto' rows route to the top "
+        "document), e.g. max_segment_chunks=2,min_segment_value=0.3",
     )
     ap.add_argument("--tag", default=None, help="name of the JSON/PNG outputs")
     ap.add_argument("--no-plot", action="store_true")
@@ -294,7 +354,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         candidate_pool=args.candidate_pool,
     )
     n_chunks = math.ceil(1.6 * max(BUDGETS) / args.chunk_size) + 4
-    methods = make_methods(retriever, n_chunks, args.methods.split(","))
+    rerank_params = (
+        None if args.rerank_rse is None else parse_rse(args.rerank_rse, args.preset, args.decay)
+    )
+    methods = make_methods(retriever, n_chunks, args.methods.split(","), rerank_params)
+    if args.tuned is not None:
+        tuned = parse_rse(args.tuned, args.preset, args.decay)
+        methods.update(tuned_methods(data, retriever, embeddings, tuned))
     results = evaluate(data, methods)
 
     subset = "all" if args.all else f"{len(data.contracts)} (seed {args.seed})"
@@ -304,6 +370,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"weights={args.weights}, fetch_k={args.fetch_k}, candidate_pool={args.candidate_pool}, "
         f"rse={params}"
     )
+    if args.tuned is not None:
+        config += f"; tuned rows: {tuned}"
+    if any("+rerank" in m for m in methods):
+        rr = rerank_params or get_preset("reranked")
+        config += f"; rerank: EmbeddingReranker defaults, rse+rerank={rr}"
     print(config)
     print(report(results))
     tag = args.tag or f"cuad_{len(data.contracts)}_{args.chunk_size}_{args.enricher}"

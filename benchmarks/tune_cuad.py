@@ -56,6 +56,7 @@ from cuad_data import (
     load_cuad,
     make_enricher,
 )
+from langchain_core.embeddings import FakeEmbeddings
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_core.vectorstores.utils import _cosine_similarity
 
@@ -63,11 +64,17 @@ from langchain_rse import RSERetriever
 from langchain_rse.chunking import chunk_key
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index
+from langchain_rse.rerank import EmbeddingReranker
 from langchain_rse.segments import RSEParams, best_segments, chunk_values, get_preset
 
 BUDGETS = (1000, 2000, 4000, 8000)
 BASE_PARAMS = RSEParams(4, 12, 0.2, 0.3, 10.0)
 """The library's "default" preset when these sweeps ran (pinned: the preset may change)."""
+TUNED_PARAMS = (
+    RSEParams(2, 12, 0.3, 0.3, 10.0),  # best with 600-character chunks
+    RSEParams(4, 24, 0.3, 0.1, 10.0),  # best with 300-character chunks
+)
+"""The winners of the sweeps (with dense-only fusion and title routing)."""
 COS_RANGES = ((0.82, 0.90), (0.84, 0.90), (0.86, 0.92))
 """Cosine -> relevance calibrations tried (e5-small cosines: chunk median ~0.80,
 top-1 ~0.90, gold chunks ~0.86 on CUAD)."""
@@ -93,6 +100,13 @@ class Config:
     cos_lo: float = 0.78  # proto: cosine mapped to relevance 0 ...
     cos_hi: float = 0.90  # ... and to relevance 1
     order: Literal["value", "density"] = "value"  # proto: segments by value or value/length
+    rerank: Literal["none", "embedding"] = "none"
+    """``"embedding"``: the library's ``EmbeddingReranker`` (cosine of the indexed vectors)."""
+    calibration: Literal["sigmoid", "minmax", "identity"] = "minmax"
+    sig_center: float = 0.84
+    sig_temp: float = 0.02
+    rank_decay: float | None = 20.0
+    """``calibration`` .. ``rank_decay``: the reranker's (defaults: ``EmbeddingReranker``'s)."""
     name: str = ""
     """Shown instead of the RSE parameters (e.g. a preset name)."""
 
@@ -226,6 +240,18 @@ def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -
     return out
 
 
+def _reranker(cfg: Config) -> EmbeddingReranker:
+    """The library's reranker with ``cfg``'s calibration (its model is never called here: the
+    cosines it would compute are those of the indexed vectors, replayed from ``Branches``)."""
+    return EmbeddingReranker(
+        embeddings=FakeEmbeddings(size=2),
+        calibration=cfg.calibration,
+        sigmoid_center=cfg.sig_center,
+        sigmoid_temperature=cfg.sig_temp,
+        rank_decay=cfg.rank_decay,
+    )
+
+
 def _dense_list(br: Branches, rows: np.ndarray | None, n: int) -> list[tuple[int, float]]:
     """Best-first (row, cosine), ordered as ``InMemoryVectorStore`` orders (ties reversed)."""
     cos = br.cosine
@@ -269,7 +295,16 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
         return []
     p = cfg.params
     rank_rel = np.exp(-np.arange(len(cands), dtype=np.float64) / p.decay_rate)
-    if cfg.relevance == "score":
+    if cfg.rerank == "embedding":
+        # EmbeddingReranker.rerank (best cosine first, stable; then its calibration), then
+        # the retriever's stable sort by relevance.
+        cos_c = br.cosine[cands]
+        order = sorted(range(len(cands)), key=lambda i: -cos_c[i])
+        relevance = _reranker(cfg).relevance([float(cos_c[i]) for i in order])
+        resort = sorted(range(len(order)), key=lambda i: -relevance[i])
+        cands = [cands[order[i]] for i in resort]
+        rel = np.array([relevance[i] for i in resort])
+    elif cfg.relevance == "score":
         top = fused[0].score or 1.0
         rel = np.array([h.score / top for h in fused])
     elif cfg.relevance in ("cosine", "cosine_rank"):
@@ -441,6 +476,78 @@ def grid(name: str) -> Iterable[Config]:
                                     min_segment_value=mv,
                                 )
                                 yield Config(route=route, weights=weights, params=params, **extra)
+    if name == "proto_small":  # for small chunks (300): longer runs, bigger chunk budget
+        for route in ("none", "title"):
+            for weights in ((1.0, 0.0), (1.0, 0.5)):
+                for decay in (10, 20):
+                    for seg in (2, 4, 6):
+                        for pen in (0.1, 0.2, 0.3):
+                            for mv in (0.1, 0.3):
+                                params = _p(
+                                    dp,
+                                    decay_rate=decay,
+                                    max_segment_chunks=seg,
+                                    max_total_chunks=24,
+                                    irrelevant_chunk_penalty=pen,
+                                    min_segment_value=mv,
+                                )
+                                yield Config(route=route, weights=weights, params=params)
+    if name == "final":
+        yield Config(mode="dense")
+        yield Config(mode="bm25")
+        yield Config(mode="chunks")
+        yield Config(params=get_preset("default"), name="preset=default")
+        yield Config(mode="chunks", rerank="embedding")
+        for preset in ("default", "reranked"):
+            yield Config(rerank="embedding", params=get_preset(preset), name=f"preset={preset}")
+        yield Config(mode="dense", route="title")
+        for params in TUNED_PARAMS:
+            for route in ("none", "title"):
+                yield Config(route=route, weights=(1.0, 0.0), params=params)
+    if name == "rerank":  # the library's EmbeddingReranker: calibration x RSE parameters
+        cals: list[dict[str, Any]] = [
+            *(
+                {"calibration": "sigmoid", "sig_center": c, "sig_temp": t}
+                for c in (0.84, 0.86, 0.88)
+                for t in (0.01, 0.02, 0.04)
+            ),
+            {"calibration": "minmax"},
+        ]
+        yield Config(mode="chunks", rerank="embedding")
+        for weights in ((1.0, 1.0), (1.0, 0.0)):
+            for cal in cals:
+                for decay in (None, 20.0):
+                    for seg in (1, 2, 4):
+                        for pen in (0.2, 0.35, 0.5):
+                            for mv in (0.2, 0.5):
+                                params = _p(
+                                    dp,
+                                    max_segment_chunks=seg,
+                                    irrelevant_chunk_penalty=pen,
+                                    min_segment_value=mv,
+                                )
+                                yield Config(
+                                    rerank="embedding",
+                                    weights=weights,
+                                    rank_decay=decay,
+                                    params=params,
+                                    **cal,
+                                )
+    if name == "rerank2":  # around the best of "rerank" (its lowest centre won)
+        cals2: list[dict[str, Any]] = [
+            *(
+                {"calibration": "sigmoid", "sig_center": c, "sig_temp": t}
+                for c in (0.80, 0.82, 0.84)
+                for t in (0.01, 0.02)
+            ),
+            {"calibration": "minmax"},
+        ]
+        for cal in cals2:
+            for decay in (None, 10.0, 20.0, 40.0):
+                for seg in (1, 2, 3):
+                    for pen in (0.1, 0.2, 0.3):
+                        params = _p(dp, max_segment_chunks=seg, irrelevant_chunk_penalty=pen)
+                        yield Config(rerank="embedding", rank_decay=decay, params=params, **cal)
     if name in ("relevance", "all"):
         for fusion in ("relative_score", "dist_based"):
             yield Config(fusion=fusion, dense_scores=True, relevance="score")
@@ -451,12 +558,19 @@ def verify(
     retriever: RSERetriever,
     corpus: Corpus,
     branches: Sequence[Branches],
+    embeddings: CachedEmbeddings,
     n: int = 40,
 ) -> None:
-    """The replay must return what the retriever returns (default configuration)."""
-    for mode in ("segments", "chunks"):
-        r = retriever.model_copy(update={"mode": mode})
-        cfg = Config(mode=mode)
+    """The replay must return what the retriever returns (default configuration, and with
+    the embedding reranker)."""
+    reranker = EmbeddingReranker(embeddings=embeddings)
+    for mode, rerank in (("segments", "none"), ("chunks", "none"), ("segments", "embedding"),
+                         ("chunks", "embedding")):  # fmt: skip
+        update: dict[str, Any] = {"mode": mode}
+        if rerank == "embedding":
+            update["reranker"] = reranker
+        r = retriever.model_copy(update=update)
+        cfg = Config(mode=mode, rerank=rerank)
         bad = 0
         for q, br in list(zip(data.queries, branches))[:n]:
             k = 100 if mode == "segments" else 2 * math.ceil(max(BUDGETS) / 300) + 4
@@ -471,7 +585,7 @@ def verify(
                 bad += 1
                 first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
                 log(f"  differs at position {first} of {len(got)} / {len(want)}")
-        log(f"verify {mode}: {n - bad}/{n} queries identical")
+        log(f"verify {mode}, rerank={rerank}: {n - bad}/{n} queries identical")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -482,6 +596,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--enricher", default="none")
     ap.add_argument("--grid", default="all")
     ap.add_argument("--verify", action="store_true")
+    ap.add_argument(
+        "--half",
+        choices=("a", "b"),
+        default=None,
+        help="score only the queries of half of the contracts (a: even positions in name "
+        "order, b: odd; all stay indexed): tune on one half, check the winners on the other",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -495,12 +616,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     t0 = time.perf_counter()
     branches = precompute(data, corpus, embeddings)
     log(f"branches precomputed in {time.perf_counter() - t0:.1f}s")
+    if args.half is not None:
+        names = sorted(data.contracts)
+        half = set(names[0 if args.half == "a" else 1 :: 2])
+        keep = [i for i, q in enumerate(data.queries) if q.gold[0][0] in half]
+        data = CuadSubset(data.contracts, [data.queries[i] for i in keep])
+        branches = [branches[i] for i in keep]
+        log(f"half {args.half}: {len(keep)} queries of {len(half)} contracts")
     gold_doc = [corpus.doc_names.index(q.gold[0][0]) for q in data.queries]
     for n in (1, 2, 3):
         hit = np.mean([g in br.doc_rank[:n] for g, br in zip(gold_doc, branches)])
         log(f"title routing: gold contract in the top {n}: {100 * hit:.1f}% of queries")
     if args.verify:
-        verify(data, retriever, corpus, branches)
+        verify(data, retriever, corpus, branches, embeddings)
 
     configs = list(dict.fromkeys(c for g in args.grid.split(",") for c in grid(g)))
     rows: list[dict[str, Any]] = []
@@ -520,8 +648,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ratio,
             ]
         )
+    held = "" if args.half is None else f", queries of half {args.half} of the contracts"
     print(
-        f"CUAD dev, {len(data.contracts)} contracts (seed {args.seed}), "
+        f"CUAD dev, {len(data.contracts)} contracts (seed {args.seed}){held}, "
         f"{len(data.queries)} queries, chunk_size={args.chunk_size}, enricher={args.enricher}"
     )
     print(
