@@ -58,7 +58,7 @@ from cuad_data import (
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from langchain_rse import RSERetriever
+from langchain_rse import NoEnricher, RSERetriever, document_leads
 from langchain_rse.chunking import chunk_key
 from langchain_rse.lexical import BM25Index, tokenize
 from langchain_rse.rerank import EmbeddingReranker
@@ -91,9 +91,13 @@ def make_methods(
     n_chunks: int,
     which: Sequence[str],
     rerank_params: RSEParams | None = None,
+    docs: Sequence[Document] | None = None,
+    route_params: RSEParams | None = None,
 ) -> dict[str, Method]:
     """The compared methods, each a function from a query to best-first ranges
-    (``rerank_params``: the RSE parameters of ``rse+rerank``; default: preset "reranked")."""
+    (``rerank_params``: the RSE parameters of ``rse+rerank``; default: preset "reranked";
+    ``docs``: the indexed documents, for the routing rows; ``route_params``: RSE parameters
+    of ``rse+route``)."""
     from langchain_community.retrievers import BM25Retriever
 
     try:
@@ -160,6 +164,25 @@ def make_methods(
         update["rse_params"] = rerank_params or get_preset("reranked")
         rse_rr = retriever.model_copy(update=update)
         methods["rse+rerank"] = lambda q: spans_of(rse_rr.invoke(q, k=100))
+    if "dense+route" in which or "rse+route" in which:
+        # The library's document routing: a document-level RSERetriever over each contract's
+        # opening (document_leads), top document only, dense-only fusion inside it.
+        router = RSERetriever(
+            vectorstore=InMemoryVectorStore(vs.embeddings),
+            mode="chunks",
+            enricher=NoEnricher(),
+            show_progress=False,
+        )
+        router.add_documents(document_leads(docs or []))
+        routed = {"document_router": router, "weights": (1.0, 0.0)}
+        if "dense+route" in which:
+            chunks_routed = retriever.model_copy(update={**routed, "mode": "chunks"})
+            methods["dense+route"] = lambda q: spans_of(chunks_routed.invoke(q, k=n_chunks))
+        if "rse+route" in which:
+            rse_routed = retriever.model_copy(
+                update={**routed, "mode": "segments", "rse_params": route_params}
+            )
+            methods["rse+route"] = lambda q: spans_of(rse_routed.invoke(q, k=100))
     return methods
 
 
@@ -315,12 +338,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--methods",
         default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid,rse",
         help="comma-separated subset of the methods (also: hybrid+rerank, rse+rerank, with "
-        "the offline EmbeddingReranker)",
+        "the offline EmbeddingReranker; dense+route, rse+route, with document routing)",
     )
     ap.add_argument(
         "--rerank-rse",
         default=None,
         help="RSEParams for rse+rerank, as --rse (default: the 'reranked' preset)",
+    )
+    ap.add_argument(
+        "--route-rse",
+        default="max_segment_chunks=2,min_segment_value=0.3",
+        help="RSEParams overrides (on --preset) for rse+route",
     )
     ap.add_argument(
         "--tuned",
@@ -357,7 +385,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     rerank_params = (
         None if args.rerank_rse is None else parse_rse(args.rerank_rse, args.preset, args.decay)
     )
-    methods = make_methods(retriever, n_chunks, args.methods.split(","), rerank_params)
+    route_params = parse_rse(args.route_rse, args.preset, args.decay)
+    docs = [
+        Document(page_content=text, id=name, metadata={"source": name})
+        for name, text in data.contracts.items()
+    ]
+    methods = make_methods(
+        retriever, n_chunks, args.methods.split(","), rerank_params, docs, route_params
+    )
     if args.tuned is not None:
         tuned = parse_rse(args.tuned, args.preset, args.decay)
         methods.update(tuned_methods(data, retriever, embeddings, tuned))
@@ -375,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if any("+rerank" in m for m in methods):
         rr = rerank_params or get_preset("reranked")
         config += f"; rerank: EmbeddingReranker defaults, rse+rerank={rr}"
+    if any("+route" in m for m in methods):
+        config += f"; route: top document, weights 1,0, rse+route={route_params}"
     print(config)
     print(report(results))
     tag = args.tag or f"cuad_{len(data.contracts)}_{args.chunk_size}_{args.enricher}"

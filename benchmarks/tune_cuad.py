@@ -94,7 +94,7 @@ class Config:
     fetch_k: int = 50
     candidate_pool: int = 50
     dense_scores: bool = False  # proto
-    route: Literal["none", "mass", "title"] = "none"  # proto
+    route: Literal["none", "mass", "title", "title_filter"] = "none"  # proto
     route_docs: int = 1  # proto
     relevance: Literal["rank", "score", "cosine", "cosine_rank"] = "rank"  # proto
     cos_lo: float = 0.78  # proto: cosine mapped to relevance 0 ...
@@ -264,10 +264,19 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
     names = corpus.doc_names
     n_chunks = 2 * math.ceil(max(BUDGETS) / 300) + 4
     allowed: np.ndarray | None = None
-    if cfg.route == "title":
+    if cfg.route in ("title", "title_filter"):
         allowed = np.concatenate([corpus.doc_rows[d] for d in br.doc_rank[: cfg.route_docs]])
+    if cfg.route == "title_filter":
+        # No search inside the chosen documents: keep the global top fetch_k of each branch
+        # that fall in them (what a vector store without metadata filters allows).
+        keep_f = set(allowed.tolist())
+        dense_f = [x for x in _dense_list(br, None, cfg.fetch_k) if x[0] in keep_f]
+        lexical_f = [x for x in br.lexical[: cfg.fetch_k] if x[0] in keep_f]
+        allowed = None
     rows: list[int] = []
-    if cfg.mode == "dense":
+    if cfg.mode == "dense" and cfg.route == "title_filter":
+        rows = [r for r, _ in dense_f][:n_chunks]
+    elif cfg.mode == "dense":
         rows = [r for r, _ in _dense_list(br, allowed, n_chunks)]
     elif cfg.mode == "bm25":
         keep = None if allowed is None else set(allowed.tolist())
@@ -276,7 +285,9 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
         return [(names[corpus.doc[r]], int(corpus.start[r]), int(corpus.end[r])) for r in rows]
 
     dense = _dense_list(br, allowed, cfg.fetch_k)
-    if allowed is not None:
+    if cfg.route == "title_filter":
+        dense, lexical = dense_f, lexical_f
+    elif allowed is not None:
         keep = set(allowed.tolist())
         lexical = [(r, s) for r, s in br.lexical if r in keep][: cfg.fetch_k]
     else:
@@ -548,6 +559,31 @@ def grid(name: str) -> Iterable[Config]:
                     for pen in (0.1, 0.2, 0.3):
                         params = _p(dp, max_segment_chunks=seg, irrelevant_chunk_penalty=pen)
                         yield Config(rerank="embedding", rank_decay=decay, params=params, **cal)
+    if name == "route_filter":  # routing without a per-document search (proto)
+        for fetch_k in (50, 200):
+            for route in ("title", "title_filter"):
+                for docs in (1, 2):
+                    yield Config(mode="dense", route=route, route_docs=docs, fetch_k=fetch_k)
+                    yield Config(mode="chunks", route=route, route_docs=docs, fetch_k=fetch_k,
+                                 candidate_pool=fetch_k)  # fmt: skip
+                    yield Config(route=route, route_docs=docs, fetch_k=fetch_k,
+                                 candidate_pool=fetch_k, rerank="embedding",
+                                 params=get_preset("reranked"), name="preset=reranked")  # fmt: skip
+                    yield Config(route=route, route_docs=docs, fetch_k=fetch_k,
+                                 candidate_pool=fetch_k, weights=(1.0, 0.0),
+                                 params=_p(dp, max_segment_chunks=2, min_segment_value=0.3),
+                                 )  # fmt: skip
+    if name == "route_lib":  # what the library's document_router does (filter, fetch 200)
+        rf: dict[str, Any] = {"route": "title_filter", "fetch_k": 200, "candidate_pool": 50}
+        yield Config(mode="dense", **rf)
+        for weights in ((1.0, 1.0), (1.0, 0.0)):
+            yield Config(mode="chunks", weights=weights, **rf)
+            for seg, mv, pen in ((4, 0.2, 0.3), (2, 0.3, 0.3), (2, 0.2, 0.2), (1, 0.2, 0.2)):
+                params = _p(
+                    dp, max_segment_chunks=seg, min_segment_value=mv, irrelevant_chunk_penalty=pen
+                )
+                yield Config(weights=weights, params=params, **rf)
+                yield Config(weights=weights, params=params, rerank="embedding", **rf)
     if name in ("relevance", "all"):
         for fusion in ("relative_score", "dist_based"):
             yield Config(fusion=fusion, dense_scores=True, relevance="score")

@@ -1,6 +1,6 @@
 """langchain-rse: contextual hybrid retrieval with Relevant Segment Extraction for LangChain."""
 
-from langchain_rse.chunking import Chunk, split_text
+from langchain_rse.chunking import Chunk, document_leads, split_text
 from langchain_rse.enrichment import (
     BaseEnricher,
     ChunkContext,
@@ -41,6 +41,7 @@ __all__ = [
     "RerankError",
     "RerankResult",
     "best_segments",
+    "document_leads",
     "fuse",
     "split_text",
     "tokenize",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ __all__ = [
     "chunk_key",
     "chunk_uuid",
     "doc_id_for",
+    "document_leads",
     "make_splitter",
     "parse_chunk_key",
     "split_text",
@@ -73,6 +75,35 @@ def doc_id_for(document: Document) -> str:
         return str(source)
     digest = hashlib.sha256(document.page_content.encode("utf-8", "surrogatepass"))
     return "sha256:" + digest.hexdigest()[:32]
+
+
+def document_leads(documents: Iterable[Document], max_chars: int = 300) -> list[Document]:
+    """One short document per input for a document router: its title and opening.
+
+    The text is ``metadata["title"]`` (when set) and the first ``max_chars`` characters of
+    the document with whitespace collapsed — for contracts, reports and papers, the name,
+    parties, date or abstract that a query naming the document matches. Each lead keeps the
+    input's id (:func:`doc_id_for`) as its ``id`` and ``metadata["doc_id"]``, so routing maps
+    back to the indexed document. Index the leads in any retriever, e.g.::
+
+        router = RSERetriever.from_documents(
+            document_leads(docs), embedding=embeddings, mode="chunks", enricher=NoEnricher()
+        )
+        retriever = RSERetriever(vectorstore=vs, document_router=router)
+    """
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    leads = []
+    for doc in documents:
+        doc_id = doc_id_for(doc)
+        opening = " ".join(doc.page_content[: max_chars * 4].split())[:max_chars]
+        title = doc.metadata.get("title")
+        text = f"{title}\n{opening}" if isinstance(title, str) and title.strip() else opening
+        meta = {"doc_id": doc_id}
+        if "source" in doc.metadata:
+            meta["source"] = doc.metadata["source"]
+        leads.append(Document(page_content=text or doc_id, id=doc_id, metadata=meta))
+    return leads
 
 
 def make_splitter(chunk_size: int = DEFAULT_CHUNK_SIZE, chunk_overlap: int = 0) -> TextSplitter:

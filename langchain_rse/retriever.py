@@ -23,7 +23,7 @@ from langchain_core.callbacks import (
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertResponse
-from langchain_core.retrievers import LangSmithRetrieverParams
+from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.stores import BaseStore, InMemoryByteStore
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
@@ -290,7 +290,7 @@ class RSERetriever(DocumentIndex):
             chain.invoke("Can either party terminate for convenience?")
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     vectorstore: VectorStore
     """The vector store holding the (enriched) chunk texts."""
@@ -336,6 +336,17 @@ class RSERetriever(DocumentIndex):
     """Named RSE parameters; see ``langchain_rse.segments.PRESETS``."""
     rse_params: RSEParams | None = None
     """Explicit RSE parameters; override ``preset`` when given."""
+    document_router: BaseRetriever | None = None
+    """Optional document-level retriever that picks which documents to search, e.g. an
+    ``RSERetriever`` in chunks mode over :func:`document_leads` (each document's title and
+    opening). Candidates are kept only from the ``route_documents`` documents it returns
+    first (their ``metadata["doc_id"]``, else ``Document.id``); when it returns none of
+    ours, nothing is filtered. Off by default: it pays when queries name their document
+    (CUAD contracts), and hurts questions that span documents."""
+    route_documents: int = 1
+    """Documents kept by ``document_router``."""
+    route_fetch_k: int = 200
+    """Candidates fetched from each branch when routing, before the document filter."""
     query_expander: Any = None
     """Optional ``QueryExpander``: an LLM rewrites the query into several search queries."""
     max_queries: int = 6
@@ -377,6 +388,8 @@ class RSERetriever(DocumentIndex):
             "max_query_chars",
             "max_document_chars",
             "index_batch_size",
+            "route_documents",
+            "route_fetch_k",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -773,6 +786,7 @@ class RSERetriever(DocumentIndex):
         "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
         "fetch_k", "candidate_pool", "fusion", "weights", "rrf_k", "relevance", "preset",
         "max_queries", "max_query_chars", "max_document_chars", "index_batch_size",
+        "route_documents", "route_fetch_k",
     )  # fmt: skip
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -941,43 +955,62 @@ class RSERetriever(DocumentIndex):
     # The protected `_similarity_search_with_relevance_scores` is the public method
     # minus its [0, 1] range warning and threshold filter: fusion only needs an order
     # (RRF) or min-max/σ normalisation, so any monotone score will do.
+    @property
+    def _branch_k(self) -> int:
+        """Candidates fetched from each branch (more when routing filters them afterwards)."""
+        if self.document_router is None:
+            return self.fetch_k
+        return max(self.fetch_k, self.route_fetch_k)
+
     def _dense(self, query: str) -> list[tuple[Document, float | None]]:
+        k = self._branch_k
         with self._vs_lock.read():
             if isinstance(self.vectorstore, InMemoryVectorStore):  # scores are cosines
-                return list(self.vectorstore.similarity_search_with_score(query, k=self.fetch_k))
+                return list(self.vectorstore.similarity_search_with_score(query, k=k))
             try:
-                return list(
-                    self.vectorstore._similarity_search_with_relevance_scores(query, k=self.fetch_k)
-                )
+                return list(self.vectorstore._similarity_search_with_relevance_scores(query, k=k))
             except NotImplementedError:
-                docs = self.vectorstore.similarity_search(query, k=self.fetch_k)
+                docs = self.vectorstore.similarity_search(query, k=k)
                 return [(d, None) for d in docs]
 
     async def _adense(self, query: str) -> list[tuple[Document, float | None]]:
         if self._local_vectorstore():  # in-process: search in a thread, under the lock
             return await asyncio.to_thread(self._dense, query)
+        k = self._branch_k
         try:
             return list(
-                await self.vectorstore._asimilarity_search_with_relevance_scores(
-                    query, k=self.fetch_k
-                )
+                await self.vectorstore._asimilarity_search_with_relevance_scores(query, k=k)
             )
         except NotImplementedError:
-            docs = await self.vectorstore.asimilarity_search(query, k=self.fetch_k)
+            docs = await self.vectorstore.asimilarity_search(query, k=k)
             return [(d, None) for d in docs]
 
     def _lexical_search(self, query: str) -> list[tuple[str, float]]:
         if self.lexical_store is None:
-            return self._lexical.search(query, self.fetch_k)
-        hits = self.lexical_store.similarity_search_with_score(query, k=self.fetch_k)
+            return self._lexical.search(query, self._branch_k)
+        hits = self.lexical_store.similarity_search_with_score(query, k=self._branch_k)
         return [(key, float(score)) for doc, score in hits if (key := _key_of(doc)) is not None]
+
+    def _routed(self, hits: Sequence[Document]) -> set[str] | None:
+        """The documents ``document_router`` chose, or None (no filter) when it found none."""
+        chosen: list[str] = []
+        for doc in hits:
+            doc_id = doc.metadata.get("doc_id", doc.id)
+            if doc_id is not None and str(doc_id) not in chosen:
+                chosen.append(str(doc_id))
+        if not chosen:
+            logger.debug("the document router returned no documents; searching all")
+            return None
+        return set(chosen[: self.route_documents])
 
     def _fuse(
         self,
         dense: Sequence[list[tuple[Document, float | None]]],
         lexical: Sequence[list[tuple[str, float]]],
+        routed: set[str] | None = None,
     ) -> list[_Candidate]:
-        """Fuse (dense, lexical) results of each query into candidates, best first."""
+        """Fuse (dense, lexical) results of each query into candidates, best first; with
+        ``routed``, only chunks of those documents."""
         branches: list[list[tuple[str, float | None]]] = []
         texts: dict[str, str] = {}
         for dense_hits, lexical_hits in zip(dense, lexical):
@@ -986,8 +1019,12 @@ class RSERetriever(DocumentIndex):
                 key = _key_of(doc)
                 if key is None:
                     continue  # not ours (a shared vector store)
+                if routed is not None and str(doc.metadata["doc_id"]) not in routed:
+                    continue
                 branch.append((key, score))
                 texts[key] = doc.page_content
+            if routed is not None:
+                lexical_hits = [h for h in lexical_hits if parse_chunk_key(h[0])[0] in routed]
             branches += [branch, list(lexical_hits)]
         fused = fuse(branches, list(self.weights) * len(dense), self.fusion, self.rrf_k)
         pool = self.candidate_pool + (len(dense) - 1) * (self.candidate_pool // 2)
@@ -1238,10 +1275,14 @@ class RSERetriever(DocumentIndex):
         )
         all_queries = self._query_set(query, queries, expansions)
         config: RunnableConfig = {"callbacks": callbacks}
+        routed = None
+        if self.document_router is not None:
+            routed = self._routed(self.document_router.invoke(query, config))
         dense_search, lexical_search = self._searches
         dense = [dense_search.invoke(q, config) for q in all_queries]
         lexical = [lexical_search.invoke(q, config) for q in all_queries]
-        return self._drive(all_queries, self._fuse(dense, lexical), k, checked_mode, callbacks)
+        fused = self._fuse(dense, lexical, routed)
+        return self._drive(all_queries, fused, k, checked_mode, callbacks)
 
     async def _aget_relevant_documents(
         self,
@@ -1267,9 +1308,12 @@ class RSERetriever(DocumentIndex):
         config: RunnableConfig = {"callbacks": callbacks}
         dense_search, lexical_search = self._searches
         n = len(all_queries)
+        router = self.document_router
         found = await asyncio.gather(
             *(dense_search.ainvoke(q, config) for q in all_queries),
             *(lexical_search.ainvoke(q, config) for q in all_queries),
+            *([router.ainvoke(query, config)] if router is not None else []),
         )
-        fused = self._fuse(found[:n], found[n:])
+        routed = self._routed(found[2 * n]) if router is not None else None
+        fused = self._fuse(found[:n], found[n : 2 * n], routed)
         return await self._adrive(all_queries, fused, k, checked_mode, callbacks)

@@ -154,6 +154,8 @@ CONFIG_ERRORS: list[tuple[str, dict[str, Any], str]] = [
     ("zero fetch_k", {"fetch_k": 0}, "fetch_k"),
     ("unknown lexical engine", {"lexical_engine": "lucene"}, "lexical_engine"),
     ("unknown mode", {"mode": "paragraphs"}, "mode"),
+    ("misspelt setting", {"fetchk": 10}, "fetchk"),
+    ("zero route_documents", {"route_documents": 0}, "route_documents"),
 ]
 
 

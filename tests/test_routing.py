@@ -1,0 +1,144 @@
+"""Document routing: a document-level retriever picks the documents the chunk search keeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from helpers import HashingEmbeddings
+from langchain_rse import NoEnricher, RSERetriever, document_leads
+
+NAMES = ["Orion", "Lyra", "Vega"]
+QUERY = "termination notice period of the Orion supply agreement"
+
+
+def contract(name: str) -> Document:
+    """A contract whose name is only in its opening: the body could belong to any of them."""
+    body = "\n\n".join(
+        f"{n}. Clause {n}\n\nEither party may end this contract by termination with a notice "
+        f"period of {n * 10} days, and the supplier shall deliver goods within {n} weeks "
+        f"under the payment terms of clause {n}."
+        for n in range(1, 9)
+    )
+    opening = f"{name.upper()} SUPPLY AGREEMENT\n\nbetween {name} Holdings and the Buyer.\n\n"
+    return Document(page_content=opening + body, id=f"{name.lower()}.txt")
+
+
+def build(**kwargs: Any) -> tuple[RSERetriever, list[Document]]:
+    docs = [contract(n) for n in NAMES]
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        chunk_size=200,
+        enricher=NoEnricher(),
+        **kwargs,
+    )
+    retriever.add_documents(docs)
+    return retriever, docs
+
+
+def lead_router(docs: list[Document]) -> RSERetriever:
+    return RSERetriever.from_documents(
+        document_leads(docs),
+        embedding=HashingEmbeddings(),
+        mode="chunks",
+        enricher=NoEnricher(),
+        k=3,
+    )
+
+
+class RecordingRouter(BaseRetriever):
+    """Returns fixed documents and records the queries it was asked."""
+
+    results: list[Document]
+    calls: list[str] = []
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        self.calls.append(query)
+        return self.results
+
+
+def test_document_leads() -> None:
+    docs = [
+        Document("  ACME   LEASE\n\n  between  A and B " + "x " * 500, metadata={"source": "a.md"}),
+        Document("Body text.", id="doc-2", metadata={"title": "Quarterly Report"}),
+    ]
+    leads = document_leads(docs, max_chars=20)
+    assert [lead.id for lead in leads] == ["a.md", "doc-2"]
+    assert [lead.metadata["doc_id"] for lead in leads] == ["a.md", "doc-2"]
+    assert leads[0].page_content == "ACME LEASE between A"
+    assert leads[0].metadata["source"] == "a.md"
+    assert leads[1].page_content == "Quarterly Report\nBody text."
+    with pytest.raises(ValueError, match="max_chars"):
+        document_leads(docs, max_chars=0)
+
+
+def test_routing_keeps_the_chosen_document() -> None:
+    plain, docs = build()
+    assert len({d.metadata["doc_id"] for d in plain.invoke(QUERY, k=6, mode="chunks")}) > 1
+
+    router = lead_router(docs)
+    assert router.invoke(QUERY)[0].metadata["doc_id"] == "orion.txt"
+    routed, _ = build(document_router=router)
+    texts = {d.id: d.page_content for d in docs}
+    for mode in ("chunks", "segments"):
+        results = routed.invoke(QUERY, k=6, mode=mode)
+        assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
+        for d in results:
+            m = d.metadata
+            assert d.page_content == texts[m["doc_id"]][m["start_index"] : m["end_index"]]
+
+
+async def test_routing_async_matches_sync() -> None:
+    _, docs = build()
+    routed, _ = build(document_router=lead_router(docs))
+    for mode in ("chunks", "segments"):
+        sync = routed.invoke(QUERY, k=5, mode=mode)
+        assert [
+            (d.page_content, d.metadata) for d in await routed.ainvoke(QUERY, k=5, mode=mode)
+        ] == [(d.page_content, d.metadata) for d in sync]
+
+
+def test_route_documents_and_ids_from_document_id() -> None:
+    # ids from Document.id when the router's results have no doc_id metadata
+    router = RecordingRouter(
+        results=[Document("x", id="vega.txt"), Document("y", id="lyra.txt")], calls=[]
+    )
+    routed, _ = build(document_router=router, route_documents=2)
+    found = {d.metadata["doc_id"] for d in routed.invoke(QUERY, k=10, mode="chunks")}
+    assert found == {"vega.txt", "lyra.txt"}
+    # the router is asked the original query only, also with extra queries
+    routed.invoke(QUERY, queries=["delivery of goods"])
+    assert router.calls[-1] == QUERY and router.calls.count("delivery of goods") == 0
+
+
+def test_a_router_that_finds_nothing_of_ours_filters_nothing() -> None:
+    plain, _ = build(route_fetch_k=50)
+    foreign = RecordingRouter(results=[Document("unrelated", metadata={})], calls=[])
+    empty = RecordingRouter(results=[], calls=[])
+    expected = [(d.page_content, d.metadata) for d in plain.invoke(QUERY, k=5)]
+    for router in (foreign, empty):
+        routed, _ = build(document_router=router, route_fetch_k=50)
+        assert [(d.page_content, d.metadata) for d in routed.invoke(QUERY, k=5)] == expected
+        assert router.calls == [QUERY]
+
+
+def test_routing_settings_are_validated_and_saved(tmp_path) -> None:
+    with pytest.raises(ValueError, match="route_documents"):
+        build(route_documents=0)
+    routed, docs = build(document_router=lead_router([contract(n) for n in NAMES]),
+                         route_documents=2, route_fetch_k=120)  # fmt: skip
+    routed.save(tmp_path / "idx")
+    loaded = RSERetriever.load(
+        tmp_path / "idx", embedding=HashingEmbeddings(), document_router=routed.document_router
+    )
+    assert (loaded.route_documents, loaded.route_fetch_k) == (2, 120)
+    assert [d.page_content for d in loaded.invoke(QUERY)] == [
+        d.page_content for d in routed.invoke(QUERY)
+    ]
