@@ -364,7 +364,7 @@ class RSERetriever(DocumentIndex):
     _write_lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
     _vs_lock: _RWLock = PrivateAttr(default_factory=_RWLock)
     _meta_cache: dict[bytes, _DocMeta] = PrivateAttr(default_factory=dict)
-    _searches: tuple[RunnableLambda, RunnableLambda] = PrivateAttr()
+    _search_cache: tuple[object, RunnableLambda, RunnableLambda] | None = PrivateAttr(None)
 
     # ------------------------------------------------------------------ setup
 
@@ -404,15 +404,24 @@ class RSERetriever(DocumentIndex):
 
     def model_post_init(self, context: Any, /) -> None:
         self._lexical = BM25Index(engine=self.lexical_engine)
-        # Built once: constructing a RunnableLambda inspects signatures (~0.1 ms each).
-        self._searches = (
-            RunnableLambda(self._dense, afunc=self._adense, name="dense_search"),
-            RunnableLambda(
-                self._lexical_search,
-                afunc=lambda q: asyncio.to_thread(self._lexical_search, q),
-                name="lexical_search",
-            ),
-        )
+
+    @property
+    def _searches(self) -> tuple[RunnableLambda, RunnableLambda]:
+        """The two search branches as runnables (child runs), built once per instance:
+        constructing a RunnableLambda inspects signatures (~0.1 ms each). They are bound to
+        their owner, so a ``model_copy`` (which copies private state) builds its own."""
+        cache = self._search_cache
+        if cache is None or cache[0] is not self:
+            cache = self._search_cache = (
+                self,
+                RunnableLambda(self._dense, afunc=self._adense, name="dense_search"),
+                RunnableLambda(
+                    self._lexical_search,
+                    afunc=lambda q: asyncio.to_thread(self._lexical_search, q),
+                    name="lexical_search",
+                ),
+            )
+        return cache[1], cache[2]
 
     @property
     def params(self) -> RSEParams:

@@ -142,3 +142,19 @@ def test_routing_settings_are_validated_and_saved(tmp_path) -> None:
     assert [d.page_content for d in loaded.invoke(QUERY)] == [
         d.page_content for d in routed.invoke(QUERY)
     ]
+
+
+async def test_a_copy_searches_with_its_own_settings() -> None:
+    # model_copy copies private state: the copy's search branches must use the copy's
+    # fetch depth and router, not the original's.
+    plain, docs = build(fetch_k=2)
+    copy = plain.model_copy(update={"fetch_k": 12})
+    assert len(plain._dense(QUERY)) == 2
+    assert len(copy._searches[0].invoke(QUERY)) == 12
+    assert len(await copy._searches[0].ainvoke(QUERY)) == 12
+    assert len(copy._searches[1].invoke(QUERY)) > 2
+    routed = plain.model_copy(update={"document_router": lead_router(docs), "route_fetch_k": 20})
+    assert len(routed._searches[0].invoke(QUERY)) == 20
+    results = routed.invoke(QUERY, k=6, mode="chunks")
+    assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
+    assert len(plain._searches[0].invoke(QUERY)) == 2  # the original is unchanged
