@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import time
@@ -56,11 +57,12 @@ from cuad_data import (
     load_cuad,
     make_enricher,
 )
+from langchain_core.documents import Document
 from langchain_core.embeddings import FakeEmbeddings
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_core.vectorstores.utils import _cosine_similarity
 
-from langchain_rse import RSERetriever
+from langchain_rse import NoEnricher, RSERetriever, document_leads
 from langchain_rse.chunking import chunk_key
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index
@@ -584,6 +586,17 @@ def grid(name: str) -> Iterable[Config]:
                 )
                 yield Config(weights=weights, params=params, **rf)
                 yield Config(weights=weights, params=params, rerank="embedding", **rf)
+    if name == "route_tune":  # RSE under the library's document routing, wider
+        rf = {"route": "title_filter", "fetch_k": 200}
+        for weights in ((1.0, 1.0), (2.0, 1.0), (1.0, 0.0)):
+            for pool in (50, 100):
+                yield Config(mode="chunks", weights=weights, candidate_pool=pool, **rf)
+                for seg, mv, pen, decay in itertools.product(
+                    (1, 2, 3, 4), (0.2, 0.3, 0.4), (0.2, 0.3, 0.4), (5.0, 10.0, 20.0)
+                ):
+                    params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
+                                irrelevant_chunk_penalty=pen, decay_rate=decay)  # fmt: skip
+                    yield Config(weights=weights, candidate_pool=pool, params=params, **rf)
     if name in ("relevance", "all"):
         for fusion in ("relative_score", "dist_based"):
             yield Config(fusion=fusion, dense_scores=True, relevance="score")
@@ -597,16 +610,30 @@ def verify(
     embeddings: CachedEmbeddings,
     n: int = 40,
 ) -> None:
-    """The replay must return what the retriever returns (default configuration, and with
-    the embedding reranker)."""
+    """The replay must return what the retriever returns (default configuration, with the
+    embedding reranker, and with the library's document routing as ``route_lib`` runs it)."""
     reranker = EmbeddingReranker(embeddings=embeddings)
-    for mode, rerank in (("segments", "none"), ("chunks", "none"), ("segments", "embedding"),
-                         ("chunks", "embedding")):  # fmt: skip
+    router = RSERetriever(
+        vectorstore=InMemoryVectorStore(embeddings),
+        mode="chunks",
+        enricher=NoEnricher(),
+        show_progress=False,
+    )
+    router.add_documents(
+        document_leads(
+            [Document(t, id=n, metadata={"source": n}) for n, t in data.contracts.items()]
+        )
+    )
+    routed: dict[str, Any] = {"document_router": router, "weights": (1.0, 0.0)}
+    for rerank, mode in itertools.product(("none", "embedding", "route"), ("segments", "chunks")):
         update: dict[str, Any] = {"mode": mode}
+        cfg = Config(mode=mode, rerank=rerank if rerank != "route" else "none")
         if rerank == "embedding":
             update["reranker"] = reranker
+        if rerank == "route":
+            update.update(routed)
+            cfg = Config(mode=mode, route="title_filter", fetch_k=200, weights=(1.0, 0.0))
         r = retriever.model_copy(update=update)
-        cfg = Config(mode=mode, rerank=rerank)
         bad = 0
         for q, br in list(zip(data.queries, branches))[:n]:
             k = 100 if mode == "segments" else 2 * math.ceil(max(BUDGETS) / 300) + 4
