@@ -567,8 +567,23 @@ def _is_transient(error: BaseException) -> bool:
     return not any(part in name for part in _PERMANENT_ERRORS)
 
 
+def _underlying_model(llm: Any) -> Any:
+    """The chat model inside LangChain wrappers: ``bind``/``with_config``/``with_retry``
+    (a ``RunnableBinding``: ``.bound``) and ``with_fallbacks`` (``.runnable``, the primary)."""
+    for _ in range(16):  # wrappers nest; a cycle is not possible but bound the walk anyway
+        inner = getattr(llm, "bound", None)
+        if inner is None and type(llm).__name__ == "RunnableWithFallbacks":
+            inner = getattr(llm, "runnable", None)
+        if inner is None:
+            return llm
+        llm = inner
+    return llm
+
+
 def _model_identity(llm: Any) -> str:
-    """``"<ChatModelClass>:<model name>"``: enough to key the cache, no secrets."""
+    """``"<ChatModelClass>:<model name>"``: enough to key the cache, no secrets. Wrappers
+    are looked through, so ``llm.with_config(...)`` shares the cache of ``llm``."""
+    llm = _underlying_model(llm)
     name = ""
     for attribute in ("model_name", "model", "model_id", "deployment_name"):
         value = getattr(llm, attribute, None)
@@ -580,6 +595,7 @@ def _model_identity(llm: Any) -> str:
 
 def _is_anthropic(llm: Any) -> bool:
     """Whether ``llm`` is an Anthropic chat model (explicit prompt-cache breakpoints)."""
+    llm = _underlying_model(llm)
     llm_type = ""
     try:
         llm_type = str(getattr(llm, "_llm_type", ""))

@@ -7,6 +7,7 @@ real ``ChatOpenAI`` client talking to a tiny OpenAI-compatible server on 127.0.0
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import FakeChatModel, GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -708,3 +710,76 @@ async def test_chat_openai_async(openai_server: FakeOpenAIServer) -> None:
     contexts = await enricher.aenrich("doc", text, {}, chunks)
     assert {c.method for c in contexts} == {"llm"}
     assert len(openai_server.requests) == len(chunks) == enricher.usage.llm_calls
+
+
+class KillAfter(BaseCallbackHandler):
+    """'Kills' the indexing run (a BaseException, as from a signal) when the ``n``-th LLM
+    call starts; ``raise_error`` makes LangChain let it through."""
+
+    raise_error = True
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.started = 0
+
+    def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+        self.started += 1
+        if self.started > self.n:
+            raise Interrupted()
+
+
+def test_chat_openai_run_killed_half_way_resumes(
+    openai_server: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    text = contract(8)
+    chunks = doc_chunks(text)
+    assert len(chunks) >= 6
+    dying = chat_openai(openai_server).with_config(callbacks=[KillAfter(3)])
+    enricher = ContextualEnricher(dying, cache_dir=tmp_path, batch_size=1)  # type: ignore[arg-type]
+    with pytest.raises(Interrupted):
+        enricher.enrich("doc", text, {}, chunks)
+    assert len(openai_server.requests) == 3
+
+    resumed = ContextualEnricher(chat_openai(openai_server), cache_dir=tmp_path)
+    contexts = resumed.enrich("doc", text, {}, chunks)
+    assert [c.method for c in contexts] == ["llm"] * len(chunks)
+    assert resumed.usage.llm_calls == len(chunks) - 3  # the first three were not paid again
+    assert len(openai_server.requests) == len(chunks)
+
+
+def test_chat_openai_prompt_is_bounded_for_a_2mb_document(openai_server: FakeOpenAIServer) -> None:
+    paragraph = "The licensee shall report royalties quarterly under clause {i}. "
+    text = "ROYALTY AGREEMENT\n\n" + "".join(paragraph.format(i=i) for i in range(32_000))
+    assert len(text) > 2_000_000
+    step = len(text) // 6
+    chunks = [
+        Chunk("big", n, start, start + 600, text[start : start + 600])
+        for n, start in enumerate(range(0, len(text) - 600, step))
+    ]
+    enricher = ContextualEnricher(chat_openai(openai_server), head_chars=2000, window_chars=3000)
+    contexts = enricher.enrich("big", text, {}, chunks)
+    assert {c.method for c in contexts} == {"llm"}
+    assert len(openai_server.requests) == len(chunks)
+    for request in openai_server.requests:
+        body = json.dumps(request["messages"])
+        assert len(body) < 20_000  # head + window + chunk + instructions, not 2 MB
+    assert sorted(chunk_of(r) for r in openai_server.requests) == sorted(c.text for c in chunks)
+
+
+def test_cache_identity_looks_through_wrappers() -> None:
+    from langchain_rse.enrichment import _is_anthropic, _model_identity
+
+    gpt = GenericFakeChatModel(messages=iter([]))
+    other = AnthropicLikeChat()
+    base = _model_identity(gpt)
+    assert base.startswith("GenericFakeChatModel")
+    for wrapped in (
+        gpt.with_config(callbacks=[]),
+        gpt.bind(stop=["\n"]),
+        gpt.with_retry(),
+        gpt.with_fallbacks([other]),
+        gpt.with_config(tags=["x"]).with_retry(),
+    ):
+        assert _model_identity(wrapped) == base
+    assert _model_identity(other.with_retry()) == _model_identity(other) != base
+    assert _is_anthropic(other.with_config(tags=["x"])) and not _is_anthropic(gpt.with_retry())
