@@ -34,7 +34,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -98,6 +98,8 @@ class Config:
     dense_scores: bool = False  # proto
     route: Literal["none", "mass", "title", "title_filter"] = "none"  # proto
     route_docs: int = 1  # proto
+    route_check: int | None = None  # title_filter: keep the route only if the unrouted top
+    # route_check candidates hold a chunk of it (the library's route_check_k)
     relevance: Literal["rank", "score", "cosine", "cosine_rank"] = "rank"  # proto
     cos_lo: float = 0.78  # proto: cosine mapped to relevance 0 ...
     cos_hi: float = 0.90  # ... and to relevance 1
@@ -268,6 +270,21 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
     allowed: np.ndarray | None = None
     if cfg.route in ("title", "title_filter"):
         allowed = np.concatenate([corpus.doc_rows[d] for d in br.doc_rank[: cfg.route_docs]])
+    if cfg.route == "title_filter" and cfg.route_check is not None:
+        unrouted = fuse(
+            [
+                [(str(r), None) for r, _ in _dense_list(br, None, cfg.fetch_k)],
+                [(str(r), s) for r, s in br.lexical[: cfg.fetch_k]],
+            ],
+            cfg.weights,
+            cfg.fusion,
+            cfg.rrf_k,
+        )
+        near = {int(corpus.doc[int(h.id)]) for h in unrouted[: cfg.route_check]}
+        chosen = [d for d in br.doc_rank[: cfg.route_docs] if d in near]
+        if not chosen:  # the search disagrees with the router: no filter
+            return run_query(replace(cfg, route="none"), corpus, br)
+        allowed = np.concatenate([corpus.doc_rows[d] for d in chosen])
     if cfg.route == "title_filter":
         # No search inside the chosen documents: keep the global top fetch_k of each branch
         # that fall in them (what a vector store without metadata filters allows).
@@ -575,6 +592,16 @@ def grid(name: str) -> Iterable[Config]:
                                  candidate_pool=fetch_k, weights=(1.0, 0.0),
                                  params=_p(dp, max_segment_chunks=2, min_segment_value=0.3),
                                  )  # fmt: skip
+    if name == "route_check":  # the library's route_check_k: routing only where the search agrees
+        for check in (None, 5, 10, 20):
+            rc: dict[str, Any] = {"route": "title_filter", "fetch_k": 200, "route_check": check}
+            yield Config(mode="dense", **rc)
+            yield Config(mode="chunks", weights=(1.0, 0.0), **rc)
+            for seg, mv, pen in ((2, 0.3, 0.3), (2, 0.2, 0.2), (4, 0.2, 0.3)):
+                params = _p(
+                    dp, max_segment_chunks=seg, min_segment_value=mv, irrelevant_chunk_penalty=pen
+                )
+                yield Config(weights=(1.0, 0.0), params=params, **rc)
     if name == "route_lib":  # what the library's document_router does (filter, fetch 200)
         rf: dict[str, Any] = {"route": "title_filter", "fetch_k": 200, "candidate_pool": 50}
         yield Config(mode="dense", **rf)
@@ -632,7 +659,9 @@ def verify(
             update["reranker"] = reranker
         if rerank == "route":
             update.update(routed)
-            cfg = Config(mode=mode, route="title_filter", fetch_k=200, weights=(1.0, 0.0))
+            cfg = Config(
+                mode=mode, route="title_filter", fetch_k=200, weights=(1.0, 0.0), route_check=10
+            )
         r = retriever.model_copy(update=update)
         bad = 0
         for q, br in list(zip(data.queries, branches))[:n]:

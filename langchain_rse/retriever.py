@@ -347,6 +347,11 @@ class RSERetriever(DocumentIndex):
     """Documents kept by ``document_router``."""
     route_fetch_k: int = 200
     """Candidates fetched from each branch when routing, before the document filter."""
+    route_check_k: int | None = 10
+    """A routed document is kept only if one of its chunks is among the first
+    ``route_check_k`` candidates of the unrouted search; when none is, nothing is filtered
+    (the router was probably wrong: on CUAD the check recovers most misrouted queries).
+    None: always filter."""
     query_expander: Any = None
     """Optional ``QueryExpander``: an LLM rewrites the query into several search queries."""
     max_queries: int = 6
@@ -393,6 +398,8 @@ class RSERetriever(DocumentIndex):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.route_check_k is not None and self.route_check_k < 1:
+            raise ValueError(f"route_check_k must be >= 1 or None, got {self.route_check_k}")
         if self.splitter is None:
             make_splitter(self.chunk_size, self.chunk_overlap)  # validates size/overlap
         fuse([], [], self.fusion, self.rrf_k)  # validates method and constant
@@ -795,7 +802,7 @@ class RSERetriever(DocumentIndex):
         "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
         "fetch_k", "candidate_pool", "fusion", "weights", "rrf_k", "relevance", "preset",
         "max_queries", "max_query_chars", "max_document_chars", "index_batch_size",
-        "route_documents", "route_fetch_k",
+        "route_documents", "route_fetch_k", "route_check_k",
     )  # fmt: skip
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -1012,6 +1019,20 @@ class RSERetriever(DocumentIndex):
             return None
         return set(chosen[: self.route_documents])
 
+    def _confirmed(self, routed: set[str], fused: Sequence[FusedHit]) -> set[str] | None:
+        """The routed documents that the unrouted search agrees with (one of their chunks is
+        among its first ``route_check_k`` candidates); None, so no filter, when none is."""
+        near = {parse_chunk_key(hit.id)[0] for hit in fused[: self.route_check_k]}
+        kept = routed & near
+        if not kept:
+            logger.debug(
+                "routing skipped: no chunk of %s among the top %d candidates",
+                sorted(routed),
+                self.route_check_k,
+            )
+            return None
+        return kept
+
     def _fuse(
         self,
         dense: Sequence[list[tuple[Document, float | None]]],
@@ -1028,14 +1049,16 @@ class RSERetriever(DocumentIndex):
                 key = _key_of(doc)
                 if key is None:
                     continue  # not ours (a shared vector store)
-                if routed is not None and str(doc.metadata["doc_id"]) not in routed:
-                    continue
                 branch.append((key, score))
                 texts[key] = doc.page_content
-            if routed is not None:
-                lexical_hits = [h for h in lexical_hits if parse_chunk_key(h[0])[0] in routed]
             branches += [branch, list(lexical_hits)]
-        fused = fuse(branches, list(self.weights) * len(dense), self.fusion, self.rrf_k)
+        weights = list(self.weights) * len(dense)
+        fused = fuse(branches, weights, self.fusion, self.rrf_k)
+        if routed is not None and self.route_check_k is not None:
+            routed = self._confirmed(routed, fused)
+        if routed is not None:
+            branches = [[h for h in b if parse_chunk_key(h[0])[0] in routed] for b in branches]
+            fused = fuse(branches, weights, self.fusion, self.rrf_k)
         pool = self.candidate_pool + (len(dense) - 1) * (self.candidate_pool // 2)
         out = []
         for hit in fused[:pool]:

@@ -133,12 +133,12 @@ def test_routing_settings_are_validated_and_saved(tmp_path) -> None:
     with pytest.raises(ValueError, match="route_documents"):
         build(route_documents=0)
     routed, docs = build(document_router=lead_router([contract(n) for n in NAMES]),
-                         route_documents=2, route_fetch_k=120)  # fmt: skip
+                         route_documents=2, route_fetch_k=120, route_check_k=5)  # fmt: skip
     routed.save(tmp_path / "idx")
     loaded = RSERetriever.load(
         tmp_path / "idx", embedding=HashingEmbeddings(), document_router=routed.document_router
     )
-    assert (loaded.route_documents, loaded.route_fetch_k) == (2, 120)
+    assert (loaded.route_documents, loaded.route_fetch_k, loaded.route_check_k) == (2, 120, 5)
     assert [d.page_content for d in loaded.invoke(QUERY)] == [
         d.page_content for d in routed.invoke(QUERY)
     ]
@@ -158,3 +158,44 @@ async def test_a_copy_searches_with_its_own_settings() -> None:
     results = routed.invoke(QUERY, k=6, mode="chunks")
     assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
     assert len(plain._searches[0].invoke(QUERY)) == 2  # the original is unchanged
+
+
+def with_unrelated_doc(**kwargs: Any) -> RSERetriever:
+    retriever, _ = build(**kwargs)
+    weather = "\n\n".join(
+        f"Day {n}: light rain over the northern hills, winds from the west at {n} knots."
+        for n in range(1, 9)
+    )
+    retriever.add_documents([Document(page_content=weather, id="weather.txt")])
+    return retriever
+
+
+def test_a_route_the_search_disagrees_with_is_not_applied() -> None:
+    wrong = RecordingRouter(results=[Document("x", id="weather.txt")], calls=[])
+    plain = with_unrelated_doc()
+    expected = [(d.page_content, d.metadata) for d in plain.invoke(QUERY, k=5)]
+    assert "weather.txt" not in {m["doc_id"] for _, m in expected}
+
+    checked = with_unrelated_doc(document_router=wrong)  # route_check_k=10 by default
+    assert [(d.page_content, d.metadata) for d in checked.invoke(QUERY, k=5)] == expected
+
+    forced = with_unrelated_doc(document_router=wrong, route_check_k=None)
+    found = forced.invoke(QUERY, k=5, mode="chunks")
+    assert found and {d.metadata["doc_id"] for d in found} == {"weather.txt"}
+
+
+async def test_only_the_routed_documents_the_search_agrees_with_are_kept() -> None:
+    router = RecordingRouter(
+        results=[Document("x", id="weather.txt"), Document("y", id="lyra.txt")], calls=[]
+    )
+    routed = with_unrelated_doc(document_router=router, route_documents=2)
+    for results in (
+        routed.invoke(QUERY, k=10, mode="chunks"),
+        await routed.ainvoke(QUERY, k=10, mode="chunks"),
+    ):
+        assert {d.metadata["doc_id"] for d in results} == {"lyra.txt"}
+
+
+def test_route_check_k_is_validated() -> None:
+    with pytest.raises(ValueError, match="route_check_k"):
+        build(route_check_k=0)
