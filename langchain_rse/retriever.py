@@ -37,6 +37,7 @@ from langchain_rse.chunking import (
     chunk_key,
     chunk_uuid,
     doc_id_for,
+    document_leads,
     make_splitter,
     parse_chunk_key,
     split_text,
@@ -347,6 +348,10 @@ class RSERetriever(DocumentIndex):
     """Documents kept by ``document_router``."""
     route_fetch_k: int = 200
     """Candidates fetched from each branch when routing, before the document filter."""
+    sync_router: bool = False
+    """Keep ``document_router`` in step with this index: when True (the router must be a
+    LangChain ``DocumentIndex``, e.g. an ``RSERetriever``), adding, replacing and deleting
+    documents here upserts and deletes their :func:`document_leads` there too."""
     route_check_k: int | None = 10
     """A routed document is kept only if one of its chunks is among the first
     ``route_check_k`` candidates of the unrouted search; when none is, nothing is filtered
@@ -398,6 +403,11 @@ class RSERetriever(DocumentIndex):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sync_router and not isinstance(self.document_router, DocumentIndex):
+            raise ValueError(
+                "sync_router needs a document_router that is a LangChain DocumentIndex "
+                f"(e.g. an RSERetriever), got {type(self.document_router).__name__}"
+            )
         if self.route_check_k is not None and self.route_check_k < 1:
             raise ValueError(f"route_check_k must be >= 1 or None, got {self.route_check_k}")
         if self.splitter is None:
@@ -687,6 +697,21 @@ class RSERetriever(DocumentIndex):
                 keep_pointer=True,
             )
             self._remove([m for m in self._get_meta(list(removals)) if m is not None])
+            self._sync_router(prepared, removals)
+
+    def _sync_router(self, prepared: Sequence[_Prepared], removed: Sequence[str]) -> None:
+        """Upsert the leads of (re)indexed documents in the router, delete removed ones."""
+        router = self.document_router
+        if not self.sync_router or not isinstance(router, DocumentIndex):
+            return
+        if prepared:
+            sources = [
+                Document(page_content=p.body.text, id=p.meta.doc_id, metadata=p.meta.metadata)
+                for p in prepared
+            ]
+            router.upsert(document_leads(sources))
+        if removed:
+            router.delete(list(removed))
 
     def _write_new(self, prepared: list[_Prepared]) -> None:
         pending: list[tuple[str, Document]] = []
@@ -770,7 +795,8 @@ class RSERetriever(DocumentIndex):
         with self._write_lock:
             metas = self._get_meta(list(ids))
             self._remove([m for m in metas if m is not None])
-        found = [i for i, m in zip(ids, metas) if m is not None]
+            found = [i for i, m in zip(ids, metas) if m is not None]
+            self._sync_router((), found)
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
     async def adelete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:

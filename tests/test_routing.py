@@ -199,3 +199,58 @@ async def test_only_the_routed_documents_the_search_agrees_with_are_kept() -> No
 def test_route_check_k_is_validated() -> None:
     with pytest.raises(ValueError, match="route_check_k"):
         build(route_check_k=0)
+
+
+async def test_sync_router_keeps_the_leads_in_step() -> None:
+    router = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), mode="chunks", enricher=NoEnricher()
+    )
+    routed, docs = build(document_router=router, sync_router=True)
+    assert {d.id for d in router.get(["orion.txt", "lyra.txt", "vega.txt"])} == {
+        "orion.txt",
+        "lyra.txt",
+        "vega.txt",
+    }
+    assert router.invoke(QUERY)[0].metadata["doc_id"] == "orion.txt"
+    assert {d.metadata["doc_id"] for d in routed.invoke(QUERY, k=6, mode="chunks")} == {"orion.txt"}
+
+    # replaced: the new opening is what the router sees
+    renamed = Document(
+        page_content=docs[0].page_content.replace("ORION", "ATLAS").replace("Orion", "Atlas"),
+        id="orion.txt",
+    )
+    routed.add_documents([renamed])
+    assert "ATLAS" in router.get(["orion.txt"])[0].page_content
+    # deleted, and emptied, documents leave the router too (also on the async path)
+    routed.delete(["lyra.txt"])
+    await routed.aadd_documents([Document(page_content="  ", id="vega.txt")])
+    assert [d.id for d in router.get(["orion.txt", "lyra.txt", "vega.txt"])] == ["orion.txt"]
+
+
+def test_sync_router_needs_a_document_index() -> None:
+    with pytest.raises(ValueError, match="DocumentIndex"):
+        build(sync_router=True)
+    with pytest.raises(ValueError, match="DocumentIndex"):
+        build(document_router=RecordingRouter(results=[], calls=[]), sync_router=True)
+
+
+def test_router_and_index_saved_and_loaded_side_by_side(tmp_path) -> None:
+    # As the README says: the router is saved with its own save() and passed to load().
+    router = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), mode="chunks", enricher=NoEnricher()
+    )
+    routed, _ = build(document_router=router, sync_router=True, weights=(1.0, 0.0))
+    routed.save(tmp_path / "idx")
+    router.save(tmp_path / "router")
+    loaded_router = RSERetriever.load(tmp_path / "router", embedding=HashingEmbeddings())
+    loaded = RSERetriever.load(
+        tmp_path / "idx",
+        embedding=HashingEmbeddings(),
+        document_router=loaded_router,
+        sync_router=True,
+    )
+    assert [d.page_content for d in loaded.invoke(QUERY)] == [
+        d.page_content for d in routed.invoke(QUERY)
+    ]
+    loaded.delete(["vega.txt"])
+    assert [d.id for d in loaded_router.get(["orion.txt", "vega.txt"])] == ["orion.txt"]
