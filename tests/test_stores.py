@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,12 +159,15 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
     r.add_documents([Document(versions[n][0], id=n) for n in names])
     errors: list[BaseException] = []
     mixed: list[str] = []
+    answered: list[int] = []
     stop = threading.Event()
     queries = itertools.cycle(["termination provisions", "payment obligations", "preamble"])
 
     def reader() -> None:
         try:
-            while not stop.is_set():
+            # A short pause between queries keeps 8 readers from starving the writer on a
+            # 2-core machine (the overlap, not the query rate, is what is tested).
+            while not stop.wait(0.005):
                 for seg in r.invoke(next(queries)):
                     m = seg.metadata
                     if not any(
@@ -171,6 +175,7 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
                         for v in versions[m["doc_id"]]
                     ):
                         mixed.append(m["doc_id"])
+                answered.append(1)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -178,14 +183,20 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
     for t in threads:
         t.start()
     try:
+        deadline = time.monotonic() + 60
+        while len(answered) < 8 and time.monotonic() < deadline and not errors:
+            time.sleep(0.01)  # let the readers get going first
+        before = len(answered)
         for round_ in range(6):
             r.add_documents([Document(versions[n][(round_ + 1) % 2], id=n) for n in names])
+        during_writes = len(answered) - before
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=120)
     assert not errors, errors[0]
     assert not mixed
+    assert during_writes > 0  # the readers really ran while documents were replaced
     assert len(r._lexical) == sum(len(r._get_meta([n])[0].spans) for n in names)
 
 
