@@ -68,6 +68,19 @@ def doc_chunks(text: str, doc_id: str = "doc", size: int = 200) -> list[Chunk]:
     return split_text(text, doc_id, make_splitter(size))
 
 
+def royalty_agreement(n_chunks: int) -> tuple[str, list[Chunk]]:
+    """A document of over 2 MB and about ``n_chunks`` evenly spread 600-character chunks."""
+    paragraph = "The licensee shall report royalties quarterly under clause {i}. "
+    text = "ROYALTY AGREEMENT\n\n" + "".join(paragraph.format(i=i) for i in range(32_000))
+    assert len(text) > 2_000_000
+    step = len(text) // n_chunks
+    chunks = [
+        Chunk("big", n, start, start + 600, text[start : start + 600])
+        for n, start in enumerate(range(0, len(text) - 600, step))
+    ]
+    return text, chunks
+
+
 class Interrupted(BaseException):
     """Stands for the process being killed (not an ``Exception``: nothing catches it)."""
 
@@ -488,14 +501,7 @@ def test_empty_replies_are_retried_then_fall_back() -> None:
 
 
 def test_long_documents_get_a_bounded_window() -> None:
-    paragraph = "The licensee shall report royalties quarterly under clause {i}. "
-    text = "ROYALTY AGREEMENT\n\n" + "".join(paragraph.format(i=i) for i in range(32_000))
-    assert len(text) > 2_000_000
-    step = len(text) // 12
-    chunks = [
-        Chunk("big", n, start, start + 600, text[start : start + 600])
-        for n, start in enumerate(range(0, len(text) - 600, step))
-    ]
+    text, chunks = royalty_agreement(n_chunks=12)
     llm = ScriptedChat()
     enricher = ContextualEnricher(llm, head_chars=2000, window_chars=3000)
     contexts = enricher.enrich("big", text, {"title": "Royalties"}, chunks)
@@ -748,14 +754,7 @@ def test_chat_openai_run_killed_half_way_resumes(
 
 
 def test_chat_openai_prompt_is_bounded_for_a_2mb_document(openai_server: FakeOpenAIServer) -> None:
-    paragraph = "The licensee shall report royalties quarterly under clause {i}. "
-    text = "ROYALTY AGREEMENT\n\n" + "".join(paragraph.format(i=i) for i in range(32_000))
-    assert len(text) > 2_000_000
-    step = len(text) // 6
-    chunks = [
-        Chunk("big", n, start, start + 600, text[start : start + 600])
-        for n, start in enumerate(range(0, len(text) - 600, step))
-    ]
+    text, chunks = royalty_agreement(n_chunks=6)
     enricher = ContextualEnricher(chat_openai(openai_server), head_chars=2000, window_chars=3000)
     contexts = enricher.enrich("big", text, {}, chunks)
     assert {c.method for c in contexts} == {"llm"}
