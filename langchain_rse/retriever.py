@@ -1083,8 +1083,11 @@ class RSERetriever(DocumentIndex):
         if routed is not None and self.route_check_k is not None:
             routed = self._confirmed(routed, fused)
         if routed is not None:
-            branches = [[h for h in b if parse_chunk_key(h[0])[0] in routed] for b in branches]
-            fused = fuse(branches, weights, self.fusion, self.rrf_k)
+            kept = [[h for h in b if parse_chunk_key(h[0])[0] in routed] for b in branches]
+            if any(kept):
+                fused = fuse(kept, weights, self.fusion, self.rrf_k)
+            else:  # not ours, or not found by either branch: a filter would return nothing
+                logger.debug("no candidates in the routed documents %s; searching all", routed)
         pool = self.candidate_pool + (len(dense) - 1) * (self.candidate_pool // 2)
         out = []
         for hit in fused[:pool]:

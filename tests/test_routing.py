@@ -121,12 +121,14 @@ def test_route_documents_and_ids_from_document_id() -> None:
 def test_a_router_that_finds_nothing_of_ours_filters_nothing() -> None:
     plain, _ = build(route_fetch_k=50)
     foreign = RecordingRouter(results=[Document("unrelated", metadata={})], calls=[])
+    unknown = RecordingRouter(results=[Document("x", id="not-indexed.txt")], calls=[])
     empty = RecordingRouter(results=[], calls=[])
     expected = [(d.page_content, d.metadata) for d in plain.invoke(QUERY, k=5)]
-    for router in (foreign, empty):
-        routed, _ = build(document_router=router, route_fetch_k=50)
-        assert [(d.page_content, d.metadata) for d in routed.invoke(QUERY, k=5)] == expected
-        assert router.calls == [QUERY]
+    for router in (foreign, unknown, empty):
+        for check in (10, None):
+            routed, _ = build(document_router=router, route_fetch_k=50, route_check_k=check)
+            assert [(d.page_content, d.metadata) for d in routed.invoke(QUERY, k=5)] == expected
+        assert router.calls == [QUERY, QUERY]
 
 
 def test_routing_settings_are_validated_and_saved(tmp_path) -> None:
