@@ -52,13 +52,14 @@ from cuad_data import (
     DEFAULT_SEED,
     CuadSubset,
     build_retriever,
+    build_router,
     load_cuad,
     make_enricher,
 )
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from langchain_rse import NoEnricher, RSERetriever, document_leads
+from langchain_rse import RSERetriever
 from langchain_rse.chunking import chunk_key
 from langchain_rse.lexical import BM25Index, tokenize
 from langchain_rse.rerank import EmbeddingReranker
@@ -91,12 +92,12 @@ def make_methods(
     n_chunks: int,
     which: Sequence[str],
     rerank_params: RSEParams | None = None,
-    docs: Sequence[Document] | None = None,
+    router: RSERetriever | None = None,
     route_params: RSEParams | None = None,
 ) -> dict[str, Method]:
     """The compared methods, each a function from a query to best-first ranges
     (``rerank_params``: the RSE parameters of ``rse+rerank``; default: preset "reranked";
-    ``docs``: the indexed documents, for the routing rows; ``route_params``: RSE parameters
+    ``router``: the document router of the routing rows; ``route_params``: RSE parameters
     of ``rse+route``)."""
     from langchain_community.retrievers import BM25Retriever
 
@@ -164,16 +165,8 @@ def make_methods(
         update["rse_params"] = rerank_params or get_preset("reranked")
         rse_rr = retriever.model_copy(update=update)
         methods["rse+rerank"] = lambda q: spans_of(rse_rr.invoke(q, k=100))
-    if "dense+route" in which or "rse+route" in which:
-        # The library's document routing: a document-level RSERetriever over each contract's
-        # opening (document_leads), top document only, dense-only fusion inside it.
-        router = RSERetriever(
-            vectorstore=InMemoryVectorStore(vs.embeddings),
-            mode="chunks",
-            enricher=NoEnricher(),
-            show_progress=False,
-        )
-        router.add_documents(document_leads(docs or []))
+    if router is not None:
+        # The library's document routing: top document only, dense-only fusion inside it.
         routed = {"document_router": router, "weights": (1.0, 0.0)}
         if "dense+route" in which:
             chunks_routed = retriever.model_copy(update={**routed, "mode": "chunks"})
@@ -386,13 +379,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         None if args.rerank_rse is None else parse_rse(args.rerank_rse, args.preset, args.decay)
     )
     route_params = parse_rse(args.route_rse, args.preset, args.decay)
-    docs = [
-        Document(page_content=text, id=name, metadata={"source": name})
-        for name, text in data.contracts.items()
-    ]
-    methods = make_methods(
-        retriever, n_chunks, args.methods.split(","), rerank_params, docs, route_params
-    )
+    which = args.methods.split(",")
+    router = build_router(data, embeddings) if any("+route" in m for m in which) else None
+    methods = make_methods(retriever, n_chunks, which, rerank_params, router, route_params)
     if args.tuned is not None:
         tuned = parse_rse(args.tuned, args.preset, args.decay)
         methods.update(tuned_methods(data, retriever, embeddings, tuned))

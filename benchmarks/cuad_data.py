@@ -13,7 +13,7 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rse import RSERetriever
-from langchain_rse.chunking import Chunk
+from langchain_rse.chunking import Chunk, document_leads
 from langchain_rse.enrichment import BaseEnricher, ChunkContext, NoEnricher
 
 DEFAULT_CONTRACTS = 50
@@ -69,14 +69,31 @@ def build_retriever(
         show_progress=False,
         **kwargs,
     )
-    docs = [
-        Document(page_content=text, id=name, metadata={"source": name})
-        for name, text in data.contracts.items()
-    ]
+    docs = contract_documents(data)
     log(f"indexing {len(docs)} contracts (chunk_size={chunk_size}, enricher={enricher!r})")
     retriever.add_documents(docs)
     log(f"indexed: {retriever!r}")
     return retriever
+
+
+def contract_documents(data: CuadSubset) -> list[Document]:
+    """The chosen contracts as documents (doc id = file name)."""
+    return [
+        Document(page_content=text, id=name, metadata={"source": name})
+        for name, text in data.contracts.items()
+    ]
+
+
+def build_router(data: CuadSubset, embeddings: CachedEmbeddings) -> RSERetriever:
+    """The library's document router over each contract's lead (``document_leads``)."""
+    router = RSERetriever(
+        vectorstore=InMemoryVectorStore(embeddings),
+        mode="chunks",
+        enricher=NoEnricher(),
+        show_progress=False,
+    )
+    router.add_documents(document_leads(contract_documents(data)))
+    return router
 
 
 def lead_title(text: str, max_chars: int = 300) -> str:

@@ -53,16 +53,16 @@ from cuad_data import (
     DEFAULT_SEED,
     CuadSubset,
     build_retriever,
+    build_router,
     lead_title,
     load_cuad,
     make_enricher,
 )
-from langchain_core.documents import Document
 from langchain_core.embeddings import FakeEmbeddings
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_core.vectorstores.utils import _cosine_similarity
 
-from langchain_rse import NoEnricher, RSERetriever, document_leads
+from langchain_rse import RSERetriever
 from langchain_rse.chunking import chunk_key
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index
@@ -640,18 +640,10 @@ def verify(
     """The replay must return what the retriever returns (default configuration, with the
     embedding reranker, and with the library's document routing as ``route_lib`` runs it)."""
     reranker = EmbeddingReranker(embeddings=embeddings)
-    router = RSERetriever(
-        vectorstore=InMemoryVectorStore(embeddings),
-        mode="chunks",
-        enricher=NoEnricher(),
-        show_progress=False,
-    )
-    router.add_documents(
-        document_leads(
-            [Document(t, id=n, metadata={"source": n}) for n, t in data.contracts.items()]
-        )
-    )
-    routed: dict[str, Any] = {"document_router": router, "weights": (1.0, 0.0)}
+    routed: dict[str, Any] = {
+        "document_router": build_router(data, embeddings),
+        "weights": (1.0, 0.0),
+    }
     for rerank, mode in itertools.product(("none", "embedding", "route"), ("segments", "chunks")):
         update: dict[str, Any] = {"mode": mode}
         cfg = Config(mode=mode, rerank=rerank if rerank != "route" else "none")

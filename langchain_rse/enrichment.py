@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableWithFallbacks
+from langchain_core.runnables.base import RunnableBindingBase
 from langchain_core.stores import BaseStore, InMemoryByteStore
 from pydantic import SecretStr
 from tqdm.auto import tqdm
@@ -569,14 +571,9 @@ def _is_transient(error: BaseException) -> bool:
 
 def _underlying_model(llm: Any) -> Any:
     """The chat model inside LangChain wrappers: ``bind``/``with_config``/``with_retry``
-    (a ``RunnableBinding``: ``.bound``) and ``with_fallbacks`` (``.runnable``, the primary)."""
-    for _ in range(16):  # wrappers nest; a cycle is not possible but bound the walk anyway
-        inner = getattr(llm, "bound", None)
-        if inner is None and type(llm).__name__ == "RunnableWithFallbacks":
-            inner = getattr(llm, "runnable", None)
-        if inner is None:
-            return llm
-        llm = inner
+    (``RunnableBindingBase``: ``.bound``) and ``with_fallbacks`` (``.runnable``, the primary)."""
+    while isinstance(llm, (RunnableBindingBase, RunnableWithFallbacks)):
+        llm = llm.bound if isinstance(llm, RunnableBindingBase) else llm.runnable
     return llm
 
 
