@@ -1,11 +1,19 @@
-"""LangChain's standard test suites for the retriever and for a retriever tool."""
+"""LangChain's standard test suites: retriever, retriever tool, and ``DocumentIndex``."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
+import pytest
+from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.tools import BaseTool, create_retriever_tool
+from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_tests.integration_tests import RetrieversIntegrationTests, ToolsIntegrationTests
+from langchain_tests.integration_tests.indexer import (
+    AsyncDocumentIndexTestSuite,
+    DocumentIndexerTestSuite,
+)
 from langchain_tests.unit_tests import ToolsUnitTests
 
 from conftest import corpus_documents
@@ -64,3 +72,20 @@ class TestRetrieverToolIntegration(ToolsIntegrationTests):
     @property
     def tool_invoke_params_example(self) -> dict[str, Any]:
         return {"query": "termination provisions"}
+
+
+def _empty_index() -> RSERetriever:
+    """A fresh, empty retriever over an in-memory vector store with a deterministic embedding."""
+    return RSERetriever(vectorstore=InMemoryVectorStore(DeterministicFakeEmbedding(size=16)))
+
+
+class TestRSERetrieverDocumentIndex(DocumentIndexerTestSuite):
+    @pytest.fixture
+    def index(self) -> Generator[RSERetriever, None, None]:
+        yield _empty_index()
+
+
+class TestRSERetrieverAsyncDocumentIndex(AsyncDocumentIndexTestSuite):
+    @pytest.fixture
+    async def index(self) -> AsyncGenerator[RSERetriever, None]:
+        yield _empty_index()
