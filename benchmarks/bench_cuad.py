@@ -59,7 +59,7 @@ from cuad_data import (
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from langchain_rse import RSERetriever
+from langchain_rse import DocumentRouter, RSERetriever
 from langchain_rse.chunking import chunk_key
 from langchain_rse.lexical import BM25Index, tokenize
 from langchain_rse.rerank import EmbeddingReranker
@@ -167,7 +167,7 @@ def make_methods(
         methods["rse+rerank"] = lambda q: spans_of(rse_rr.invoke(q, k=100))
     if router is not None:
         # The library's document routing: top document only, dense-only fusion inside it.
-        routed = {"document_router": router, "weights": (1.0, 0.0)}
+        routed = {"router": DocumentRouter(retriever=router), "weights": (1.0, 0.0)}
         if "dense+route" in which:
             chunks_routed = retriever.model_copy(update={**routed, "mode": "chunks"})
             methods["dense+route"] = lambda q: spans_of(chunks_routed.invoke(q, k=n_chunks))

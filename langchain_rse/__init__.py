@@ -20,6 +20,7 @@ from langchain_rse.rerank import (
     RerankResult,
 )
 from langchain_rse.retriever import RSERetriever
+from langchain_rse.routing import DocumentRouter
 from langchain_rse.segments import PRESETS, RSEParams, best_segments
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "CohereReranker",
     "CompressorReranker",
     "ContextualEnricher",
+    "DocumentRouter",
     "EmbeddingReranker",
     "HeaderEnricher",
     "NoEnricher",

@@ -202,7 +202,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             record.pop(key)
     if todo:
         retriever.add_documents(todo)
-        for doc, meta in zip(todo, retriever._get_meta([str(d.id) for d in todo])):
+        for doc, meta in zip(todo, retriever._records.pointers([str(d.id) for d in todo])):
             if meta is not None:  # LLM contexts that fell back are retried next run
                 record[str(doc.id)]["fallbacks"] = meta.fallbacks
     retriever.save(index_dir)

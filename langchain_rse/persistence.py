@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -25,9 +26,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from pydantic import BaseModel, SecretStr
 
 __all__ = [
     "FORMAT_NAME",
@@ -38,11 +41,16 @@ __all__ = [
     "read_manifest",
 ]
 
+logger = logging.getLogger(__name__)
+
 FORMAT_NAME = "langchain-rse-index"
 FORMAT_VERSION = 1
 MANIFEST = "rse_index.json"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
-_DATA_FILE = re.compile(r"^(lexical|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+$")
+_OWN_FILE = re.compile(
+    r"^\.?(lexical|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..*\.tmp)?$"
+)
+"""Data files of a generation, and the temporary files they are written through."""
 
 
 class IndexFormatError(ValueError):
@@ -80,14 +88,6 @@ def default_vectorstore(embedding: Embeddings) -> VectorStore:
 # ---------------------------------------------------------------- file primitives
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -108,12 +108,16 @@ def _json_bytes(obj: Any) -> bytes:
     )
 
 
-def _load_json(path: Path) -> Any:
-    return json.loads(path.read_bytes().decode("utf-8", "surrogatepass"))
+def _parse_json(data: bytes, what: str) -> Any:
+    try:
+        return json.loads(data.decode("utf-8", "surrogatepass"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFormatError(f"{what} is not valid JSON: {exc}") from None
 
 
 class IndexWriter:
-    """Writes one generation of data files, then the manifest, then removes stale files."""
+    """Writes one generation of data files, then the manifest, then removes stale files
+    (older generations, and temporary files a killed save left behind)."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
@@ -121,18 +125,11 @@ class IndexWriter:
         self.gen = secrets.token_hex(6)
         self.files: dict[str, dict[str, str]] = {}
 
-    def name(self, role: str, ext: str) -> str:
-        return f"{role}.{self.gen}.{ext}"
-
     def add_bytes(self, role: str, ext: str, data: bytes) -> str:
-        name = self.name(role, ext)
+        name = f"{role}.{self.gen}.{ext}"
         atomic_write(self.dir / name, data)
         self.files[role] = {"name": name, "sha256": hashlib.sha256(data).hexdigest()}
         return name
-
-    def add_file(self, role: str, name: str) -> None:
-        """Register a file written by other means (already renamed into place)."""
-        self.files[role] = {"name": name, "sha256": _sha256(self.dir / name)}
 
     def commit(self, manifest: dict[str, Any]) -> None:
         manifest = {
@@ -145,13 +142,7 @@ class IndexWriter:
         atomic_write(self.dir / MANIFEST, json.dumps(manifest, indent=2).encode())
         keep = {f["name"] for f in self.files.values()} | {MANIFEST}
         for path in self.dir.iterdir():
-            if (
-                path.is_file()
-                and path.name not in keep
-                and re.match(
-                    r"^(lexical|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+$", path.name
-                )
-            ):
+            if path.is_file() and path.name not in keep and _OWN_FILE.match(path.name):
                 path.unlink(missing_ok=True)
 
 
@@ -163,7 +154,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"no langchain-rse index at {str(directory)!r} ({MANIFEST} missing)"
         )
     try:
-        manifest = _load_json(path)
+        manifest = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise IndexFormatError(f"{path} is corrupted or truncated: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
@@ -187,8 +178,8 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def checked_path(directory: Path, manifest: dict[str, Any], role: str) -> Path:
-    """The path of a data file named in the manifest, after verifying its checksum."""
+def read_checked(directory: Path, manifest: dict[str, Any], role: str) -> bytes:
+    """The bytes of a data file named in the manifest, read once and checked."""
     entry = manifest["files"].get(role)
     if entry is None:
         raise IndexFormatError(f"index at {str(directory)!r} has no {role!r} file")
@@ -199,19 +190,17 @@ def checked_path(directory: Path, manifest: dict[str, Any], role: str) -> Path:
         )
     if not path.is_file():
         raise IndexFormatError(f"index file {entry['name']!r} is missing from {str(directory)!r}")
-    if _sha256(path) != entry["sha256"]:
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise IndexFormatError(
             f"index file {entry['name']!r} is corrupted or truncated (checksum mismatch)"
         )
-    return path
+    return data
 
 
 def load_checked_json(directory: Path, manifest: dict[str, Any], role: str) -> Any:
-    path = checked_path(directory, manifest, role)
-    try:
-        return _load_json(path)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise IndexFormatError(f"index file {path.name!r} is not valid JSON: {exc}") from None
+    data = read_checked(directory, manifest, role)
+    return _parse_json(data, f"index file {manifest['files'][role]['name']!r}")
 
 
 # ---------------------------------------------------------------- vector stores
@@ -264,13 +253,8 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
                 }
             ),
         )
-        name = writer.name("vectors_index", "faiss")
-        tmp = writer.dir / f".{name}.tmp"
-        faiss.write_index(vs.index, str(tmp))  # type: ignore[attr-defined]
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, writer.dir / name)
-        writer.add_file("vectors_index", name)
+        raw = faiss.serialize_index(vs.index).tobytes()  # type: ignore[attr-defined]
+        writer.add_bytes("vectors_index", "faiss", raw)
     return info
 
 
@@ -292,7 +276,11 @@ def load_vectorstore(
     if kind == "faiss":
         faiss, FAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
         data = load_checked_json(directory, manifest, "vectors")
-        index = faiss.read_index(str(checked_path(directory, manifest, "vectors_index")))
+        raw = read_checked(directory, manifest, "vectors_index")
+        try:
+            index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
+        except RuntimeError as exc:
+            raise IndexFormatError(f"the FAISS index file cannot be read: {exc}") from None
         if index.ntotal != len(data["ids"]):
             raise IndexFormatError("FAISS index and its documents disagree in size")
         docs = {
@@ -311,3 +299,237 @@ def load_vectorstore(
         f"this index uses an external vector store ({info.get('class')}); "
         "pass it with RSERetriever.load(path, vectorstore=...)"
     )
+
+
+# ---------------------------------------------------------------- components
+
+_PRIMITIVES = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(v, _PRIMITIVES) for v in value)
+    return isinstance(value, _PRIMITIVES)
+
+
+def describe_component(component: Any) -> dict[str, Any] | None:
+    """A component's class and its non-secret settings (plain values only: no keys, no
+    models, no stores), as saved in the manifest."""
+    if component is None:
+        return None
+    cls = type(component)
+    if isinstance(component, BaseModel):
+        values = {name: getattr(component, name) for name in type(component).model_fields}
+    else:
+        values = {k: v for k, v in vars(component).items() if not k.startswith("_")}
+    settings = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if _plain(v)}
+    objects = {
+        k: type(v).__name__
+        for k, v in values.items()
+        if not _plain(v) and not isinstance(v, SecretStr)
+    }
+    return {"class": cls.__name__, "module": cls.__module__, "settings": settings,
+            "objects": objects}  # fmt: skip
+
+
+def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
+    """Rebuild a component this library can rebuild from its saved settings, else None."""
+    from langchain_rse import enrichment, rerank
+
+    name, settings, objects = spec["class"], dict(spec["settings"]), spec.get("objects", {})
+    if not spec["module"].startswith("langchain_rse."):
+        return None
+    try:
+        if name in ("NoEnricher", "HeaderEnricher"):
+            return getattr(enrichment, name)(**settings)
+        if name == "CohereReranker":  # the key comes from the environment again
+            return rerank.CohereReranker(**settings)
+        if name == "EmbeddingReranker":
+            wanted = objects.get("embeddings")
+            if embedding is not None and type(embedding).__name__ == wanted:
+                return rerank.EmbeddingReranker(embeddings=embedding, **settings)
+            if wanted == "LocalEmbeddings":
+                from langchain_rse.embeddings import LocalEmbeddings
+
+                return rerank.EmbeddingReranker(embeddings=LocalEmbeddings(), **settings)
+    except (TypeError, ValueError) as exc:
+        logger.debug("could not rebuild %s from %s: %s", name, settings, exc)
+    return None
+
+
+def _router(given: Any, spec: dict[str, Any]) -> Any:
+    """A bare retriever passed for a saved router gets the saved routing settings."""
+    from langchain_core.retrievers import BaseRetriever
+
+    from langchain_rse.routing import DocumentRouter
+
+    if isinstance(given, BaseRetriever):
+        return DocumentRouter(retriever=given, **spec["settings"])
+    return given
+
+
+def restore_components(
+    manifest: dict[str, Any], given: dict[str, Any], embedding: Embeddings | None, strict: bool
+) -> dict[str, Any]:
+    """The components to pass to the loaded retriever: what the caller gave, else what can
+    be rebuilt from the manifest. For the rest: a warning naming each (``strict``: raise)."""
+    out: dict[str, Any] = {}
+    missing = []
+    for field_name, spec in manifest.get("components", {}).items():
+        if field_name == "router" and spec is not None and field_name in given:
+            out["router"] = _router(given["router"], spec)
+        if spec is None or field_name in given:
+            continue
+        component = _restore(spec, embedding)
+        if component is None:
+            missing.append(f"{field_name}={spec['class']}")
+        else:
+            out[field_name] = component
+    if missing:
+        message = (
+            "this index was saved with " + ", ".join(missing) + ", which cannot be rebuilt "
+            "from the saved settings; pass "
+            + ", ".join(m.split("=")[0] + "=..." for m in missing)
+            + " to load() to get the same results"
+        )
+        if strict:
+            raise ValueError(message)
+        logger.warning(message)
+    return out
+
+
+# ---------------------------------------------------------------- the retriever
+
+SAVED_FIELDS = (
+    "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
+    "fetch_k", "candidate_pool", "fusion", "weights", "rrf_k", "relevance", "preset",
+    "max_queries", "max_query_chars", "max_document_chars", "index_batch_size",
+)  # fmt: skip
+COMPONENTS = ("enricher", "reranker", "router", "query_expander")
+
+
+def _library_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("langchain-rse")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
+def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
+    """Write ``retriever``'s own state to ``path`` (see :meth:`RSERetriever.save`);
+    returns the number of chunks saved."""
+    from dataclasses import asdict
+
+    from langchain_core.stores import InMemoryByteStore
+
+    writer = IndexWriter(path)
+    tokens = retriever._lexical.tokens()
+    writer.add_bytes(
+        "lexical", "json", _json_bytes({"keys": list(tokens), "tokens": list(tokens.values())})
+    )
+    docstore_kind = "external"
+    if isinstance(retriever.docstore, InMemoryByteStore):
+        docstore_kind = "embedded"
+        lines = (
+            json.dumps([key, value.decode("utf-8", "surrogatepass")], ensure_ascii=False)
+            for key, value in retriever.docstore.store.items()
+        )
+        writer.add_bytes("docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
+    embeddings = getattr(retriever.vectorstore, "embeddings", None)
+    components = {name: describe_component(getattr(retriever, name)) for name in COMPONENTS}
+    if retriever.router is not None:
+        components["router"] = {**components["router"], "settings": retriever.router.settings()}
+    writer.commit(
+        {
+            "library_version": _library_version(),
+            "config": {
+                **{name: getattr(retriever, name) for name in SAVED_FIELDS},
+                "rse_params": asdict(retriever.rse_params) if retriever.rse_params else None,
+                "custom_splitter": retriever.splitter is not None,
+            },
+            "components": components,
+            "enricher": {"class": type(retriever.enricher).__name__},
+            "embedding": {
+                "class": type(embeddings).__name__ if embeddings is not None else None,
+                "model": getattr(embeddings, "model_name", None)
+                or getattr(embeddings, "model", None),
+            },
+            "docstore": {"kind": docstore_kind, "class": type(retriever.docstore).__name__},
+            "lexical": {
+                "kind": "in_process" if retriever.lexical_store is None else "external",
+                "class": type(retriever.lexical_store or retriever._lexical).__name__,
+            },
+            "vectorstore": save_vectorstore(retriever.vectorstore, writer),
+            "stats": {"chunks": len(tokens)},
+        }
+    )
+    return len(tokens)
+
+
+def load_index(
+    cls: Any,
+    path: str | os.PathLike[str],
+    embedding: Embeddings | None,
+    vectorstore: VectorStore | None,
+    docstore: Any,
+    strict: bool,
+    kwargs: dict[str, Any],
+) -> Any:
+    """Rebuild a retriever from a directory written by :func:`save_index`."""
+    from langchain_core.stores import InMemoryByteStore
+
+    from langchain_rse.segments import RSEParams
+
+    directory = Path(path)
+    manifest = read_manifest(directory)
+    config = dict(manifest["config"])
+    for legacy in ("route_documents", "route_fetch_k", "route_check_k"):
+        config.pop(legacy, None)  # saved by 0.1 (routing is one `router` object now)
+    if config.pop("custom_splitter", False) and "splitter" not in kwargs:
+        raise ValueError("this index was built with a custom splitter; pass splitter=...")
+    params = config.pop("rse_params")
+    config["rse_params"] = RSEParams(**params) if params else None
+    config["weights"] = tuple(config["weights"])
+    components = manifest.get("components")
+    if components is None:  # saved by 0.1: only the enricher's class was recorded
+        name = manifest["enricher"]["class"]
+        module = "langchain_rse.enrichment" if name in ("NoEnricher", "HeaderEnricher") else ""
+        spec = {"class": name, "module": module, "settings": {}}
+        manifest["components"] = {"enricher": spec}
+    kwargs = {**kwargs, **restore_components(manifest, kwargs, embedding, strict)}
+    if vectorstore is None:
+        if embedding is None:
+            if manifest["embedding"]["class"] != "LocalEmbeddings":
+                raise ValueError(
+                    f"pass embedding=... (the index was built with "
+                    f"{manifest['embedding']['class']})"
+                )
+            from langchain_rse.embeddings import LocalEmbeddings
+
+            embedding = LocalEmbeddings()
+        vectorstore = load_vectorstore(directory, manifest, embedding)
+    if docstore is None:
+        if manifest["docstore"]["kind"] != "embedded":
+            raise ValueError(
+                f"this index keeps its chunks in an external {manifest['docstore']['class']}; "
+                "pass docstore=..."
+            )
+        docstore = InMemoryByteStore()
+        raw = read_checked(directory, manifest, "docstore").decode("utf-8", "surrogatepass")
+        try:
+            pairs = [json.loads(line) for line in raw.splitlines() if line]
+        except json.JSONDecodeError as exc:
+            raise IndexFormatError(f"chunk store file is not valid JSON: {exc}") from None
+        docstore.mset([(k, v.encode("utf-8", "surrogatepass")) for k, v in pairs])
+    lexical_info = manifest.get("lexical", {"kind": "in_process"})
+    if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
+        raise ValueError(
+            f"this index searches an external lexical store ({lexical_info['class']}); "
+            "pass lexical_store=..."
+        )
+    lexical = load_checked_json(directory, manifest, "lexical")
+    retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
+    retriever._lexical.set_tokens(dict(zip(lexical["keys"], lexical["tokens"])))
+    return retriever

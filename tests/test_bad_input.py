@@ -155,7 +155,7 @@ CONFIG_ERRORS: list[tuple[str, dict[str, Any], str]] = [
     ("unknown lexical engine", {"lexical_engine": "lucene"}, "lexical_engine"),
     ("unknown mode", {"mode": "paragraphs"}, "mode"),
     ("misspelt setting", {"fetchk": 10}, "fetchk"),
-    ("zero route_documents", {"route_documents": 0}, "route_documents"),
+    ("router that is not a retriever", {"router": "orion"}, "router"),
 ]
 
 

@@ -154,9 +154,9 @@ def check_index(retriever: RSERetriever, docs: Sequence[Document]) -> dict[tuple
     keys = {chunk_key(d, versions[d], i) for d, i in chunks}
     assert set(retriever._lexical.tokens()) == keys  # BM25
 
-    metas = retriever._get_meta([d.metadata["source"] for d in docs])  # chunk store
+    metas = retriever._records.pointers([d.metadata["source"] for d in docs])  # chunk store
     assert all(m is not None for m in metas)
-    bodies = retriever._get_bodies([m for m in metas if m is not None])
+    bodies = retriever._records.bodies([m for m in metas if m is not None])
     for meta, body, doc in zip(metas, bodies, docs):
         assert meta is not None and body.text == doc.page_content
         assert meta.version == versions[meta.doc_id]

@@ -124,7 +124,7 @@ def test_delete_removes_everywhere(retriever) -> None:
     assert len(retriever._lexical) == before - n_gamma
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in retriever.invoke("royalties", k=5))
     keys = list(retriever.docstore.yield_keys())
-    assert len(keys) == 2 * 3  # a pointer and a body per remaining document
+    assert len(keys) == 3 * 3  # a pointer, a body and a version record per remaining document
 
 
 def test_readd_unchanged_is_free_and_changed_replaces(docs, embeddings) -> None:

@@ -11,7 +11,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
-from langchain_rse import NoEnricher, RSERetriever, document_leads
+from langchain_rse import DocumentRouter, NoEnricher, RSERetriever, document_leads
 
 NAMES = ["Orion", "Lyra", "Vega"]
 QUERY = "termination notice period of the Orion supply agreement"
@@ -85,7 +85,7 @@ def test_routing_keeps_the_chosen_document() -> None:
 
     router = lead_router(docs)
     assert router.invoke(QUERY)[0].metadata["doc_id"] == "orion.txt"
-    routed, _ = build(document_router=router)
+    routed, _ = build(router=router)  # a bare retriever: DocumentRouter defaults
     texts = {d.id: d.page_content for d in docs}
     for mode in ("chunks", "segments"):
         results = routed.invoke(QUERY, k=6, mode=mode)
@@ -97,7 +97,7 @@ def test_routing_keeps_the_chosen_document() -> None:
 
 async def test_routing_async_matches_sync() -> None:
     _, docs = build()
-    routed, _ = build(document_router=lead_router(docs))
+    routed, _ = build(router=DocumentRouter(retriever=lead_router(docs)))
     for mode in ("chunks", "segments"):
         sync = routed.invoke(QUERY, k=5, mode=mode)
         assert [
@@ -110,7 +110,7 @@ def test_route_documents_and_ids_from_document_id() -> None:
     router = RecordingRouter(
         results=[Document("x", id="vega.txt"), Document("y", id="lyra.txt")], calls=[]
     )
-    routed, _ = build(document_router=router, route_documents=2)
+    routed, _ = build(router=DocumentRouter(retriever=router, documents=2))
     found = {d.metadata["doc_id"] for d in routed.invoke(QUERY, k=10, mode="chunks")}
     assert found == {"vega.txt", "lyra.txt"}
     # the router is asked the original query only, also with extra queries
@@ -119,28 +119,30 @@ def test_route_documents_and_ids_from_document_id() -> None:
 
 
 def test_a_router_that_finds_nothing_of_ours_filters_nothing() -> None:
-    plain, _ = build(route_fetch_k=50)
+    plain, _ = build()
     foreign = RecordingRouter(results=[Document("unrelated", metadata={})], calls=[])
     unknown = RecordingRouter(results=[Document("x", id="not-indexed.txt")], calls=[])
     empty = RecordingRouter(results=[], calls=[])
     expected = [(d.page_content, d.metadata) for d in plain.invoke(QUERY, k=5)]
     for router in (foreign, unknown, empty):
         for check in (10, None):
-            routed, _ = build(document_router=router, route_fetch_k=50, route_check_k=check)
+            routed, _ = build(router=DocumentRouter(retriever=router, fetch_k=50, check_k=check))
             assert [(d.page_content, d.metadata) for d in routed.invoke(QUERY, k=5)] == expected
         assert router.calls == [QUERY, QUERY]
 
 
 def test_routing_settings_are_validated_and_saved(tmp_path) -> None:
-    with pytest.raises(ValueError, match="route_documents"):
-        build(route_documents=0)
-    routed, docs = build(document_router=lead_router([contract(n) for n in NAMES]),
-                         route_documents=2, route_fetch_k=120, route_check_k=5)  # fmt: skip
-    routed.save(tmp_path / "idx")
-    loaded = RSERetriever.load(
-        tmp_path / "idx", embedding=HashingEmbeddings(), document_router=routed.document_router
+    with pytest.raises(ValueError, match="documents"):
+        DocumentRouter(retriever=lead_router([]), documents=0)
+    leads = lead_router([contract(n) for n in NAMES])
+    routed, docs = build(
+        router=DocumentRouter(retriever=leads, documents=2, fetch_k=120, check_k=5)
     )
-    assert (loaded.route_documents, loaded.route_fetch_k, loaded.route_check_k) == (2, 120, 5)
+    routed.save(tmp_path / "idx")
+    # the router's settings are saved; its retriever is passed again
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), router=leads)
+    assert loaded.router is not None and loaded.router.retriever is leads
+    assert (loaded.router.documents, loaded.router.fetch_k, loaded.router.check_k) == (2, 120, 5)
     assert [d.page_content for d in loaded.invoke(QUERY)] == [
         d.page_content for d in routed.invoke(QUERY)
     ]
@@ -151,15 +153,19 @@ async def test_a_copy_searches_with_its_own_settings() -> None:
     # fetch depth and router, not the original's.
     plain, docs = build(fetch_k=2)
     copy = plain.model_copy(update={"fetch_k": 12})
-    assert len(plain._dense(QUERY)) == 2
-    assert len(copy._searches[0].invoke(QUERY)) == 12
-    assert len(await copy._searches[0].ainvoke(QUERY)) == 12
-    assert len(copy._searches[1].invoke(QUERY)) > 2
-    routed = plain.model_copy(update={"document_router": lead_router(docs), "route_fetch_k": 20})
-    assert len(routed._searches[0].invoke(QUERY)) == 20
+    assert len(plain._search().dense(QUERY).hits) == 2
+    assert len(copy._search().dense_runnable.invoke(QUERY).hits) == 12
+    assert len((await copy._search().dense_runnable.ainvoke(QUERY)).hits) == 12
+    assert len(copy._search().lexical_runnable.invoke(QUERY)) > 2
+    router = DocumentRouter(retriever=lead_router(docs), fetch_k=20)
+    routed = plain.model_copy(update={"router": router})
+    assert len(routed._search().dense_runnable.invoke(QUERY).hits) == 20
     results = routed.invoke(QUERY, k=6, mode="chunks")
     assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
-    assert len(plain._searches[0].invoke(QUERY)) == 2  # the original is unchanged
+    assert len(plain._search().dense_runnable.invoke(QUERY).hits) == 2  # the original is unchanged
+    # assignment is validated and takes effect too
+    plain.fetch_k = 7
+    assert len(plain._search().dense(QUERY).hits) == 7
 
 
 def with_unrelated_doc(**kwargs: Any) -> RSERetriever:
@@ -178,10 +184,10 @@ def test_a_route_the_search_disagrees_with_is_not_applied() -> None:
     expected = [(d.page_content, d.metadata) for d in plain.invoke(QUERY, k=5)]
     assert "weather.txt" not in {m["doc_id"] for _, m in expected}
 
-    checked = with_unrelated_doc(document_router=wrong)  # route_check_k=10 by default
+    checked = with_unrelated_doc(router=wrong)  # check_k=10 by default
     assert [(d.page_content, d.metadata) for d in checked.invoke(QUERY, k=5)] == expected
 
-    forced = with_unrelated_doc(document_router=wrong, route_check_k=None)
+    forced = with_unrelated_doc(router=DocumentRouter(retriever=wrong, check_k=None))
     found = forced.invoke(QUERY, k=5, mode="chunks")
     assert found and {d.metadata["doc_id"] for d in found} == {"weather.txt"}
 
@@ -190,7 +196,7 @@ async def test_only_the_routed_documents_the_search_agrees_with_are_kept() -> No
     router = RecordingRouter(
         results=[Document("x", id="weather.txt"), Document("y", id="lyra.txt")], calls=[]
     )
-    routed = with_unrelated_doc(document_router=router, route_documents=2)
+    routed = with_unrelated_doc(router=DocumentRouter(retriever=router, documents=2))
     for results in (
         routed.invoke(QUERY, k=10, mode="chunks"),
         await routed.ainvoke(QUERY, k=10, mode="chunks"),
@@ -198,16 +204,17 @@ async def test_only_the_routed_documents_the_search_agrees_with_are_kept() -> No
         assert {d.metadata["doc_id"] for d in results} == {"lyra.txt"}
 
 
-def test_route_check_k_is_validated() -> None:
-    with pytest.raises(ValueError, match="route_check_k"):
-        build(route_check_k=0)
+def test_router_settings_are_validated() -> None:
+    for bad in ({"check_k": 0}, {"fetch_k": 0}, {"documents": 0}, {"unknown": 1}):
+        with pytest.raises(ValueError):
+            DocumentRouter(retriever=RecordingRouter(results=[], calls=[]), **bad)
 
 
 async def test_sync_router_keeps_the_leads_in_step() -> None:
     router = RSERetriever(
         vectorstore=InMemoryVectorStore(HashingEmbeddings()), mode="chunks", enricher=NoEnricher()
     )
-    routed, docs = build(document_router=router, sync_router=True)
+    routed, docs = build(router=DocumentRouter(retriever=router, sync=True))
     assert {d.id for d in router.get(["orion.txt", "lyra.txt", "vega.txt"])} == {
         "orion.txt",
         "lyra.txt",
@@ -231,9 +238,7 @@ async def test_sync_router_keeps_the_leads_in_step() -> None:
 
 def test_sync_router_needs_a_document_index() -> None:
     with pytest.raises(ValueError, match="DocumentIndex"):
-        build(sync_router=True)
-    with pytest.raises(ValueError, match="DocumentIndex"):
-        build(document_router=RecordingRouter(results=[], calls=[]), sync_router=True)
+        DocumentRouter(retriever=RecordingRouter(results=[], calls=[]), sync=True)
 
 
 def test_router_and_index_saved_and_loaded_side_by_side(tmp_path) -> None:
@@ -241,15 +246,14 @@ def test_router_and_index_saved_and_loaded_side_by_side(tmp_path) -> None:
     router = RSERetriever(
         vectorstore=InMemoryVectorStore(HashingEmbeddings()), mode="chunks", enricher=NoEnricher()
     )
-    routed, _ = build(document_router=router, sync_router=True, weights=(1.0, 0.0))
+    routed, _ = build(router=DocumentRouter(retriever=router, sync=True), weights=(1.0, 0.0))
     routed.save(tmp_path / "idx")
     router.save(tmp_path / "router")
     loaded_router = RSERetriever.load(tmp_path / "router", embedding=HashingEmbeddings())
     loaded = RSERetriever.load(
         tmp_path / "idx",
         embedding=HashingEmbeddings(),
-        document_router=loaded_router,
-        sync_router=True,
+        router=loaded_router,  # wrapped with the saved settings (sync=True)
     )
     assert [d.page_content for d in loaded.invoke(QUERY)] == [
         d.page_content for d in routed.invoke(QUERY)

@@ -76,7 +76,7 @@ def make(request) -> Iterator:
 
 
 def chunk_ids_of(r: RSERetriever, doc_id: str) -> list[str]:
-    meta = r._get_meta([doc_id])[0]
+    meta = r._records.pointers([doc_id])[0]
     assert meta is not None
     return [chunk_uuid(chunk_key(doc_id, meta.version, i)) for i in range(len(meta.spans))]
 
@@ -109,7 +109,7 @@ def test_replace_and_delete_leave_no_orphans(make) -> None:
 
     r.delete(["gamma.txt"])
     assert r.vectorstore.get_by_ids(new_ids) == []
-    assert r._get_meta(["gamma.txt"]) == [None]
+    assert r._records.pointers(["gamma.txt"]) == [None]
     assert r.get(["gamma.txt"]) == []
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in r.invoke("escrow", k=5))
 
@@ -197,7 +197,7 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
     assert not errors, errors[0]
     assert not mixed
     assert during_writes > 0  # the readers really ran while documents were replaced
-    assert len(r._lexical) == sum(len(r._get_meta([n])[0].spans) for n in names)
+    assert len(r._lexical) == sum(len(r._records.pointers([n])[0].spans) for n in names)
 
 
 def test_save_and_load_round_trip(make, tmp_path: Path) -> None:

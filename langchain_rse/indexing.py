@@ -1,0 +1,280 @@
+"""The write protocol: plan, write a new version's chunks, swap the pointer, remove the old
+version, and clean up what a lost race or a killed writer left behind.
+
+For each document a writer
+
+1. records the new version (``ver/`` record) before any of its chunks is written;
+2. writes the chunks everywhere (vector store, lexical index) and the version's body;
+3. swaps the document's pointer to the new version — readers keep only chunks of the
+   pointer's version, so they see the old document or the new one, never a mix;
+4. reads the pointer again: if another writer swapped after it, it *lost* and deletes its
+   own version; otherwise it deletes the versions it replaced.
+
+A version whose writer was killed, or that slipped between two writers' reads, keeps its
+``ver/`` record: :meth:`Writer.vacuum` removes every non-current version found there.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.documents import Document
+from langchain_core.vectorstores import VectorStore
+from langchain_text_splitters import TextSplitter
+
+from langchain_rse.chunking import Chunk, chunk_key, chunk_uuid, split_text
+from langchain_rse.enrichment import ChunkContext, index_text
+from langchain_rse.lexical import BM25Index
+from langchain_rse.locks import ReadWriteLock
+from langchain_rse.records import (
+    DocBody,
+    DocRecord,
+    RecordStore,
+    VersionRecord,
+    body_key,
+    document_version,
+    is_version_of,
+    pointer_key,
+    version_key,
+)
+from langchain_rse.routing import DocumentRouter
+from langchain_rse.validation import validate_documents
+
+__all__ = ["Plan", "Prepared", "Writer"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Todo:
+    """A document to (re)index, split, before enrichment."""
+
+    doc: Document
+    doc_id: str
+    version: str
+    chunks: list[Chunk]
+
+
+@dataclass
+class Plan:
+    doc_ids: list[str]
+    """Every document's id, in input order (what ``add_documents`` returns)."""
+    todo: list[Todo] = field(default_factory=list)
+    removals: list[str] = field(default_factory=list)
+    """Documents that became empty: their indexed version is removed."""
+
+
+@dataclass
+class Prepared:
+    """A new document version, ready to write."""
+
+    record: DocRecord
+    body: DocBody
+    chunks: list[Chunk]
+
+    @classmethod
+    def of(cls, todo: Todo, contexts: list[ChunkContext] | None, enricher: Any) -> Prepared:
+        chunks = todo.chunks
+        contexts = contexts if contexts is not None else [ChunkContext("", "none")] * len(chunks)
+        if len(contexts) != len(chunks):
+            raise RuntimeError(
+                f"{enricher!r} returned {len(contexts)} contexts for {len(chunks)} chunks"
+            )
+        record = DocRecord(
+            doc_id=todo.doc_id,
+            version=todo.version,
+            metadata=dict(todo.doc.metadata),
+            spans=[(c.start_index, c.end_index) for c in chunks],
+            fallbacks=sum(ctx.method == "fallback" for ctx in contexts),
+        )
+        return cls(record, DocBody(text=todo.doc.page_content, contexts=contexts), chunks)
+
+
+@dataclass
+class Writer:
+    """Writes document versions to every store of one index."""
+
+    records: RecordStore
+    vectorstore: VectorStore
+    lexical: BM25Index
+    lexical_store: VectorStore | None
+    vs_lock: ReadWriteLock
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Serialises this process's writers (plan to swap)."""
+
+    # ------------------------------------------------------------ plan
+
+    def plan(
+        self,
+        documents: Sequence[Document],
+        ids: Sequence[str] | None,
+        *,
+        splitter: TextSplitter,
+        fingerprints: tuple[str, str],
+        max_document_chars: int,
+    ) -> Plan:
+        """Validate, split and version (no writes); unchanged documents are skipped."""
+        plan = Plan(validate_documents(documents, ids, max_document_chars))
+        olds = self.records.pointers(plan.doc_ids) if plan.doc_ids else []
+        for doc, doc_id, prev in zip(documents, plan.doc_ids, olds):
+            version = document_version(doc.page_content, doc.metadata, *fingerprints)
+            if prev is not None and is_version_of(prev.version, version):
+                if not prev.fallbacks:
+                    logger.debug("document %r unchanged; not re-indexed", doc_id)
+                    continue
+                # Unchanged, but some chunk contexts fell back: index it again (the
+                # enricher's cache makes the good chunks free) under a fresh version id.
+                version = f"{version}.{secrets.token_hex(4)}"
+            chunks = split_text(doc.page_content, doc_id, splitter)
+            if not chunks:
+                logger.warning("document %r has no text; nothing indexed for it", doc_id)
+                plan.removals.append(doc_id)
+                continue
+            plan.todo.append(Todo(doc, doc_id, version, chunks))
+        return plan
+
+    # ------------------------------------------------------------ write
+
+    def write(
+        self,
+        prepared: Sequence[Prepared],
+        removals: Sequence[str] = (),
+        router: DocumentRouter | None = None,
+        batch_size: int = 256,
+    ) -> None:
+        """Write new versions (skipping any another writer already wrote), swap their
+        pointers, remove what they replaced, and remove ``removals``; keep ``router``'s
+        leads in step."""
+        with self.lock:
+            ids = [p.record.doc_id for p in prepared]
+            planned = self.records.pointers(ids)
+            todo = [
+                p for p, o in zip(prepared, planned) if o is None or o.version != p.record.version
+            ]
+            if len(todo) < len(prepared):
+                logger.debug("%d documents were written meanwhile", len(prepared) - len(todo))
+            self.records.put([(version_key(p.record.doc_id, p.record.version),
+                               p.record.version_record()) for p in todo])  # fmt: skip
+            self._write_chunks(todo, batch_size)
+            self.records.put([(body_key(p.record.doc_id, p.record.version), p.body) for p in todo])
+            ids = [p.record.doc_id for p in todo]
+            before = self.records.pointers(ids)
+            self.records.put([(pointer_key(p.record.doc_id), p.record) for p in todo])
+            after = self.records.pointers(ids)
+            stale: list[VersionRecord] = []
+            for p, old, seen, now in zip(todo, planned, before, after):
+                mine = p.record.version
+                if now is None or now.version != mine:  # lost the race: another writer won
+                    logger.info("document %r changed meanwhile; dropping version %s",
+                                p.record.doc_id, mine)  # fmt: skip
+                    stale.append(p.record.version_record())
+                    continue
+                replaced = {
+                    r.version: r for r in (old, seen) if r is not None and r.version != mine
+                }
+                stale += [r.version_record() for r in replaced.values()]
+            self._remove_versions(stale)
+            if todo:
+                n = sum(len(p.chunks) for p in todo)
+                logger.info("indexed %d documents (%d chunks)", len(todo), n)
+            self._delete(removals)
+            if router is not None:
+                sources = [Document(page_content=p.body.text, id=p.record.doc_id,
+                                    metadata=p.record.metadata) for p in todo]  # fmt: skip
+                router.sync_leads(sources, removals)
+
+    def _write_chunks(self, prepared: Sequence[Prepared], batch_size: int) -> None:
+        docs: list[Document] = []
+        keys: list[str] = []
+
+        def flush() -> None:
+            if docs:
+                ids = [chunk_uuid(k) for k in keys[-len(docs) :]]
+                with self.vs_lock.write():
+                    self.vectorstore.add_documents(docs, ids=ids)
+                if self.lexical_store is not None:
+                    self.lexical_store.add_documents(docs, ids=ids)
+                docs.clear()
+
+        texts: list[str] = []
+        for p in prepared:
+            m = p.record
+            for chunk, ctx in zip(p.chunks, p.body.contexts):
+                key = chunk_key(m.doc_id, m.version, chunk.chunk_index)
+                text = index_text(ctx, chunk.text)
+                metadata = {"doc_id": m.doc_id, "doc_version": m.version,
+                            "chunk_index": chunk.chunk_index, "start_index": chunk.start_index,
+                            "end_index": chunk.end_index, "enrichment": ctx.method}  # fmt: skip
+                docs.append(Document(page_content=text, id=chunk_uuid(key), metadata=metadata))
+                keys.append(key)
+                texts.append(text)
+                if len(docs) >= batch_size:
+                    flush()
+        flush()
+        if self.lexical_store is None:
+            self.lexical.add(keys, texts)
+
+    # ------------------------------------------------------------ remove
+
+    def _remove_versions(self, versions: Sequence[VersionRecord]) -> None:
+        """Delete these versions' chunks everywhere, then their bodies and records."""
+        if not versions:
+            return
+        keys = [key for v in versions for key in v.chunk_keys()]
+        self.lexical.delete(keys)
+        if keys:
+            ids = [chunk_uuid(k) for k in keys]
+            with self.vs_lock.write():
+                self.vectorstore.delete(ids=ids)
+            if self.lexical_store is not None:
+                self.lexical_store.delete(ids=ids)
+        self.records.delete([body_key(v.doc_id, v.version) for v in versions])
+        self.records.delete([version_key(v.doc_id, v.version) for v in versions])
+
+    def _delete(self, doc_ids: Sequence[str]) -> list[str]:
+        if not doc_ids:
+            return []
+        pointers = self.records.pointers(list(doc_ids))
+        found = [d for d, p in zip(doc_ids, pointers) if p is not None]
+        self.records.delete([pointer_key(d) for d in found])  # readers stop seeing them
+        # Only the current versions: another worker's version being written is left to
+        # its writer (which then finds the pointer gone and drops it) or to vacuum().
+        self._remove_versions([p.version_record() for p in pointers if p is not None])
+        return found
+
+    def delete(self, doc_ids: Sequence[str], router: DocumentRouter | None = None) -> list[str]:
+        """Remove documents everywhere; returns the ids that were indexed."""
+        with self.lock:
+            found = self._delete(doc_ids)
+            if router is not None:
+                router.sync_leads((), found)
+        return found
+
+    def vacuum(self, min_age_s: float = 0.0) -> int:
+        """Remove every version that is not its document's current one and was recorded
+        at least ``min_age_s`` seconds ago (chunks left by a killed writer or a lost
+        race); returns how many versions were removed. With several writers, pass a
+        ``min_age_s`` longer than any write takes, so versions being written are spared."""
+        with self.lock:
+            versions = self.records.versions()
+            current = dict(zip(
+                (v.doc_id for v in versions),
+                self.records.pointers([v.doc_id for v in versions]),
+            ))  # fmt: skip
+            now = time.time()
+            stale = [
+                v
+                for v in versions
+                if (c := current.get(v.doc_id)) is None or c.version != v.version
+                if now - v.written_at >= min_age_s
+            ]
+            self._remove_versions(stale)
+        if stale:
+            logger.info("vacuum removed %d stale document versions", len(stale))
+        return len(stale)

@@ -1,0 +1,302 @@
+"""The query path after search, written once as a sans-I/O generator.
+
+:func:`run_pipeline` fuses the branches' hits into candidates, then *yields* each I/O it
+needs — ``("meta", doc_ids)``, ``("bodies", records)``, ``("rerank", (queries, docs))`` —
+and receives the answer; :func:`drive` carries the requests out synchronously and
+:func:`adrive` asynchronously, so both paths share every line of the logic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.documents import Document
+
+from langchain_rse.chunking import chunk_uuid, parse_chunk_key
+from langchain_rse.enrichment import index_text
+from langchain_rse.fusion import FusedHit, FusionMethod, fuse
+from langchain_rse.records import DocBody, DocRecord, StaleRead
+from langchain_rse.rerank import RerankError, RerankResult
+from langchain_rse.routing import DocumentRouter
+from langchain_rse.search import DenseResult, Hit
+from langchain_rse.segments import RSEParams, best_segments, chunk_values, rank_relevance
+
+__all__ = ["Candidate", "QuerySettings", "StaleRead", "adrive", "drive", "run_pipeline"]
+
+logger = logging.getLogger(__name__)
+
+READ_ATTEMPTS = 3
+"""Times a query re-reads when documents change under it."""
+
+
+@dataclass
+class Candidate:
+    """A fused candidate chunk on its way to RSE."""
+
+    key: str
+    doc_id: str
+    version: str
+    chunk_index: int
+    fused: FusedHit
+    text: str | None = None  # enriched index text, when the dense branch returned it
+    relevance: float = 0.0
+    rerank_score: float | None = None
+
+
+@dataclass(frozen=True)
+class QuerySettings:
+    """What one retrieval needs from the retriever's configuration."""
+
+    k: int
+    mode: str
+    queries: list[str]
+    weights: tuple[float, float]
+    fusion: FusionMethod
+    rrf_k: float
+    candidate_pool: int
+    relevance: str
+    params: RSEParams
+    rerank: bool
+    strict_rerank: bool
+
+
+# ---------------------------------------------------------------- stages (pure)
+
+
+def candidates(
+    s: QuerySettings,
+    dense: Sequence[DenseResult],
+    lexical: Sequence[list[Hit]],
+    routed: set[str] | None = None,
+    router: DocumentRouter | None = None,
+) -> list[Candidate]:
+    """Fuse (dense, lexical) hits of each query into candidates, best first; with
+    ``routed``, only chunks of those documents (if the unrouted ranking agrees)."""
+    branches: list[list[Hit]] = []
+    texts: dict[str, str] = {}
+    for d, lex in zip(dense, lexical):
+        branches += [d.hits, list(lex)]
+        texts.update(d.texts)
+    weights = list(s.weights) * len(dense)
+    fused = fuse(branches, weights, s.fusion, s.rrf_k)
+    if routed is not None and router is not None:
+        routed = router.confirmed(routed, [h.id for h in fused])
+    if routed is not None:
+        kept = [[h for h in b if parse_chunk_key(h[0])[0] in routed] for b in branches]
+        if any(kept):
+            fused = fuse(kept, weights, s.fusion, s.rrf_k)
+        else:  # not ours, or not found by either branch: a filter would return nothing
+            logger.debug("no candidates in the routed documents %s; searching all", routed)
+    pool = s.candidate_pool + (len(dense) - 1) * (s.candidate_pool // 2)
+    out = []
+    for hit in fused[:pool]:
+        doc_id, version, idx = parse_chunk_key(hit.id)
+        out.append(Candidate(hit.id, doc_id, version, idx, hit, texts.get(hit.id)))
+    return out
+
+
+def current(cands: list[Candidate], metas: dict[str, DocRecord]) -> list[Candidate]:
+    """Drop candidates of deleted or replaced document versions."""
+    return [
+        c
+        for c in cands
+        if (m := metas.get(c.doc_id)) is not None
+        and m.version == c.version
+        and c.chunk_index < len(m.spans)
+    ]
+
+
+def rerank_inputs(
+    cands: list[Candidate], bodies: dict[str, DocBody], metas: dict[str, DocRecord]
+) -> list[Document]:
+    """The candidates' enriched texts, tagged with their chunk ids."""
+    docs = []
+    for c in cands:
+        if c.text is None:
+            body = bodies[c.doc_id]
+            start, end = metas[c.doc_id].spans[c.chunk_index]
+            c.text = index_text(body.contexts[c.chunk_index], body.text[start:end])
+        docs.append(Document(page_content=c.text, metadata={"chunk_id": chunk_uuid(c.key)}))
+    return docs
+
+
+def apply_relevance(
+    s: QuerySettings, cands: list[Candidate], results: list[RerankResult] | None
+) -> list[Candidate]:
+    """Set each candidate's relevance: reranked (best over queries) or from fusion."""
+    if results is None:
+        if s.relevance == "score":
+            top = max(c.fused.score for c in cands) or 1.0
+            for c in cands:
+                c.relevance = c.fused.score / top
+        else:
+            for c, rel in zip(cands, rank_relevance(len(cands), s.params.decay_rate)):
+                c.relevance = float(rel)
+        return cands
+    kept: dict[int, Candidate] = {}
+    for result in results:
+        for idx, score, rel in zip(result.indices, result.scores, result.relevance):
+            c = cands[idx]
+            if idx not in kept or rel > c.relevance:
+                c.rerank_score, c.relevance = float(score), float(rel)
+            kept[idx] = c
+    return sorted(kept.values(), key=lambda c: -c.relevance)
+
+
+Selection = list[tuple[str, int, int, float]]
+"""Chosen ``(doc_id, chunk_start, chunk_end, score)``, best first."""
+
+
+def select(s: QuerySettings, cands: list[Candidate], metas: dict[str, DocRecord]) -> Selection:
+    """The top-k chunks, or the best RSE segments."""
+    if s.mode == "chunks":
+        ranked = sorted(cands, key=lambda c: -c.relevance)
+        return [(c.doc_id, c.chunk_index, c.chunk_index + 1, c.relevance) for c in ranked[: s.k]]
+    p = s.params
+    docs = list(dict.fromkeys(c.doc_id for c in cands))
+    position = {d: i for i, d in enumerate(docs)}
+    values, offsets = chunk_values(
+        [len(metas[d].spans) for d in docs],
+        ((position[c.doc_id], c.chunk_index, c.relevance) for c in cands),
+        p.irrelevant_chunk_penalty,
+    )
+    budget = p.max_total_chunks + (len(s.queries) - 1) * p.extra_query_chunks
+    segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
+    return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
+
+
+def results(
+    s: QuerySettings,
+    cands: list[Candidate],
+    metas: dict[str, DocRecord],
+    bodies: dict[str, DocBody],
+    selection: Selection,
+    fallback: bool,
+) -> list[Document]:
+    """The returned ``Document``\\ s: exact slices of the source, with their metadata."""
+    by_key = {(c.doc_id, c.chunk_index): c for c in cands}
+    out = []
+    for doc_id, start, end, score in selection:
+        meta, body = metas[doc_id], bodies[doc_id]
+        first, last = meta.spans[start][0], meta.spans[end - 1][1]
+        md: dict[str, Any] = dict(meta.metadata)
+        md.update(doc_id=doc_id, start_index=first, end_index=last, chunk_start=start,
+                  chunk_end=end, score=score)  # fmt: skip
+        if s.mode == "chunks":
+            c = by_key[(doc_id, start)]
+            md.update(chunk_index=start, fused_score=c.fused.score, dense_rank=c.fused.ranks[0],
+                      lexical_rank=c.fused.ranks[1], context=body.contexts[start].text)  # fmt: skip
+            if c.rerank_score is not None:
+                md["rerank_score"] = c.rerank_score
+        if len(s.queries) > 1:
+            md.update(
+                queries=list(s.queries), query_ranks=_query_ranks(s, by_key, doc_id, start, end)
+            )
+        if fallback:
+            md["rerank_fallback"] = True
+        out.append(Document(page_content=body.text[first:last], metadata=md))
+    return out
+
+
+def _query_ranks(
+    s: QuerySettings, by_key: dict[tuple[str, int], Candidate], doc_id: str, start: int, end: int
+) -> dict[str, int]:
+    """Which queries found a result, and their best rank in either branch."""
+    hits: dict[str, int] = {}
+    for i in range(start, end):
+        hit = by_key.get((doc_id, i))
+        if hit is None:
+            continue
+        for q_index, query in enumerate(s.queries):
+            ranks = [r for r in hit.fused.ranks[2 * q_index : 2 * q_index + 2] if r is not None]
+            if ranks and min(ranks) < hits.get(query, 1 << 30):
+                hits[query] = min(ranks)
+    return hits
+
+
+# ---------------------------------------------------------------- the generator
+
+
+Request = tuple[str, Any]
+
+
+def run_pipeline(
+    s: QuerySettings, cands: list[Candidate]
+) -> Generator[Request, Any, list[Document]]:
+    """Records → current candidates → rerank → relevance → selection → documents."""
+    if not cands:
+        return []
+    doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
+    metas = {m.doc_id: m for m in (yield ("meta", doc_ids)) if m is not None}
+    cands = current(cands, metas)
+    if not cands:
+        return []
+    bodies: dict[str, DocBody] = {}
+    reranked: list[RerankResult] | None = None
+    fallback = False
+    if s.rerank:
+        need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
+        bodies.update(zip((m.doc_id for m in need), (yield ("bodies", need))))
+        try:
+            reranked = yield ("rerank", (s.queries, rerank_inputs(cands, bodies, metas)))
+        except RerankError as exc:
+            if s.strict_rerank:
+                raise
+            logger.warning("reranker failed (%s); using the fused ranking instead", exc)
+            fallback = True
+    cands = apply_relevance(s, cands, reranked)
+    selection = select(s, cands, metas)
+    need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
+    bodies.update(zip((m.doc_id for m in need), (yield ("bodies", need))))
+    return results(s, cands, metas, bodies, selection, fallback)
+
+
+# ---------------------------------------------------------------- drivers
+
+Handlers = dict[str, Callable[[Any], Any]]
+AsyncHandlers = dict[str, Callable[[Any], Awaitable[Any]]]
+
+
+def _retrying(s: QuerySettings, cands: list[Candidate]) -> Generator[Request, Any, list[Document]]:
+    """:func:`run_pipeline`, started again when a document changed under it."""
+    for _ in range(READ_ATTEMPTS):
+        try:
+            return (yield from run_pipeline(s, list(cands)))
+        except StaleRead as exc:
+            logger.debug("document %s changed during a query; re-reading", exc)
+    raise RuntimeError("the record store keeps losing documents during this query")
+
+
+def drive(s: QuerySettings, cands: list[Candidate], handlers: Handlers) -> list[Document]:
+    """Run the pipeline, answering its requests with the synchronous ``handlers``."""
+    gen, reply, error = _retrying(s, cands), None, None
+    while True:
+        try:
+            kind, arg = gen.throw(error) if error is not None else gen.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        reply, error = None, None
+        try:
+            reply = handlers[kind](arg)
+        except (RerankError, StaleRead) as exc:
+            error = exc
+
+
+async def adrive(
+    s: QuerySettings, cands: list[Candidate], handlers: AsyncHandlers
+) -> list[Document]:
+    """Run the pipeline, answering its requests with the asynchronous ``handlers``."""
+    gen, reply, error = _retrying(s, cands), None, None
+    while True:
+        try:
+            kind, arg = gen.throw(error) if error is not None else gen.send(reply)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        reply, error = None, None
+        try:
+            reply = await handlers[kind](arg)
+        except (RerankError, StaleRead) as exc:
+            error = exc

@@ -1,0 +1,270 @@
+"""The JSON records kept in the record store, and the document version fingerprint.
+
+Per indexed document the record store (any ``BaseStore[str, bytes]``) holds:
+
+- ``doc/<h>``: the **pointer**, a :class:`DocRecord` naming the current version, its
+  metadata and its chunk spans. It is written last and read first by every query.
+- ``body/<version>/<h>``: a :class:`DocBody`, the source text and chunk contexts of one
+  version.
+- ``ver/<h>/<version>``: a :class:`VersionRecord` for every version whose chunks may be in
+  the stores (written before its chunks, removed after them), so :func:`vacuum
+  <langchain_rse.indexing.Writer.vacuum>` can find what a killed or beaten writer left.
+
+``<h>`` is a SHA-256 of the doc id, so any id is a valid key in every store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.stores import BaseStore
+from langchain_text_splitters import TextSplitter
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+
+from langchain_rse.chunking import chunk_key, chunk_uuid
+from langchain_rse.enrichment import ChunkContext
+
+__all__ = [
+    "RECORD_FORMAT",
+    "DocBody",
+    "DocRecord",
+    "RecordStore",
+    "StaleRead",
+    "VersionRecord",
+    "body_key",
+    "document_version",
+    "is_version_of",
+    "pointer_key",
+    "splitter_fingerprint",
+    "version_key",
+]
+
+RECORD_FORMAT = 1
+"""Version of the JSON records kept in the record store."""
+
+
+class StaleRead(Exception):
+    """A document changed while a query was reading it; the query re-reads."""
+
+
+def _doc_hash(doc_id: str) -> str:
+    return hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def pointer_key(doc_id: str) -> str:
+    """Record-store key of a document's pointer."""
+    return "doc/" + _doc_hash(doc_id)
+
+
+def body_key(doc_id: str, version: str) -> str:
+    """Record-store key of one version's source text and contexts."""
+    return f"body/{version}/" + _doc_hash(doc_id)
+
+
+def version_key(doc_id: str, version: str | None = None) -> str:
+    """Record-store key of a version record (``version=None``: the document's prefix)."""
+    prefix = f"ver/{_doc_hash(doc_id)}/"
+    return prefix if version is None else prefix + version
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode("utf-8", "surrogatepass")
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Any:
+        return cls.model_validate_json(raw.decode("utf-8", "surrogatepass"))
+
+
+class DocRecord(_Record):
+    """The pointer: the current version of one document, read by every query."""
+
+    format: int = RECORD_FORMAT
+    doc_id: str
+    version: str
+    metadata: dict[str, Any]
+    spans: list[tuple[int, int]]
+    """Half-open character range of each chunk, in chunk order (stored flat)."""
+    fallbacks: int = 0
+    """Chunks whose LLM context failed (header used): re-adding the document retries them."""
+
+    @field_validator("spans", mode="before")
+    @classmethod
+    def _unflatten(cls, value: Any) -> Any:
+        if value and not isinstance(value[0], (list, tuple)):
+            return list(zip(value[0::2], value[1::2]))
+        return value
+
+    @field_serializer("spans")
+    def _flatten(self, spans: list[tuple[int, int]]) -> list[int]:
+        return [x for span in spans for x in span]
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> DocRecord:
+        data = json.loads(raw)
+        if data.get("format") != RECORD_FORMAT:
+            raise ValueError(
+                f"record store entry has format {data.get('format')!r}; "
+                f"this version of langchain-rse reads format {RECORD_FORMAT}"
+            )
+        return cls.model_validate(data)
+
+    def chunk_keys(self) -> list[str]:
+        return [chunk_key(self.doc_id, self.version, i) for i in range(len(self.spans))]
+
+    def version_record(self) -> VersionRecord:
+        return VersionRecord(doc_id=self.doc_id, version=self.version, chunks=len(self.spans))
+
+
+class DocBody(_Record):
+    """The source text of one document version and its chunk contexts."""
+
+    text: str
+    contexts: list[ChunkContext]
+    """One per chunk; stored as ``[text, method]`` pairs."""
+
+    @field_validator("contexts", mode="before")
+    @classmethod
+    def _from_pairs(cls, value: Any) -> Any:
+        return [ChunkContext(*c) if isinstance(c, (list, tuple)) else c for c in value]
+
+    @field_serializer("contexts")
+    def _to_pairs(self, contexts: list[ChunkContext]) -> list[list[str]]:
+        return [[c.text, c.method] for c in contexts]
+
+
+class VersionRecord(_Record):
+    """A version whose chunks may be in the stores: enough to delete them all."""
+
+    doc_id: str
+    version: str
+    chunks: int
+    written_at: float = Field(default_factory=time.time)
+
+    def chunk_keys(self) -> list[str]:
+        return [chunk_key(self.doc_id, self.version, i) for i in range(self.chunks)]
+
+    def chunk_ids(self) -> list[str]:
+        return [chunk_uuid(key) for key in self.chunk_keys()]
+
+
+# ---------------------------------------------------------------- version fingerprint
+
+_PRIMITIVE = (str, int, float, bool, type(None))
+
+
+def _describe(value: Any) -> Any:
+    """A process-independent description: primitives as they are, functions by their
+    qualified name and the primitives they close over, other objects by class name."""
+    if isinstance(value, _PRIMITIVE):
+        return value
+    if isinstance(value, (list, tuple, frozenset, set)):
+        items = [_describe(v) for v in value]
+        return sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if callable(value) and hasattr(value, "__qualname__"):
+        closure = [
+            _describe(cell.cell_contents)
+            for cell in getattr(value, "__closure__", None) or ()
+            if isinstance(cell.cell_contents, _PRIMITIVE + (list, tuple, dict))
+        ]
+        return {"fn": f"{getattr(value, '__module__', '')}.{value.__qualname__}", "cells": closure}
+    cls = type(value)
+    return {"object": f"{cls.__module__}.{cls.__qualname__}"}
+
+
+def splitter_fingerprint(splitter: TextSplitter | None, chunk_size: int, overlap: int) -> str:
+    """What decides where chunks fall: the default splitter's size and overlap, or a custom
+    splitter's class and its parameters (a length function by its qualified name)."""
+    if splitter is None:
+        return f"default:{chunk_size}/{overlap}"
+    cls = type(splitter)
+    params = {k: _describe(v) for k, v in vars(splitter).items()}
+    return json.dumps(
+        {"class": f"{cls.__module__}.{cls.__qualname__}", "params": params}, sort_keys=True
+    )
+
+
+def document_version(text: str, metadata: dict[str, Any], splitter: str, enricher: str) -> str:
+    """The version fingerprint of a document: its text and metadata, the splitter and the
+    enricher fingerprints. Never a ``repr``, an address, a concurrency or a retry setting,
+    so an unchanged document has the same version in every process."""
+    h = hashlib.sha256()
+    h.update(text.encode("utf-8", "surrogatepass"))
+    h.update(b"\x00" + json.dumps(metadata, sort_keys=True, default=str).encode())
+    h.update(b"\x00" + splitter.encode() + b"\x00" + enricher.encode())
+    return h.hexdigest()[:16]
+
+
+def is_version_of(version: str, base: str) -> bool:
+    """Whether ``version`` is ``base`` or a re-indexing of it (``base.<suffix>``)."""
+    return version.split(".")[0] == base
+
+
+# ---------------------------------------------------------------- the record store
+
+_POINTER_CACHE_SIZE = 4096
+
+
+class RecordStore:
+    """Typed access to the records in a ``BaseStore[str, bytes]``, sync and async.
+
+    Decoded pointers are cached by their bytes, so a hot document is parsed once.
+    """
+
+    def __init__(self, store: BaseStore[str, bytes]) -> None:
+        self.store = store
+        self._pointers: dict[bytes, DocRecord] = {}
+
+    def _pointer(self, raw: bytes | None) -> DocRecord | None:
+        if raw is None:
+            return None
+        record = self._pointers.get(raw)
+        if record is None:
+            record = DocRecord.from_bytes(raw)
+            if len(self._pointers) >= _POINTER_CACHE_SIZE:
+                self._pointers.pop(next(iter(self._pointers)), None)
+            self._pointers[raw] = record
+        return record
+
+    @staticmethod
+    def _body(record: DocRecord, raw: bytes | None) -> DocBody:
+        if raw is None:  # replaced or deleted since its pointer was read
+            raise StaleRead(record.doc_id)
+        return DocBody.from_bytes(raw)  # type: ignore[no-any-return]
+
+    def pointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
+        return [self._pointer(r) for r in self.store.mget([pointer_key(d) for d in doc_ids])]
+
+    async def apointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
+        raw = await self.store.amget([pointer_key(d) for d in doc_ids])
+        return [self._pointer(r) for r in raw]
+
+    def bodies(self, records: Sequence[DocRecord]) -> list[DocBody]:
+        raw = self.store.mget([body_key(r.doc_id, r.version) for r in records])
+        return [self._body(r, b) for r, b in zip(records, raw)]
+
+    async def abodies(self, records: Sequence[DocRecord]) -> list[DocBody]:
+        raw = await self.store.amget([body_key(r.doc_id, r.version) for r in records])
+        return [self._body(r, b) for r, b in zip(records, raw)]
+
+    def put(self, pairs: Sequence[tuple[str, _Record]]) -> None:
+        if pairs:
+            self.store.mset([(key, record.to_bytes()) for key, record in pairs])
+
+    def delete(self, keys: Sequence[str]) -> None:
+        if keys:
+            self.store.mdelete(list(keys))
+
+    def versions(self, doc_id: str | None = None) -> list[VersionRecord]:
+        """The version records of one document, or of all documents."""
+        keys = list(self.store.yield_keys(prefix=version_key(doc_id) if doc_id else "ver/"))
+        raw = self.store.mget(keys) if keys else []
+        return [VersionRecord.from_bytes(r) for r in raw if r is not None]

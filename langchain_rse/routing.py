@@ -1,0 +1,102 @@
+"""Document routing: a document-level retriever picks the documents a query is about, and
+the chunk search keeps only their candidates — if the unrouted search agrees."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.documents import Document
+from langchain_core.indexing import DocumentIndex
+from langchain_core.retrievers import BaseRetriever
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from langchain_rse.chunking import document_leads, parse_chunk_key
+
+__all__ = ["DocumentRouter"]
+
+logger = logging.getLogger(__name__)
+
+
+class DocumentRouter(BaseModel):
+    """Routes each query to the documents it names.
+
+    ``retriever`` is any LangChain retriever whose results carry ``metadata["doc_id"]`` (or
+    an ``id``) of indexed documents, e.g. an ``RSERetriever`` in chunks mode over
+    :func:`~langchain_rse.chunking.document_leads` (each document's title and opening)::
+
+        leads = RSERetriever(vectorstore=InMemoryVectorStore(emb), mode="chunks",
+                             enricher=NoEnricher())
+        retriever = RSERetriever(vectorstore=vs, router=DocumentRouter(retriever=leads, sync=True))
+
+    It pays when queries name their document (CUAD contracts) and hurts questions that
+    span documents, so it is off by default.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", frozen=True)
+
+    retriever: BaseRetriever
+    """The document-level retriever."""
+    documents: int = Field(1, ge=1)
+    """Documents kept: the first ``documents`` distinct doc ids it returns."""
+    fetch_k: int = Field(200, ge=1)
+    """Candidates fetched from each branch when routing, before the document filter."""
+    check_k: int | None = Field(10, ge=1)
+    """A routed document is kept only if one of its chunks is among the first ``check_k``
+    candidates of the unrouted search; when none is, nothing is filtered (the router was
+    probably wrong: on CUAD the check recovers most misrouted queries). None: always."""
+    sync: bool = False
+    """Keep the router in step with the index: adding, replacing and deleting documents
+    upserts and deletes their leads there too (the retriever must be a ``DocumentIndex``)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> DocumentRouter:
+        if self.sync and not isinstance(self.retriever, DocumentIndex):
+            raise ValueError(
+                "sync=True needs a router retriever that is a LangChain DocumentIndex "
+                f"(e.g. an RSERetriever), got {type(self.retriever).__name__}"
+            )
+        return self
+
+    def chosen(self, hits: Sequence[Document]) -> set[str] | None:
+        """The documents the router chose, or None (no filter) when it found none."""
+        chosen: list[str] = []
+        for doc in hits:
+            doc_id = doc.metadata.get("doc_id", doc.id)
+            if doc_id is not None and str(doc_id) not in chosen:
+                chosen.append(str(doc_id))
+        if not chosen:
+            logger.debug("the document router returned no documents; searching all")
+            return None
+        return set(chosen[: self.documents])
+
+    def confirmed(self, routed: set[str], ranked_keys: Sequence[str]) -> set[str] | None:
+        """The routed documents the unrouted ranking agrees with (one of their chunks is
+        among its first ``check_k``); None, so no filter, when none is."""
+        if self.check_k is None:
+            return routed
+        near = {parse_chunk_key(key)[0] for key in ranked_keys[: self.check_k]}
+        kept = routed & near
+        if not kept:
+            logger.debug(
+                "routing skipped: no chunk of %s among the top %d candidates",
+                sorted(routed),
+                self.check_k,
+            )
+            return None
+        return kept
+
+    def sync_leads(self, sources: Sequence[Document], removed: Sequence[str]) -> None:
+        """Upsert the leads of (re)indexed documents, delete removed ones (``sync=True``)."""
+        if not self.sync or not isinstance(self.retriever, DocumentIndex):
+            return
+        if sources:
+            self.retriever.upsert(document_leads(sources))
+        if removed:
+            self.retriever.delete(list(removed))
+
+    def settings(self) -> dict[str, Any]:
+        """The saved settings (the retriever itself is saved by its owner)."""
+        return {"documents": self.documents, "fetch_k": self.fetch_k, "check_k": self.check_k,
+                "sync": self.sync}  # fmt: skip

@@ -1,0 +1,105 @@
+"""The two search branches: dense (any ``VectorStore``) and lexical (the in-process BM25
+index or an external lexical store). Each returns ``(chunk key, score)`` pairs, best first.
+
+Both are ``RunnableLambda``\\ s, so each search is a child run in LangChain's callbacks.
+The protected ``_similarity_search_with_relevance_scores`` is the public method minus its
+[0, 1] range warning and threshold filter: fusion only needs an order (RRF) or a
+normalisation, so any monotone score will do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from langchain_core.documents import Document
+from langchain_core.runnables import RunnableLambda
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+
+from langchain_rse.chunking import chunk_key
+from langchain_rse.lexical import BM25Index
+from langchain_rse.locks import ReadWriteLock
+
+__all__ = ["Hit", "SearchBranches", "is_local", "key_of"]
+
+Hit = tuple[str, "float | None"]
+"""``(chunk key, score)``; the score is None when the store gives none."""
+
+
+def key_of(chunk: Document) -> str | None:
+    """The chunk key of a search hit written by this retriever; None for foreign documents."""
+    m = chunk.metadata
+    if "doc_id" not in m or "chunk_index" not in m or "doc_version" not in m:
+        return None
+    return chunk_key(str(m["doc_id"]), str(m["doc_version"]), int(m["chunk_index"]))
+
+
+def is_local(vectorstore: VectorStore) -> bool:
+    """An in-process store (FAISS, in-memory) that must not be searched while written."""
+    from langchain_rse.persistence import vectorstore_kind
+
+    return vectorstore_kind(vectorstore) != "external"
+
+
+def _keyed(hits: list[tuple[Document, float | None]]) -> tuple[list[Hit], dict[str, str]]:
+    out: list[Hit] = []
+    texts: dict[str, str] = {}
+    for doc, score in hits:
+        key = key_of(doc)
+        if key is not None:  # not ours (a shared vector store) otherwise
+            out.append((key, score))
+            texts[key] = doc.page_content
+    return out, texts
+
+
+@dataclass
+class DenseResult:
+    hits: list[Hit]
+    texts: dict[str, str] = field(default_factory=dict)
+    """Enriched index text of each hit, when the store returned it (saves a read)."""
+
+
+@dataclass
+class SearchBranches:
+    """The dense and lexical searches of one retriever configuration."""
+
+    vectorstore: VectorStore
+    lexical: BM25Index
+    lexical_store: VectorStore | None
+    lock: ReadWriteLock
+    k: int
+
+    def __post_init__(self) -> None:
+        self.dense_runnable = RunnableLambda(self.dense, afunc=self.adense, name="dense_search")
+        self.lexical_runnable = RunnableLambda(
+            self.lexical_search,
+            afunc=lambda q: asyncio.to_thread(self.lexical_search, q),
+            name="lexical_search",
+        )
+
+    def dense(self, query: str) -> DenseResult:
+        vs, k = self.vectorstore, self.k
+        with self.lock.read():
+            if isinstance(vs, InMemoryVectorStore):  # no relevance function; scores are cosines
+                return DenseResult(*_keyed(list(vs.similarity_search_with_score(query, k=k))))
+            try:
+                hits = list(vs._similarity_search_with_relevance_scores(query, k=k))
+            except NotImplementedError:
+                hits = [(d, None) for d in vs.similarity_search(query, k=k)]
+        return DenseResult(*_keyed(hits))
+
+    async def adense(self, query: str) -> DenseResult:
+        if self.lock.enabled:  # in-process: search in a thread, under the lock
+            return await asyncio.to_thread(self.dense, query)
+        vs, k = self.vectorstore, self.k
+        try:
+            hits = list(await vs._asimilarity_search_with_relevance_scores(query, k=k))
+        except NotImplementedError:
+            hits = [(d, None) for d in await vs.asimilarity_search(query, k=k)]
+        return DenseResult(*_keyed(hits))
+
+    def lexical_search(self, query: str) -> list[Hit]:
+        if self.lexical_store is None:
+            return list(self.lexical.search(query, self.k))
+        hits = self.lexical_store.similarity_search_with_score(query, k=self.k)
+        return _keyed([(doc, float(score)) for doc, score in hits])[0]

@@ -1,0 +1,88 @@
+"""What is a valid document and a valid query: checked before anything is searched or written."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.documents import Document
+
+from langchain_rse.chunking import doc_id_for
+
+__all__ = ["check_k", "clean_query", "looks_binary", "validate_documents"]
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def looks_binary(text: str) -> bool:
+    """NUL characters, or over 10% control/replacement characters in the first 100k."""
+    if "\x00" in text:
+        return True
+    head = text[:100_000]
+    odd = len(_CONTROL.findall(head)) + head.count("\ufffd")
+    return odd > 0.1 * max(len(head), 1)
+
+
+def validate_documents(
+    documents: Sequence[Document], ids: Sequence[str] | None, max_document_chars: int
+) -> list[str]:
+    """The doc id of each document; raises before anything is written if one is invalid
+    (not a ``Document``, binary, too long, metadata that is not JSON, duplicate ids)."""
+    if isinstance(documents, (str, Document)):
+        raise TypeError("add_documents expects a list of Documents")
+    if ids is not None and len(ids) != len(documents):
+        raise ValueError(f"got {len(ids)} ids for {len(documents)} documents")
+    doc_ids: list[str] = []
+    for n, doc in enumerate(documents):
+        if not isinstance(doc, Document):
+            raise TypeError(f"documents[{n}] is {type(doc).__name__}, not a Document")
+        if not isinstance(doc.page_content, str):
+            raise TypeError(f"documents[{n}].page_content is not a string")
+        doc_id = str(ids[n]) if ids is not None else doc_id_for(doc)
+        if len(doc.page_content) > max_document_chars:
+            raise ValueError(
+                f"document {doc_id!r} has {len(doc.page_content):,} characters; the limit "
+                f"is max_document_chars={max_document_chars:,} (split it, or raise the limit)"
+            )
+        if looks_binary(doc.page_content):
+            raise ValueError(
+                f"document {doc_id!r} looks like binary data decoded as text (NUL or "
+                "many control characters); extract its text first"
+            )
+        for key, value in doc.metadata.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"metadata[{key!r}] of document {doc_id!r} is not JSON-serialisable "
+                    f"({type(value).__name__}); convert it to a string or number first"
+                ) from exc
+        doc_ids.append(doc_id)
+    if len(set(doc_ids)) != len(doc_ids):
+        dup = next(d for d in doc_ids if doc_ids.count(d) > 1)
+        raise ValueError(f"duplicate document id {dup!r} in one add_documents call")
+    return doc_ids
+
+
+def clean_query(query: Any, max_chars: int) -> str:
+    """The query with control characters as spaces; ``TypeError`` / ``ValueError`` for a
+    query that is not a string, is blank, or is longer than ``max_chars``."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a string, got {type(query).__name__}")
+    if len(query) > max_chars:
+        raise ValueError(
+            f"query is {len(query)} characters long; the limit is max_query_chars={max_chars}"
+        )
+    query = _CONTROL.sub(" ", query).encode("utf-8", "replace").decode("utf-8")
+    if not query.strip():
+        raise ValueError("query must be a non-empty string (got an empty or blank query)")
+    return query
+
+
+def check_k(k: Any) -> int:
+    """``k`` as a non-negative int, else ``ValueError``."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be a non-negative integer, got {k!r}")
+    return k
