@@ -7,6 +7,7 @@ whatever the overlap, repeated passages, unicode or line endings of the source.
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -124,33 +125,48 @@ def make_splitter(chunk_size: int = DEFAULT_CHUNK_SIZE, chunk_overlap: int = 0) 
     )
 
 
+_NON_SPACE = re.compile(r"\S")
+
+
+def _locate(text: str, piece: str, prev: tuple[int, int] | None, char_overlap: int | None) -> int:
+    """Where ``piece`` starts: after the previous chunk's start and no later than the first
+    non-whitespace character after its end (so no text is skipped), hence in text order."""
+    if prev is None:
+        lo, end = 0, 0
+    else:
+        lo, end = prev[0] + 1, prev[1]
+    nxt = _NON_SPACE.search(text, end)
+    hi = (nxt.start() if nxt else len(text)) + len(piece)  # find() bound: start <= first
+    if char_overlap is not None:  # overlap counted in characters: the true start is near
+        start = text.find(piece, max(lo, end - char_overlap), hi)
+        if start >= 0:
+            return start
+    # Overlap in other units (words, tokens): the overlap is the previous chunk's tail, so
+    # the latest occurrence that skips nothing.
+    start = text.rfind(piece, lo, hi)
+    if start < 0:  # the splitter dropped text: the next occurrence, still in order
+        start = text.find(piece, lo)
+    return start if start >= 0 else text.find(piece)
+
+
 def split_text(text: str, doc_id: str, splitter: TextSplitter | None = None) -> list[Chunk]:
     """Split ``text`` into chunks with exact offsets.
 
-    The splitter decides where chunks break; the offsets are found here by
-    searching each chunk's text forward from the earliest place it can start (the
-    previous chunk's end minus the overlap), so they are exact with overlap and
-    with repeated passages. Without overlap the placement is the true one; with
-    overlap in text that repeats with a period shorter than the overlap, a chunk
-    may be placed at an earlier, text-identical occurrence. Chunks are returned in
-    source order, without duplicate spans.
+    The splitter decides where chunks break; the offsets are found here, in text order:
+    each chunk is searched for between the previous chunk's start and the first text the
+    previous chunk did not cover, so with any overlap — counted in characters, words or
+    tokens — and with repeated passages, chunks follow the text and cover all of it. Only
+    in text that repeats with a period shorter than the overlap may a chunk be placed at
+    a text-identical neighbouring occurrence. Chunks have no duplicate spans.
     """
     splitter = splitter or make_splitter()
     overlap = int(getattr(splitter, "_chunk_overlap", 0) or 0)
+    char_overlap = overlap if getattr(splitter, "_length_function", len) is len else None
     spans: list[tuple[int, int]] = []
     for piece in splitter.split_text(text):
         if not piece or piece.isspace():
             continue
-        start = -1
-        if spans:
-            prev_start, prev_end = spans[-1]
-            # A chunk starts after the previous one's start and overlaps it by at most
-            # `overlap` characters: search from that lower bound first.
-            start = text.find(piece, max(prev_start + 1, prev_end - overlap))
-            if start < 0:
-                start = text.find(piece, prev_start + 1)
-        if start < 0:
-            start = text.find(piece)
+        start = _locate(text, piece, spans[-1] if spans else None, char_overlap)
         if start < 0:
             raise ValueError(
                 "the splitter produced a chunk that is not a substring of the source; "

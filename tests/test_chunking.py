@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from langchain_core.documents import Document
-from langchain_text_splitters import CharacterTextSplitter
+from langchain_text_splitters import CharacterTextSplitter, RecursiveCharacterTextSplitter
 
 from langchain_rse.chunking import (
     chunk_key,
@@ -90,3 +90,56 @@ def test_chunk_keys_round_trip_any_doc_id() -> None:
         key = chunk_key(doc_id, "v1", 7)
         assert parse_chunk_key(key) == (doc_id, "v1", 7)
     assert chunk_uuid(chunk_key("a", "v", 1)) != chunk_uuid(chunk_key("a", "v", 2))
+
+
+# Regression (issue 14, bug 5): with overlap counted in words or tokens, chunks of text with
+# repeated boilerplate were placed at later occurrences: text was never indexed and chunk
+# order stopped following the text.
+
+_BOILER = "This section is subject to the terms and conditions set out in the Agreement."
+_WORDS = ["alpha", "beta", "gamma", "delta", "notice", "party", "term", "fee"]
+
+
+def _boilerplate_text() -> str:
+    import random
+
+    rng = random.Random(0)
+    paras = []
+    for i in range(60):
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 30)))
+        paras.append(f"{i}. {words}. {_BOILER}")
+    return "\n\n".join(paras)
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
+def _count_tokens(text: str) -> int:  # a tokenizer-like count: words and punctuation marks
+    import re
+
+    return len(re.findall(r"\w+|[^\w\s]", text))
+
+
+@pytest.mark.parametrize(
+    ("unit", "splitter"),
+    [
+        ("chars", RecursiveCharacterTextSplitter(chunk_size=200, chunk_overlap=60)),
+        ("words", RecursiveCharacterTextSplitter(
+            chunk_size=40, chunk_overlap=15, length_function=_count_words)),
+        ("tokens", RecursiveCharacterTextSplitter(
+            chunk_size=50, chunk_overlap=20, length_function=_count_tokens)),
+    ],
+)  # fmt: skip
+def test_chunks_follow_the_text_and_cover_it_with_any_overlap_unit(unit, splitter) -> None:
+    text = _boilerplate_text()
+    chunks = split_text(text, "d", splitter)
+    assert_exact(text, chunks)
+    # chunk order is the splitter's order (RSE's adjacency), and starts increase
+    assert [c.text for c in chunks] == [p for p in splitter.split_text(text) if p.strip()]
+    assert all(a.start_index < b.start_index for a, b in zip(chunks, chunks[1:]))
+    covered = bytearray(len(text))
+    for c in chunks:
+        covered[c.start_index : c.end_index] = b"\x01" * (c.end_index - c.start_index)
+    missing = [i for i, ch in enumerate(text) if not ch.isspace() and not covered[i]]
+    assert missing == [], f"{len(missing)} non-space characters never indexed ({unit})"
