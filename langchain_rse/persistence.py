@@ -48,7 +48,8 @@ FORMAT_VERSION = 1
 MANIFEST = "rse_index.json"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 _OWN_FILE = re.compile(
-    r"^\.?(lexical|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..*\.tmp)?$"
+    r"^(\.?(lexical|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..+\.tmp)?"
+    r"|\.rse_index\.json\..+\.tmp)$"
 )
 """Data files of a generation, and the temporary files they are written through."""
 

@@ -265,6 +265,9 @@ class RecordStore:
 
     def versions(self, doc_id: str | None = None) -> list[VersionRecord]:
         """The version records of one document, or of all documents."""
-        keys = list(self.store.yield_keys(prefix=version_key(doc_id) if doc_id else "ver/"))
+        # All keys, filtered here: stores disagree on what `prefix` means (RedisStore
+        # takes it as a whole-key pattern), and this is only for vacuum's full scan.
+        prefix = version_key(doc_id) if doc_id else "ver/"
+        keys = [key for key in self.store.yield_keys() if key.startswith(prefix)]
         raw = self.store.mget(keys) if keys else []
         return [VersionRecord.from_bytes(r) for r in raw if r is not None]

@@ -236,6 +236,17 @@ class RSERetriever(DocumentIndex):
             get_preset(self.preset)
         return self
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # validate_assignment stores the value before the model validator runs: put the
+        # old one back when the new one is rejected, so a failed assignment changes nothing.
+        old = self.__dict__.get(name)
+        try:
+            super().__setattr__(name, value)
+        except ValueError:
+            if name in type(self).model_fields:
+                self.__dict__[name] = old
+            raise
+
     def model_post_init(self, context: Any, /) -> None:
         self._lexical = BM25Index(engine=self.lexical_engine)
         self._records = RecordStore(self.docstore)

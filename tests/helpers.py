@@ -53,3 +53,8 @@ def stored_metadata(vs) -> list[dict]:
     if hasattr(vs, "store"):
         return [v["metadata"] for v in vs.store.values()]
     return [d.metadata for d in vs.docstore._dict.values()]
+
+
+def count_words(text: str) -> int:
+    """A length function for word-counted splitters (module-level: same name everywhere)."""
+    return len(text.split())

@@ -157,3 +157,86 @@ def test_killed_during_save_previous_index_still_loads(tmp_path) -> None:
         proc.wait(timeout=60)
         loaded = RSERetriever.load(target, embedding=HashingEmbeddings())
         assert loaded.invoke("termination", k=1)
+
+
+# Regression (issue 14, bug 6): `load` dropped the reranker (and router, expander) silently.
+
+
+def test_load_restores_or_names_every_component(tmp_path, caplog) -> None:
+    from langchain_core.documents import BaseDocumentCompressor
+
+    from langchain_rse import DocumentRouter, EmbeddingReranker
+
+    class KeepAll(BaseDocumentCompressor):
+        def compress_documents(self, documents, query, callbacks=None):  # type: ignore[override]
+            return list(documents)
+
+    emb = HashingEmbeddings()
+    r = RSERetriever.from_documents(
+        corpus_documents(),
+        embedding=emb,
+        preset="reranked",
+        reranker=EmbeddingReranker(embeddings=emb, rank_decay=7.0),
+    )
+    r.save(tmp_path / "rerank")
+    loaded = RSERetriever.load(tmp_path / "rerank", embedding=HashingEmbeddings())
+    assert isinstance(loaded.reranker, EmbeddingReranker) and loaded.reranker.rank_decay == 7.0
+    assert snapshot(loaded) == snapshot(r)
+
+    r.reranker = KeepAll()  # a compressor, a router: cannot be rebuilt from settings
+    r.router = DocumentRouter(retriever=r.model_copy(), documents=2)
+    r.save(tmp_path / "custom")
+    with caplog.at_level("WARNING", logger="langchain_rse"):
+        loaded = RSERetriever.load(tmp_path / "custom", embedding=HashingEmbeddings())
+    assert loaded.reranker is None and loaded.router is None
+    assert "reranker=CompressorReranker" in caplog.text and "router=DocumentRouter" in caplog.text
+    with pytest.raises(ValueError, match="reranker=CompressorReranker"):
+        RSERetriever.load(tmp_path / "custom", embedding=HashingEmbeddings(), strict=True)
+    # passed again: no warning, the router keeps its saved settings
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="langchain_rse"):
+        loaded = RSERetriever.load(
+            tmp_path / "custom",
+            embedding=HashingEmbeddings(),
+            reranker=KeepAll(),
+            router=r.router.retriever,
+            strict=True,
+        )
+    assert "cannot be rebuilt" not in caplog.text
+    assert loaded.router is not None and loaded.router.documents == 2
+
+
+# Regression (issue 14, bug 10): killed saves left temporary files, and load read each
+# data file twice (once to hash it, once to parse it).
+
+
+def test_save_removes_temporary_files_of_a_killed_save(built, tmp_path) -> None:
+    target = tmp_path / "idx"
+    built.save(target)
+    leftovers = [
+        ".docstore.0123456789ab.jsonl.x1y2z3.tmp",
+        ".vectors.0123456789ab.json.q.tmp",
+        ".vectors_index.0123456789ab.faiss.r.tmp",
+        ".rse_index.json.abc.tmp",
+    ]
+    for name in leftovers:
+        (target / name).write_bytes(b"partial")
+    (target / "notes.txt").write_text("a user's file is left alone")
+    built.save(target)
+    names = {p.name for p in target.iterdir()}
+    assert not names & set(leftovers)
+    assert "notes.txt" in names
+
+
+def test_load_reads_each_file_once(built, tmp_path, monkeypatch) -> None:
+    built.save(tmp_path / "idx")
+    reads: list[str] = []
+    real = Path.read_bytes
+
+    def counting(self: Path) -> bytes:
+        reads.append(self.name)
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", counting)
+    RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+    assert reads and len(reads) == len(set(reads)), reads

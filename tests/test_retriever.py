@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.documents import Document
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.stores import InMemoryByteStore
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract, stored_metadata
@@ -267,3 +268,44 @@ def test_fusion_methods(docs, embeddings, fusion) -> None:
 def test_bad_config(kwargs) -> None:
     with pytest.raises(ValueError):
         RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), **kwargs)
+
+
+# Regression (issue 14, bug 7): field assignment was not validated.
+
+
+class _ReverseCompressor(BaseDocumentCompressor):
+    """Returns the documents in reverse order with descending relevance scores."""
+
+    def compress_documents(self, documents, query, callbacks=None):  # type: ignore[override]
+        out = list(reversed(documents))
+        return [Document(d.page_content, metadata={**d.metadata, "relevance_score": 1 - i / 100})
+                for i, d in enumerate(out)]  # fmt: skip
+
+
+def test_assignment_is_validated(retriever) -> None:
+    with pytest.raises(ValueError, match="k must be"):
+        retriever.k = -5
+    assert retriever.k != -5
+    with pytest.raises(ValueError, match="fetch_k"):
+        retriever.fetch_k = 0
+    with pytest.raises(TypeError, match="BaseReranker"):
+        retriever.reranker = "cohere"  # type: ignore[assignment]
+    retriever.reranker = _ReverseCompressor()  # a compressor is wrapped, as at construction
+    assert type(retriever.reranker).__name__ == "CompressorReranker"
+    assert retriever.invoke(QUERY)
+    # what was read once at construction cannot be changed afterwards
+    for name, value in [("lexical_engine", "rank_bm25"), ("docstore", InMemoryByteStore()),
+                        ("vectorstore", InMemoryVectorStore(HashingEmbeddings()))]:  # fmt: skip
+        with pytest.raises(ValueError, match="frozen"):
+            setattr(retriever, name, value)
+
+
+# Regression (issue 14, bug 8): unknown invoke keywords were silently ignored.
+
+
+async def test_unknown_invoke_keywords_are_rejected(retriever) -> None:
+    with pytest.raises(TypeError, match=r"top_k.*accepts k, mode, queries"):
+        retriever.invoke(QUERY, top_k=1)
+    with pytest.raises(TypeError, match="top_k"):
+        await retriever.ainvoke(QUERY, top_k=1)
+    assert len(retriever.invoke(QUERY, k=1)) == 1

@@ -165,9 +165,7 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
 
     def reader() -> None:
         try:
-            # A short pause between queries keeps 8 readers from starving the writer on a
-            # 2-core machine (the overlap, not the query rate, is what is tested).
-            while not stop.wait(0.005):
+            while not stop.is_set():  # flat out: a writer-preferring lock lets the writer in
                 for seg in r.invoke(next(queries)):
                     m = seg.metadata
                     if not any(
@@ -187,8 +185,15 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
         while len(answered) < 8 and time.monotonic() < deadline and not errors:
             time.sleep(0.01)  # let the readers get going first
         before = len(answered)
-        for round_ in range(6):
-            r.add_documents([Document(versions[n][(round_ + 1) % 2], id=n) for n in names])
+
+        def write() -> None:
+            for round_ in range(6):
+                r.add_documents([Document(versions[n][(round_ + 1) % 2], id=n) for n in names])
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        writer.join(timeout=120)  # a starved writer never finishes; 120 s guards a busy box
+        assert not writer.is_alive(), "the writer was starved by the readers"
         during_writes = len(answered) - before
     finally:
         stop.set()
