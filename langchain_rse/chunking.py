@@ -90,7 +90,7 @@ def document_leads(documents: Iterable[Document], max_chars: int = 300) -> list[
         router = RSERetriever.from_documents(
             document_leads(docs), embedding=embeddings, mode="chunks", enricher=NoEnricher()
         )
-        retriever = RSERetriever(vectorstore=vs, document_router=router)
+        retriever = RSERetriever(vectorstore=vs, router=router)
     """
     if max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
