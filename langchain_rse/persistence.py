@@ -440,8 +440,9 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
         writer.add_bytes("docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
     embeddings = getattr(retriever.vectorstore, "embeddings", None)
     components = {name: describe_component(getattr(retriever, name)) for name in COMPONENTS}
-    if retriever.router is not None:
-        components["router"] = {**components["router"], "settings": retriever.router.settings()}
+    router_spec = components["router"]
+    if router_spec is not None:
+        router_spec["settings"] = retriever.router.settings()
     writer.commit(
         {
             "library_version": _library_version(),

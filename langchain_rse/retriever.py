@@ -152,11 +152,11 @@ class RSERetriever(DocumentIndex):
     """Reranks fused candidates; a ``BaseDocumentCompressor`` is wrapped automatically."""
     strict_rerank: bool = False
     """Raise when the reranker fails instead of falling back to the fused ranking."""
-    lexical_store: VectorStore | None = Field(None, frozen=True)
+    lexical_store: VectorStore | None = Field(default=None, frozen=True)
     """An external lexical index used instead of the in-process BM25 index, for corpora
     beyond one machine: any ``VectorStore`` whose search is lexical, e.g.
     ``ElasticsearchStore(strategy=BM25Strategy())``. Chunks are written to it too."""
-    lexical_engine: LexicalEngine = Field("bm25s", frozen=True)
+    lexical_engine: LexicalEngine = Field(default="bm25s", frozen=True)
     """BM25 implementation: ``"bm25s"`` (fast, sparse) or ``"rank_bm25"``."""
     fetch_k: int = 50
     """Candidates fetched from each branch (dense and lexical)."""
@@ -532,7 +532,10 @@ class RSERetriever(DocumentIndex):
         dense = [search.dense_runnable.invoke(q, config) for q in s.queries]
         lexical = [search.lexical_runnable.invoke(q, config) for q in s.queries]
         cands = pipeline.candidates(s, dense, lexical, routed, router)
-        handlers = {"meta": self._records.pointers, "bodies": self._records.bodies}
+        handlers: pipeline.Handlers = {
+            "meta": self._records.pointers,
+            "bodies": self._records.bodies,
+        }
         if self.reranker is not None:
             handlers["rerank"] = self._rerank(callbacks)
         return pipeline.drive(s, cands, handlers)
@@ -561,9 +564,13 @@ class RSERetriever(DocumentIndex):
             *(search.lexical_runnable.ainvoke(q, config) for q in s.queries),
             *([router.retriever.ainvoke(query, config)] if router else []),
         )
-        routed = router.chosen(found[2 * n]) if router else None
-        cands = pipeline.candidates(s, found[:n], found[n : 2 * n], routed, router)
-        handlers = {"meta": self._records.apointers, "bodies": self._records.abodies}
+        routed = router.chosen(found[2 * n]) if router else None  # type: ignore[arg-type]
+        dense, lexical = found[:n], found[n : 2 * n]
+        cands = pipeline.candidates(s, dense, lexical, routed, router)  # type: ignore[arg-type]
+        handlers: pipeline.AsyncHandlers = {
+            "meta": self._records.apointers,
+            "bodies": self._records.abodies,
+        }
         if self.reranker is not None:
             handlers["rerank"] = self._arerank(callbacks)
         return await pipeline.adrive(s, cands, handlers)

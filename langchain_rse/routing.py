@@ -38,11 +38,11 @@ class DocumentRouter(BaseModel):
 
     retriever: BaseRetriever
     """The document-level retriever."""
-    documents: int = Field(1, ge=1)
+    documents: int = Field(default=1, ge=1)
     """Documents kept: the first ``documents`` distinct doc ids it returns."""
-    fetch_k: int = Field(200, ge=1)
+    fetch_k: int = Field(default=200, ge=1)
     """Candidates fetched from each branch when routing, before the document filter."""
-    check_k: int | None = Field(10, ge=1)
+    check_k: int | None = Field(default=10, ge=1)
     """A routed document is kept only if one of its chunks is among the first ``check_k``
     candidates of the unrouted search; when none is, nothing is filtered (the router was
     probably wrong: on CUAD the check recovers most misrouted queries). None: always."""

@@ -82,6 +82,7 @@ class SearchBranches:
         with self.lock.read():
             if isinstance(vs, InMemoryVectorStore):  # no relevance function; scores are cosines
                 return DenseResult(*_keyed(list(vs.similarity_search_with_score(query, k=k))))
+            hits: list[tuple[Document, float | None]]
             try:
                 hits = list(vs._similarity_search_with_relevance_scores(query, k=k))
             except NotImplementedError:
@@ -92,6 +93,7 @@ class SearchBranches:
         if self.lock.enabled:  # in-process: search in a thread, under the lock
             return await asyncio.to_thread(self.dense, query)
         vs, k = self.vectorstore, self.k
+        hits: list[tuple[Document, float | None]]
         try:
             hits = list(await vs._asimilarity_search_with_relevance_scores(query, k=k))
         except NotImplementedError:
