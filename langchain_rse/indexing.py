@@ -30,7 +30,7 @@ from langchain_text_splitters import TextSplitter
 
 from langchain_rse.chunking import Chunk, chunk_key, chunk_uuid, split_text
 from langchain_rse.enrichment import ChunkContext, index_text
-from langchain_rse.lexical import BM25Index
+from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.records import (
     DocBody,
@@ -49,6 +49,8 @@ from langchain_rse.validation import validate_documents
 __all__ = ["Plan", "Prepared", "Writer"]
 
 logger = logging.getLogger(__name__)
+
+_SCALAR = (str, int, float, bool)
 
 
 @dataclass
@@ -203,12 +205,16 @@ class Writer:
                 docs.clear()
 
         texts: list[str] = []
+        groups: dict[str, dict[str, Any]] = {}
         for p in prepared:
             m = p.record
+            # The source's scalar metadata goes on every chunk, so stores can filter on it.
+            shared = {k: v for k, v in m.metadata.items() if isinstance(v, _SCALAR)}
+            groups[group_of(chunk_key(m.doc_id, m.version, 0))] = dict(m.metadata)
             for chunk, ctx in zip(p.chunks, p.body.contexts):
                 key = chunk_key(m.doc_id, m.version, chunk.chunk_index)
                 text = index_text(ctx, chunk.text)
-                metadata = {"doc_id": m.doc_id, "doc_version": m.version,
+                metadata = {**shared, "doc_id": m.doc_id, "doc_version": m.version,
                             "chunk_index": chunk.chunk_index, "start_index": chunk.start_index,
                             "end_index": chunk.end_index, "enrichment": ctx.method}  # fmt: skip
                 docs.append(Document(page_content=text, id=chunk_uuid(key), metadata=metadata))
@@ -218,7 +224,7 @@ class Writer:
                     flush()
         flush()
         if self.lexical_store is None:
-            self.lexical.add(keys, texts)
+            self.lexical.add(keys, texts, groups)
 
     # ------------------------------------------------------------ remove
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -99,6 +99,12 @@ LexicalHit = tuple[str, float]
 """``(chunk_id, bm25_score)``."""
 
 
+def group_of(chunk_id: str) -> str:
+    """A chunk id's group: everything before its last ``\x1f`` (the chunk keys of
+    :func:`langchain_rse.chunking.chunk_key` group by document version)."""
+    return chunk_id.rsplit("\x1f", 1)[0]
+
+
 class BM25Index:
     """BM25 over chunk texts, keyed by chunk id.
 
@@ -126,6 +132,8 @@ class BM25Index:
         self.b = b
         self.sync_rebuild_max = sync_rebuild_max
         self._tokens: dict[str, list[str]] = {}
+        self._groups: dict[str, dict[str, Any]] = {}
+        """Metadata per group (a document version): what filters are checked against."""
         self._lock = threading.RLock()
         self._generation = 0  # bumped by every change
         self._built: tuple[int, list[str], Any] | None = None  # (generation, ids, model)
@@ -138,31 +146,47 @@ class BM25Index:
     def __repr__(self) -> str:
         return f"BM25Index(engine={self.engine!r}, chunks={len(self)})"
 
-    def add(self, ids: Sequence[str], texts: Sequence[str]) -> None:
-        """Add (or replace) chunks."""
+    def add(
+        self,
+        ids: Sequence[str],
+        texts: Sequence[str],
+        groups: Mapping[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Add (or replace) chunks; ``groups``: metadata per group (see :func:`group_of`)
+        that :meth:`search`'s ``allowed`` is asked about."""
         if len(ids) != len(texts):
             raise ValueError("ids and texts must have the same length")
         tokens = [tokenize(t) for t in texts]
         with self._lock:
             self._tokens.update(zip(ids, tokens))
+            self._groups.update(groups or {})
             self._generation += 1
 
     def delete(self, ids: Iterable[str]) -> None:
-        """Remove chunks; unknown ids are ignored."""
+        """Remove chunks (and the metadata of their groups); unknown ids are ignored."""
         with self._lock:
             for chunk_id in ids:
                 self._tokens.pop(chunk_id, None)
+                self._groups.pop(group_of(chunk_id), None)
             self._generation += 1
+
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """A copy of the metadata per group (for saving)."""
+        with self._lock:
+            return dict(self._groups)
 
     def tokens(self) -> dict[str, list[str]]:
         """A copy of the stored tokens per chunk id (for saving)."""
         with self._lock:
             return dict(self._tokens)
 
-    def set_tokens(self, tokens: dict[str, list[str]]) -> None:
+    def set_tokens(
+        self, tokens: dict[str, list[str]], groups: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         """Replace the whole index with pre-tokenized chunks (for loading)."""
         with self._lock:
             self._tokens = dict(tokens)
+            self._groups = dict(groups or {})
             self._generation += 1
 
     def _fit(self, ids: list[str], corpus: list[list[str]]) -> Any:
@@ -199,6 +223,19 @@ class BM25Index:
             if self._built is None or self._built[0] != self._generation:
                 self._rebuild()
 
+    def _mask(self, ids: list[str], allowed: Callable[[dict[str, Any]], bool]) -> Any:
+        """1 for chunks whose group ``allowed`` accepts, else 0 (one call per group)."""
+        verdict: dict[str, float] = {}
+        groups = self._groups
+        out = np.empty(len(ids))
+        for i, chunk_id in enumerate(ids):
+            g = group_of(chunk_id)
+            v = verdict.get(g)
+            if v is None:
+                v = verdict[g] = float(allowed(groups.get(g, {})))
+            out[i] = v
+        return out
+
     def _model(self) -> tuple[list[str], Any]:
         built = self._built
         if built is not None and built[0] == self._generation:
@@ -216,8 +253,12 @@ class BM25Index:
         assert built is not None
         return built[1], built[2]
 
-    def search(self, query: str, k: int) -> list[LexicalHit]:
-        """The ``k`` best chunks with a positive BM25 score, best first."""
+    def search(
+        self, query: str, k: int, allowed: Callable[[dict[str, Any]], bool] | None = None
+    ) -> list[LexicalHit]:
+        """The ``k`` best chunks with a positive BM25 score, best first; with ``allowed``,
+        only chunks whose group metadata it accepts (scored before the top ``k`` is cut,
+        so a selective filter still gets ``k`` results)."""
         ids, model = self._model()
         q = tokenize(query)
         if model is None or not q or k <= 0:
@@ -228,6 +269,8 @@ class BM25Index:
             if not q:
                 return []
         scores = np.asarray(model.get_scores(q), dtype=np.float64)
+        if allowed is not None:
+            scores = scores * self._mask(ids, allowed)
         k = min(k, len(ids))
         top = np.argpartition(-scores, k - 1)[:k]
         top = top[np.argsort(-scores[top], kind="stable")]

@@ -428,7 +428,15 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
     writer = IndexWriter(path)
     tokens = retriever._lexical.tokens()
     writer.add_bytes(
-        "lexical", "json", _json_bytes({"keys": list(tokens), "tokens": list(tokens.values())})
+        "lexical",
+        "json",
+        _json_bytes(
+            {
+                "keys": list(tokens),
+                "tokens": list(tokens.values()),
+                "groups": retriever._lexical.groups(),
+            }
+        ),
     )
     docstore_kind = "external"
     if isinstance(retriever.docstore, InMemoryByteStore):
@@ -533,5 +541,15 @@ def load_index(
         )
     lexical = load_checked_json(directory, manifest, "lexical")
     retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
-    retriever._lexical.set_tokens(dict(zip(lexical["keys"], lexical["tokens"])))
+    groups = lexical.get("groups")
+    if groups is None:  # saved by 0.1: the metadata filters check comes from the records
+        from langchain_rse.lexical import group_of
+
+        ids = sorted({group_of(key).split("\x1f")[0] for key in lexical["keys"]})
+        groups = {
+            group_of(record.chunk_keys()[0]): record.metadata
+            for record in retriever._records.pointers(ids)
+            if record is not None and record.spans
+        }
+    retriever._lexical.set_tokens(dict(zip(lexical["keys"], lexical["tokens"])), groups)
     return retriever

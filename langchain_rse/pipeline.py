@@ -17,6 +17,7 @@ from langchain_core.documents import Document
 
 from langchain_rse.chunking import chunk_uuid, parse_chunk_key
 from langchain_rse.enrichment import index_text
+from langchain_rse.filters import Filter, matches
 from langchain_rse.fusion import FusedHit, FusionMethod, fuse
 from langchain_rse.records import DocBody, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
@@ -61,6 +62,8 @@ class QuerySettings:
     params: RSEParams
     rerank: bool
     strict_rerank: bool
+    filter: Filter | None = None
+    """Checked on every candidate's document metadata, whatever the stores returned."""
 
 
 # ---------------------------------------------------------------- stages (pure)
@@ -98,14 +101,18 @@ def candidates(
     return out
 
 
-def current(cands: list[Candidate], metas: dict[str, DocRecord]) -> list[Candidate]:
-    """Drop candidates of deleted or replaced document versions."""
+def current(
+    cands: list[Candidate], metas: dict[str, DocRecord], f: Filter | None = None
+) -> list[Candidate]:
+    """Drop candidates of deleted or replaced document versions, and of documents the
+    filter rejects (a store that ignored or mistranslated it costs results, never leaks)."""
     return [
         c
         for c in cands
         if (m := metas.get(c.doc_id)) is not None
         and m.version == c.version
         and c.chunk_index < len(m.spans)
+        and matches(f, m.metadata)
     ]
 
 
@@ -231,7 +238,7 @@ def run_pipeline(
         return []
     doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
     metas = {m.doc_id: m for m in (yield ("meta", doc_ids)) if m is not None}
-    cands = current(cands, metas)
+    cands = current(cands, metas, s.filter)
     if not cands:
         return []
     bodies: dict[str, DocBody] = {}

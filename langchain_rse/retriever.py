@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from langchain_core.callbacks import (
@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from langchain_rse import pipeline
 from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, make_splitter
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
+from langchain_rse.filters import Filter, both, parse
 from langchain_rse.fusion import FusionMethod, fuse
 from langchain_rse.indexing import Plan, Prepared, Writer
 from langchain_rse.lexical import BM25Index, LexicalEngine
@@ -44,7 +45,7 @@ from langchain_rse.persistence import load_index, save_index
 from langchain_rse.records import RecordStore, splitter_fingerprint
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter
-from langchain_rse.search import SearchBranches, is_local
+from langchain_rse.search import SearchBranches, SearchRequest, is_local
 from langchain_rse.segments import RSEParams, get_preset
 from langchain_rse.validation import check_k, clean_query
 
@@ -52,7 +53,7 @@ __all__ = ["RSERetriever"]
 
 logger = logging.getLogger(__name__)
 
-_INVOKE_ARGS = ("k", "mode", "queries")
+_INVOKE_ARGS = ("k", "mode", "queries", "filter")
 
 
 class RSERetriever(DocumentIndex):
@@ -180,6 +181,15 @@ class RSERetriever(DocumentIndex):
     bare retriever, wrapped in one with its defaults) picks the documents a query is about
     and the chunk search keeps only their candidates. Off by default: it pays when queries
     name their document (CUAD contracts) and hurts questions that span documents."""
+    filter: dict[str, Any] | None = None
+    """A metadata filter every result must pass (a retriever bound to one tenant), in the
+    language of :mod:`langchain_rse.filters`: equality, ``$eq``, ``$ne``, ``$in``, ``$nin``,
+    ``$gt``/``$gte``/``$lt``/``$lte``, ``$and``, ``$or``. Pushed down into both searches and
+    checked again on every candidate; ``invoke(query, filter=...)`` narrows it further."""
+    filter_translator: Callable[[Filter], dict[str, Any]] | None = None
+    """For a vector or lexical store :mod:`langchain_rse.filters` cannot translate for: a
+    function from the parsed filter to that store's search keyword arguments (e.g.
+    ``lambda f: {"filter": to_dict(f)}``)."""
     query_expander: Any = None
     """Optional ``QueryExpander``: an LLM rewrites the query into several search queries."""
     max_queries: int = 6
@@ -196,7 +206,7 @@ class RSERetriever(DocumentIndex):
     _lexical: BM25Index = PrivateAttr()
     _records: RecordStore = PrivateAttr()
     _writer: Writer = PrivateAttr()
-    _branches: dict[tuple[int, int, int], SearchBranches] = PrivateAttr(default_factory=dict)
+    _branches: dict[tuple[int, ...], SearchBranches] = PrivateAttr(default_factory=dict)
 
     # ------------------------------------------------------------------ setup
 
@@ -209,6 +219,13 @@ class RSERetriever(DocumentIndex):
     @classmethod
     def _wrap_router(cls, value: Any) -> Any:
         return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value
+
+    @field_validator("filter")
+    @classmethod
+    def _check_filter(cls, value: Any) -> Any:
+        if value is not None:
+            parse(value)
+        return value
 
     @field_validator("query_expander")
     @classmethod
@@ -258,11 +275,17 @@ class RSERetriever(DocumentIndex):
         """The search branches for the current settings (built once per setting: a
         ``RunnableLambda`` inspects signatures)."""
         k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
-        key = (id(self.vectorstore), id(self.lexical_store), k)
+        translator = self.filter_translator
+        key = (id(self.vectorstore), id(self.lexical_store), k, id(translator))
         branches = self._branches.get(key)
         if branches is None:
             branches = self._branches[key] = SearchBranches(
-                self.vectorstore, self._lexical, self.lexical_store, self._writer.vs_lock, k
+                self.vectorstore,
+                self._lexical,
+                self.lexical_store,
+                self._writer.vs_lock,
+                k,
+                translator,
             )
         return branches
 
@@ -459,8 +482,8 @@ class RSERetriever(DocumentIndex):
 
     # ------------------------------------------------------------------ querying
 
-    def _settings(self, query: str, k: int, mode: Any, queries: Any, expansions: list[str]
-                  ) -> pipeline.QuerySettings:  # fmt: skip
+    def _settings(self, query: str, k: int, mode: Any, queries: Any, expansions: list[str],
+                  f: Any) -> pipeline.QuerySettings:  # fmt: skip
         mode = self.mode if mode is None else mode
         if mode not in ("segments", "chunks"):
             raise ValueError(f"mode must be 'segments' or 'chunks', got {mode!r}")
@@ -470,6 +493,7 @@ class RSERetriever(DocumentIndex):
             fusion=self.fusion, rrf_k=self.rrf_k, candidate_pool=self.candidate_pool,
             relevance=self.relevance, params=self.params, rerank=self.reranker is not None,
             strict_rerank=self.strict_rerank,
+            filter=both(parse(self.filter) if self.filter else None, parse(f) if f else None),
         )  # fmt: skip
 
     def _query_set(self, query: str, queries: Any, expansions: list[str]) -> list[str]:
@@ -517,6 +541,7 @@ class RSERetriever(DocumentIndex):
         k: int | None = None,
         mode: Literal["segments", "chunks"] | None = None,
         queries: list[str] | None = None,
+        filter: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
         query, k = self._check_call(query, k, kwargs)
@@ -526,11 +551,12 @@ class RSERetriever(DocumentIndex):
         config: RunnableConfig = {"callbacks": callbacks}
         expander = self.query_expander
         expansions = expander.expand(query, callbacks=callbacks) if expander else []
-        s = self._settings(query, k, mode, queries, expansions)
+        s = self._settings(query, k, mode, queries, expansions, filter)
         search, router = self._search(), self.router
         routed = router.chosen(router.retriever.invoke(query, config)) if router else None
-        dense = [search.dense_runnable.invoke(q, config) for q in s.queries]
-        lexical = [search.lexical_runnable.invoke(q, config) for q in s.queries]
+        requests = [SearchRequest(query=q, filter=s.filter) for q in s.queries]
+        dense = [search.dense_runnable.invoke(r, config) for r in requests]
+        lexical = [search.lexical_runnable.invoke(r, config) for r in requests]
         cands = pipeline.candidates(s, dense, lexical, routed, router)
         handlers: pipeline.Handlers = {
             "meta": self._records.pointers,
@@ -548,6 +574,7 @@ class RSERetriever(DocumentIndex):
         k: int | None = None,
         mode: Literal["segments", "chunks"] | None = None,
         queries: list[str] | None = None,
+        filter: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
         query, k = self._check_call(query, k, kwargs)
@@ -557,11 +584,12 @@ class RSERetriever(DocumentIndex):
         config: RunnableConfig = {"callbacks": callbacks}
         expander = self.query_expander
         expansions = await expander.aexpand(query, callbacks=callbacks) if expander else []
-        s = self._settings(query, k, mode, queries, expansions)
+        s = self._settings(query, k, mode, queries, expansions, filter)
         search, router, n = self._search(), self.router, len(s.queries)
+        requests = [SearchRequest(query=q, filter=s.filter) for q in s.queries]
         found = await asyncio.gather(
-            *(search.dense_runnable.ainvoke(q, config) for q in s.queries),
-            *(search.lexical_runnable.ainvoke(q, config) for q in s.queries),
+            *(search.dense_runnable.ainvoke(r, config) for r in requests),
+            *(search.lexical_runnable.ainvoke(r, config) for r in requests),
             *([router.retriever.ainvoke(query, config)] if router else []),
         )
         routed = router.chosen(found[2 * n]) if router else None  # type: ignore[arg-type]

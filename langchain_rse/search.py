@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from langchain_rse.chunking import chunk_key
+from langchain_rse.filters import Filter, Translator, matches, search_kwargs
 from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
 
-__all__ = ["Hit", "SearchBranches", "is_local", "key_of"]
+__all__ = ["Hit", "SearchBranches", "SearchRequest", "is_local", "key_of"]
 
 Hit = tuple[str, "float | None"]
 """``(chunk key, score)``; the score is None when the store gives none."""
@@ -59,6 +61,23 @@ class DenseResult:
     """Enriched index text of each hit, when the store returned it (saves a read)."""
 
 
+class SearchRequest(TypedDict):
+    """The input of a branch: one query, and the filter pushed down into the search."""
+
+    query: str
+    filter: Filter | None
+
+
+def _dense_kwargs(vs: VectorStore, f: Filter | None, translator: Translator | None, k: int
+                  ) -> dict[str, Any]:  # fmt: skip
+    kwargs = search_kwargs(vs, f, translator)
+    if f is not None and hasattr(vs, "index") and hasattr(vs.index, "ntotal"):
+        # FAISS filters after fetching `fetch_k` (20) neighbours: fetch them all, so a
+        # selective filter still gets k results.
+        kwargs.setdefault("fetch_k", max(k, int(vs.index.ntotal)))
+    return kwargs
+
+
 @dataclass
 class SearchBranches:
     """The dense and lexical searches of one retriever configuration."""
@@ -68,6 +87,8 @@ class SearchBranches:
     lexical_store: VectorStore | None
     lock: ReadWriteLock
     k: int
+    translator: Translator | None = None
+    """A custom filter translation, for stores :mod:`langchain_rse.filters` does not know."""
 
     def __post_init__(self) -> None:
         self.dense_runnable = RunnableLambda(self.dense, afunc=self.adense, name="dense_search")
@@ -77,31 +98,36 @@ class SearchBranches:
             name="lexical_search",
         )
 
-    def dense(self, query: str) -> DenseResult:
-        vs, k = self.vectorstore, self.k
+    def dense(self, request: SearchRequest) -> DenseResult:
+        vs, k, query = self.vectorstore, self.k, request["query"]
+        kw = _dense_kwargs(vs, request["filter"], self.translator, k)
         with self.lock.read():
             if isinstance(vs, InMemoryVectorStore):  # no relevance function; scores are cosines
-                return DenseResult(*_keyed(list(vs.similarity_search_with_score(query, k=k))))
+                return DenseResult(*_keyed(list(vs.similarity_search_with_score(query, k, **kw))))
             hits: list[tuple[Document, float | None]]
             try:
-                hits = list(vs._similarity_search_with_relevance_scores(query, k=k))
+                hits = list(vs._similarity_search_with_relevance_scores(query, k=k, **kw))
             except NotImplementedError:
-                hits = [(d, None) for d in vs.similarity_search(query, k=k)]
+                hits = [(d, None) for d in vs.similarity_search(query, k=k, **kw)]
         return DenseResult(*_keyed(hits))
 
-    async def adense(self, query: str) -> DenseResult:
+    async def adense(self, request: SearchRequest) -> DenseResult:
         if self.lock.enabled:  # in-process: search in a thread, under the lock
-            return await asyncio.to_thread(self.dense, query)
-        vs, k = self.vectorstore, self.k
+            return await asyncio.to_thread(self.dense, request)
+        vs, k, query = self.vectorstore, self.k, request["query"]
+        kw = _dense_kwargs(vs, request["filter"], self.translator, k)
         hits: list[tuple[Document, float | None]]
         try:
-            hits = list(await vs._asimilarity_search_with_relevance_scores(query, k=k))
+            hits = list(await vs._asimilarity_search_with_relevance_scores(query, k=k, **kw))
         except NotImplementedError:
-            hits = [(d, None) for d in await vs.asimilarity_search(query, k=k)]
+            hits = [(d, None) for d in await vs.asimilarity_search(query, k=k, **kw)]
         return DenseResult(*_keyed(hits))
 
-    def lexical_search(self, query: str) -> list[Hit]:
+    def lexical_search(self, request: SearchRequest) -> list[Hit]:
+        f, query = request["filter"], request["query"]
         if self.lexical_store is None:
-            return list(self.lexical.search(query, self.k))
-        hits = self.lexical_store.similarity_search_with_score(query, k=self.k)
+            allowed = None if f is None else (lambda metadata: matches(f, metadata))
+            return list(self.lexical.search(query, self.k, allowed))
+        kw = search_kwargs(self.lexical_store, f, self.translator)
+        hits = self.lexical_store.similarity_search_with_score(query, k=self.k, **kw)
         return _keyed([(doc, float(score)) for doc, score in hits])[0]

@@ -15,6 +15,7 @@ from langchain_rse import DocumentRouter, NoEnricher, RSERetriever, document_lea
 
 NAMES = ["Orion", "Lyra", "Vega"]
 QUERY = "termination notice period of the Orion supply agreement"
+REQUEST = {"query": QUERY, "filter": None}
 
 
 def contract(name: str) -> Document:
@@ -153,19 +154,19 @@ async def test_a_copy_searches_with_its_own_settings() -> None:
     # fetch depth and router, not the original's.
     plain, docs = build(fetch_k=2)
     copy = plain.model_copy(update={"fetch_k": 12})
-    assert len(plain._search().dense(QUERY).hits) == 2
-    assert len(copy._search().dense_runnable.invoke(QUERY).hits) == 12
-    assert len((await copy._search().dense_runnable.ainvoke(QUERY)).hits) == 12
-    assert len(copy._search().lexical_runnable.invoke(QUERY)) > 2
+    assert len(plain._search().dense(REQUEST).hits) == 2
+    assert len(copy._search().dense_runnable.invoke(REQUEST).hits) == 12
+    assert len((await copy._search().dense_runnable.ainvoke(REQUEST)).hits) == 12
+    assert len(copy._search().lexical_runnable.invoke(REQUEST)) > 2
     router = DocumentRouter(retriever=lead_router(docs), fetch_k=20)
     routed = plain.model_copy(update={"router": router})
-    assert len(routed._search().dense_runnable.invoke(QUERY).hits) == 20
+    assert len(routed._search().dense_runnable.invoke(REQUEST).hits) == 20
     results = routed.invoke(QUERY, k=6, mode="chunks")
     assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
-    assert len(plain._search().dense_runnable.invoke(QUERY).hits) == 2  # the original is unchanged
+    assert len(plain._search().dense_runnable.invoke(REQUEST).hits) == 2  # the original is unchanged
     # assignment is validated and takes effect too
     plain.fetch_k = 7
-    assert len(plain._search().dense(QUERY).hits) == 7
+    assert len(plain._search().dense(REQUEST).hits) == 7
 
 
 def with_unrelated_doc(**kwargs: Any) -> RSERetriever:

@@ -217,3 +217,74 @@ def test_save_and_load_round_trip(make, tmp_path: Path) -> None:
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), **kwargs)
     q = "royalties and audit rights"
     assert [d.page_content for d in loaded.invoke(q)] == [d.page_content for d in r.invoke(q)]
+
+
+# ---------------------------------------------------------------- metadata filters (issue 15)
+
+TENANTS = {"acme": ["Acme", 30, 5], "globex": ["Globex", 45, 7]}
+TOPICS = ["payment terms", "termination", "confidentiality", "insurance"]
+
+
+def tenant_documents() -> list[Document]:
+    """Near-identical contracts of two tenants: the same clauses, other names and numbers."""
+    docs = []
+    for tenant, (name, days, weeks) in TENANTS.items():
+        for n, kind in enumerate(["supply", "service", "licence"]):
+            text = make_contract(f"{name} {kind}", TOPICS, 4).replace(
+                "paragraph", f"paragraph (notice {days + n} days, {weeks} weeks)"
+            )
+            docs.append(Document(text, id=f"{tenant}-{kind}",
+                                 metadata={"tenant": tenant, "year": 2020 + n}))  # fmt: skip
+    return docs
+
+
+QUERY_STEMS = ["termination notice", "payment terms", "confidentiality obligations",
+               "insurance cover", "supply agreement", "licence", "notice days weeks"]  # fmt: skip
+
+
+def test_tenants_never_see_each_others_text(make) -> None:
+    r = make(k=4)
+    docs = tenant_documents()
+    r.add_documents(docs)
+    texts = {d.id: d.page_content for d in docs}
+    owner = {d.id: d.metadata["tenant"] for d in docs}
+    for tenant in TENANTS:
+        other = next(n for t, (n, _, _) in TENANTS.items() if t != tenant)
+        bound = r.model_copy(update={"filter": {"tenant": tenant}})
+        for i in range(100):  # 100 queries x 2 modes per tenant
+            q = f"{QUERY_STEMS[i % len(QUERY_STEMS)]} {other if i % 3 == 0 else ''} {i}"
+            for mode in ("segments", "chunks"):
+                found = bound.invoke(q, mode=mode)
+                assert found
+                for d in found:
+                    m = d.metadata
+                    assert owner[m["doc_id"]] == tenant and m["tenant"] == tenant
+                    assert texts[m["doc_id"]][m["start_index"] : m["end_index"]] == d.page_content
+                    assert other not in d.page_content
+        # a call's filter narrows the bound one; it can never widen it
+        assert bound.invoke("termination", filter={"tenant": other}) == []
+
+
+def test_a_selective_filter_still_returns_k_results(make) -> None:
+    r = make(k=3, mode="chunks")
+    docs = [Document(make_contract(f"common{i}", ["termination", "payment"], 2),
+                     id=f"c{i}", metadata={"tenant": "many"}) for i in range(99)]  # fmt: skip
+    docs.append(Document(make_contract("rare", ["termination", "payment"], 8), id="rare",
+                         metadata={"tenant": "few", "year": 2024}))  # fmt: skip
+    r.add_documents(docs)
+    for f in ({"tenant": "few"}, {"year": {"$gte": 2024}}, {"tenant": {"$nin": ["many"]}}):
+        found = r.invoke("termination payment", filter=f)
+        assert [d.metadata["doc_id"] for d in found] == ["rare"] * 3, f
+        for d in found:  # the lexical branch found them too, under the filter
+            assert d.metadata["lexical_rank"] is not None
+
+
+async def test_filters_hold_on_the_async_path_and_with_several_queries(make) -> None:
+    r = make(k=4)
+    r.add_documents(tenant_documents())
+    f = {"$and": [{"tenant": "globex"}, {"year": {"$in": [2021, 2022]}}]}
+    for found in (await r.ainvoke("termination notice", filter=f),
+                  r.invoke("termination", queries=["Acme payment", "Acme insurance"], filter=f),
+                  await r.ainvoke("termination", queries=["Acme payment"], filter=f)):  # fmt: skip
+        assert found and {d.metadata["doc_id"] for d in found} <= {"globex-service",
+                                                                   "globex-licence"}  # fmt: skip

@@ -1,0 +1,200 @@
+"""One metadata-filter language, checked, evaluated, and translated for each store.
+
+The language is the subset LangChain's vector stores share::
+
+    {"tenant": "acme"}                                   # equality
+    {"tenant": {"$eq": "acme"}}    {"tier": {"$ne": "free"}}
+    {"tenant": {"$in": ["acme", "globex"]}}    {"tenant": {"$nin": [...]}}
+    {"year": {"$gte": 2020, "$lt": 2025}}                # $gt, $gte, $lt, $lte on numbers
+    {"$and": [f1, f2]}    {"$or": [f1, f2]}              # several keys: an implicit $and
+
+Values are strings, numbers or booleans. :func:`parse` checks a filter and returns it as a
+small tree; :func:`matches` evaluates it on a document's metadata (the check every candidate
+passes before it can be reranked, valued or returned); :func:`search_kwargs` translates it
+into the keyword arguments of one store's search. A store the retriever cannot translate
+for raises :class:`FilterError`; a filter is never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Filter", "FilterError", "matches", "parse", "search_kwargs", "to_dict"]
+
+_SCALAR = (str, int, float, bool)
+_ORDER = ("$gt", "$gte", "$lt", "$lte")
+_OPS = ("$eq", "$ne", "$in", "$nin", *_ORDER)
+
+
+class FilterError(ValueError):
+    """A filter outside the language, or one a store cannot be given."""
+
+
+@dataclass(frozen=True)
+class Cmp:
+    key: str
+    op: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Bool:
+    op: str  # "$and" | "$or"
+    items: tuple[Filter, ...]
+
+
+Filter = Cmp | Bool
+
+
+def _scalar(value: Any, where: str) -> Any:
+    if not isinstance(value, _SCALAR):
+        raise FilterError(f"{where}: values must be strings, numbers or booleans, got {value!r}")
+    return value
+
+
+def _condition(key: str, cond: Any) -> list[Filter]:
+    if not isinstance(cond, Mapping):
+        return [Cmp(key, "$eq", _scalar(cond, key))]
+    if not cond:
+        raise FilterError(f"{key}: an empty condition")
+    out: list[Filter] = []
+    for op, value in cond.items():
+        if op not in _OPS:
+            raise FilterError(f"{key}: unknown operator {op!r} (use one of {', '.join(_OPS)})")
+        if op in ("$in", "$nin"):
+            if not isinstance(value, (list, tuple)) or not value:
+                raise FilterError(f"{key}: {op} needs a non-empty list")
+            value = tuple(_scalar(v, key) for v in value)
+        elif op in _ORDER:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise FilterError(f"{key}: {op} compares numbers, got {value!r}")
+        else:
+            value = _scalar(value, key)
+        out.append(Cmp(key, op, value))
+    return out
+
+
+def parse(spec: Mapping[str, Any]) -> Filter:
+    """Check ``spec`` against the language and return its tree (``FilterError`` if not)."""
+    if not isinstance(spec, Mapping) or not spec:
+        raise FilterError(f"a filter is a non-empty dict, got {spec!r}")
+    items: list[Filter] = []
+    for key, cond in spec.items():
+        if key in ("$and", "$or"):
+            if not isinstance(cond, (list, tuple)) or not cond:
+                raise FilterError(f"{key} needs a non-empty list of filters")
+            items.append(Bool(key, tuple(parse(c) for c in cond)))
+        elif not isinstance(key, str) or key.startswith("$"):
+            raise FilterError(f"unknown operator {key!r} (use $and or $or, or a metadata key)")
+        else:
+            items += _condition(key, cond)
+    return items[0] if len(items) == 1 else Bool("$and", tuple(items))
+
+
+def both(a: Filter | None, b: Filter | None) -> Filter | None:
+    """The conjunction of two optional filters (a bound retriever's and a call's)."""
+    if a is None or b is None:
+        return a or b
+    return Bool("$and", (a, b))
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return bool(a == b) and isinstance(a, bool) == isinstance(b, bool)  # True is not 1
+
+
+def _cmp(c: Cmp, metadata: Mapping[str, Any]) -> bool:
+    if c.key not in metadata:
+        return c.op in ("$ne", "$nin")
+    v = metadata[c.key]
+    if c.op in ("$eq", "$ne"):
+        return _equal(v, c.value) == (c.op == "$eq")
+    if c.op in ("$in", "$nin"):
+        return any(_equal(v, x) for x in c.value) == (c.op == "$in")
+    if not _number(v):
+        return False
+    return {"$gt": v > c.value, "$gte": v >= c.value, "$lt": v < c.value,
+            "$lte": v <= c.value}[c.op]  # fmt: skip
+
+
+def matches(f: Filter | None, metadata: Mapping[str, Any]) -> bool:
+    """Whether a document's metadata passes the filter (``None`` passes everything)."""
+    if f is None:
+        return True
+    if isinstance(f, Cmp):
+        return _cmp(f, metadata)
+    results = (matches(item, metadata) for item in f.items)
+    return all(results) if f.op == "$and" else any(results)
+
+
+# ---------------------------------------------------------------- translation
+
+
+def to_dict(f: Filter) -> dict[str, Any]:
+    """The filter in the explicit operator form (``{"k": {"$eq": v}}``, ``$and``/``$or``),
+    which Chroma, PGVector and most LangChain stores accept."""
+    if isinstance(f, Cmp):
+        value = list(f.value) if isinstance(f.value, tuple) else f.value
+        return {f.key: {f.op: value}}
+    return {f.op: [to_dict(item) for item in f.items]}
+
+
+def to_milvus_expr(f: Filter) -> str:
+    """A Milvus boolean expression (metadata as dynamic fields)."""
+    if isinstance(f, Bool):
+        joiner = " and " if f.op == "$and" else " or "
+        return "(" + joiner.join(to_milvus_expr(item) for item in f.items) + ")"
+    field = f"{f.key}" if f.key.isidentifier() else f'$meta["{f.key}"]'
+    value = json.dumps(list(f.value) if isinstance(f.value, tuple) else f.value)
+    op = {"$eq": "==", "$ne": "!=", "$in": "in", "$nin": "not in", "$gt": ">",
+          "$gte": ">=", "$lt": "<", "$lte": "<="}[f.op]  # fmt: skip
+    return f"({field} {op} {value})"
+
+
+Translator = Callable[[Filter], dict[str, Any]]
+
+
+def _callable_on_document(f: Filter) -> dict[str, Any]:
+    return {"filter": lambda doc: matches(f, doc.metadata)}
+
+
+def _callable_on_metadata(f: Filter) -> dict[str, Any]:
+    return {"filter": lambda metadata: matches(f, metadata)}
+
+
+_TRANSLATORS: dict[str, Translator] = {
+    "InMemoryVectorStore": _callable_on_document,
+    "FAISS": _callable_on_metadata,
+    "Chroma": lambda f: {"filter": to_dict(f)},
+    "PGVector": lambda f: {"filter": to_dict(f)},
+    "PGVectorStore": lambda f: {"filter": to_dict(f)},
+    "PostgresLexicalStore": lambda f: {"filter": to_dict(f)},
+    "Milvus": lambda f: {"expr": to_milvus_expr(f)},
+    "MilvusLexicalStore": lambda f: {"expr": to_milvus_expr(f)},
+}
+
+
+def search_kwargs(store: Any, f: Filter | None, custom: Translator | None = None) -> dict[str, Any]:
+    """The keyword arguments that push ``f`` down into ``store``'s search."""
+    if f is None:
+        return {}
+    if custom is not None:
+        return custom(f)
+    for cls in type(store).__mro__:
+        translate = _TRANSLATORS.get(cls.__name__)
+        if translate is not None:
+            return translate(f)
+    raise FilterError(
+        f"the retriever cannot translate a metadata filter for {type(store).__name__}; "
+        "pass filter_translator=... (a function from the filter to that store's search "
+        "keyword arguments; langchain_rse.filters.to_dict gives the $-operator dict form)"
+    )
