@@ -4,7 +4,9 @@ and score calibration."""
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -30,6 +32,7 @@ from langchain_rse.rerank import (
     calibrate,
     default_calibration,
 )
+from langchain_rse.rerank._cohere_http import is_transient, retry_after
 
 KEY = "test-key-0123456789-do-not-print"
 SECRET = SecretStr(KEY)
@@ -203,11 +206,67 @@ def test_503_with_html_body_is_retried(server: FakeCohereServer) -> None:
     assert result.indices == expected_order(TEXTS)
 
 
-def test_client_errors_are_not_retried(server: FakeCohereServer) -> None:
-    server.enqueue(Reply(400, {"message": "invalid model"}))
-    with pytest.raises(RerankError, match="HTTP 400"):
+@pytest.mark.parametrize("status", [502, 504, 529])
+def test_other_5xx_are_retried(server: FakeCohereServer, status: int) -> None:
+    server.enqueue(Reply(status, {"message": "upstream"}))
+    assert make_reranker(server).rerank(QUERY, make_docs(TEXTS)).indices == expected_order(TEXTS)
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 422, 501])
+def test_client_errors_are_not_retried(server: FakeCohereServer, status: int) -> None:
+    server.enqueue(Reply(status, {"message": "invalid model"}))
+    with pytest.raises(RerankError, match=f"HTTP {status}"):
         make_reranker(server).rerank(QUERY, make_docs(TEXTS))
     assert len(server.requests) == 1
+
+
+def test_the_sdk_does_not_retry_on_its_own(server: FakeCohereServer) -> None:
+    """max_retries=0: one request per attempt, whatever the SDK's own default (2 retries)."""
+    server.enqueue(*[Reply(500, {"message": "internal"})] * 10)
+    with pytest.raises(RerankError, match="1 attempt"):
+        make_reranker(server, max_retries=0).rerank(QUERY, make_docs(TEXTS))
+    assert len(server.requests) == 1
+
+
+def test_retry_after_ms_is_honoured(server: FakeCohereServer) -> None:
+    server.enqueue(Reply(503, {"message": "busy"}, headers={"Retry-After-Ms": "800"}))
+    started = time.monotonic()
+    make_reranker(server).rerank(QUERY, make_docs(TEXTS))
+    assert time.monotonic() - started >= 0.7
+    assert len(server.requests) == 2
+
+
+class _Failure(Exception):
+    def __init__(self, status_code: int | None = None, headers: Any = None) -> None:
+        self.status_code, self.headers = status_code, headers
+
+
+def test_retry_after_parsing() -> None:
+    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert retry_after(_Failure(headers={"Retry-After": "2"})) == 2.0
+    assert retry_after(_Failure(headers={"retry-after": " 1.5 "})) == 1.5
+    assert retry_after(_Failure(headers={"Retry-After-Ms": "250", "Retry-After": "9"})) == 0.25
+    assert retry_after(_Failure(headers={"Retry-After-Ms": "soon", "Retry-After": "9"})) == 9.0
+    assert 25.0 < (retry_after(_Failure(headers={"Retry-After": soon})) or 0.0) <= 30.0
+    past = email.utils.formatdate(time.time() - 30, usegmt=True)
+    assert retry_after(_Failure(headers={"Retry-After": past})) == 0.0
+    assert retry_after(_Failure(headers={"Retry-After": "-3"})) == 0.0
+    for headers in ({}, {"Retry-After": "whenever"}, {"Retry-After": "nan"}, None, ["x"]):
+        assert retry_after(_Failure(headers=headers)) is None
+    assert retry_after(None) is None
+
+
+def test_transient_failures() -> None:
+    import httpx
+
+    for code in (429, 500, 502, 503, 504):
+        assert is_transient(_Failure(code))
+    for code in (200, 400, 401, 404, 408, 409, 422, 501):
+        assert not is_transient(_Failure(code))
+    assert is_transient(httpx.ConnectError("refused"))
+    assert is_transient(httpx.ReadTimeout("slow"))
+    assert not is_transient(ValueError("bug"))
 
 
 @pytest.mark.parametrize(
@@ -236,6 +295,64 @@ def test_deadline_holds_when_the_server_hangs(server: FakeCohereServer) -> None:
     with pytest.raises(RerankError, match="time"):
         make_reranker(server, timeout=1.0).rerank(QUERY, make_docs(TEXTS))
     assert time.monotonic() - started < 1.0 + 5.0
+
+
+def test_deadline_covers_all_batches_of_a_query() -> None:
+    texts = [f"doc-{i}" for i in range(6)]
+    with running_server() as srv:
+        reranker = make_reranker(
+            srv, timeout=2.0, max_documents_per_request=2, max_concurrent_requests=1
+        )
+        reranker.rerank(QUERY, make_docs(texts[:1]))  # the client is built and connected
+        srv.enqueue(*[Reply(delay=1.3)] * 3)
+        started = time.monotonic()
+        with pytest.raises(RerankError, match="time"):
+            reranker.rerank(QUERY, make_docs(texts))
+        assert time.monotonic() - started < 2.0 + 5.0
+        time.sleep(0.5)
+        assert len(srv.requests) == 1 + 2  # the 2nd batch ran out of time, the 3rd never went
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_failed_batch_stops_the_other_batches(path: str) -> None:
+    texts = [f"doc-{i}" for i in range(8)]  # 4 batches in 2 lanes: 2 requests at a time
+    with running_server() as srv:
+        srv.enqueue(Reply(400, {"message": "bad request"}), Reply(delay=2.5))
+        reranker = make_reranker(srv, max_documents_per_request=2, max_concurrent_requests=2)
+        started = time.monotonic()
+        with pytest.raises(RerankError, match="HTTP 400"):
+            if path == "sync":
+                reranker.rerank(QUERY, make_docs(texts))
+            else:
+                asyncio.run(reranker.arerank(QUERY, make_docs(texts)))
+        assert time.monotonic() - started < 2.0  # no waiting for the slow batch
+        time.sleep(started + 3.0 - time.monotonic())  # the slow reply has come and gone
+        assert len(srv.requests) == 2
+
+
+def test_sync_calls_share_one_bounded_thread_pool(server: FakeCohereServer) -> None:
+    import cohere
+
+    threads: list[threading.Thread] = []
+
+    class RecordingClient:
+        def __init__(self) -> None:
+            self.inner = cohere.ClientV2(api_key=KEY, base_url=server.url, max_retries=0)
+
+        def rerank(self, **kwargs: Any) -> Any:
+            threads.append(threading.current_thread())
+            return self.inner.rerank(**kwargs)
+
+    reranker = CohereReranker(
+        client=RecordingClient(), max_documents_per_request=2, max_concurrent_requests=3
+    )
+    for _ in range(12):
+        result = reranker.rerank(QUERY, make_docs(TEXTS))
+        assert result.indices == expected_order(TEXTS)
+    assert len(threads) == 36 and len(server.requests) == 36  # 12 calls of 3 batches
+    assert all(t.name.startswith("langchain-rse-rerank") for t in threads)
+    assert len(set(threads)) <= 32  # the threads are reused, not started per call
+    assert threading.current_thread() not in threads
 
 
 def test_connection_refused_raises() -> None:
@@ -489,8 +606,9 @@ def test_as_reranker() -> None:
     assert as_reranker(cohere) is cohere
     assert as_reranker(None) is None
     assert isinstance(cohere, BaseReranker)
-    with pytest.raises(TypeError):
-        as_reranker("rerank-v3.5")  # type: ignore[arg-type]
+    for bad in ("rerank-v3.5", 3, KeywordCompressor):
+        with pytest.raises(TypeError, match="BaseReranker.*BaseDocumentCompressor.*None"):
+            as_reranker(bad)
 
 
 # -- EmbeddingReranker --------------------------------------------------------------------------
