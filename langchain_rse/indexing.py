@@ -51,6 +51,8 @@ __all__ = ["Plan", "Prepared", "Writer"]
 logger = logging.getLogger(__name__)
 
 _SCALAR = (str, int, float, bool)
+GENERATION_KEY = "meta/generation"
+"""Record-store key of the token every write replaces (shared record stores only)."""
 
 
 @dataclass
@@ -109,6 +111,63 @@ class Writer:
     vs_lock: ReadWriteLock
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Serialises this process's writers (plan to swap)."""
+    shared: bool = False
+    """The record store is shared with other processes: every write leaves a new
+    generation token there, and an in-process lexical index reloads when it sees one it
+    did not write (:meth:`sync_lexical`)."""
+    _seen: bytes | None = field(default=None, init=False)
+    """The generation the in-process lexical index reflects (None: unknown)."""
+
+    # ------------------------------------------------------------ many workers
+
+    def _bump(self) -> None:
+        """Leave a new generation token after a write."""
+        if not self.shared:
+            return
+        store = self.records.store
+        before = store.mget([GENERATION_KEY])[0]
+        token = secrets.token_hex(8).encode()
+        store.mset([(GENERATION_KEY, token)])
+        # Another worker wrote since we last looked: our lexical index misses that.
+        self._seen = token if before == self._seen else None
+
+    def sync_lexical(self) -> None:
+        """Before an in-process lexical search over a shared record store: one read of the
+        generation token, and a reload of the lexical index when another worker wrote."""
+        if not self.shared or self.lexical_store is not None:
+            return
+        current = self.records.store.mget([GENERATION_KEY])[0]
+        if current == self._seen:
+            return
+        with self.lock:
+            current = self.records.store.mget([GENERATION_KEY])[0]
+            if current != self._seen:
+                self._reload_lexical()
+                self._seen = current
+
+    def _reload_lexical(self) -> None:
+        started = time.perf_counter()
+        ids = [k for k in self.records.store.yield_keys() if k.startswith("doc/")]
+        raw = self.records.store.mget(ids) if ids else []
+        pointers = [DocRecord.from_bytes(r) for r in raw if r is not None]
+        texts: dict[str, str] = {}
+        groups: dict[str, dict[str, Any]] = {}
+        for record, body in zip(pointers, self._bodies(pointers)):
+            if body is None:
+                continue  # replaced while we read: the next generation reloads it
+            for i, (start, end) in enumerate(record.spans):
+                texts[chunk_key(record.doc_id, record.version, i)] = index_text(
+                    body.contexts[i], body.text[start:end]
+                )
+            groups[group_of(chunk_key(record.doc_id, record.version, 0))] = record.metadata
+        self.lexical.set_texts(texts, groups)
+        logger.info("reloaded the lexical index after another worker's writes: %d documents, "
+                    "%d chunks in %.2f s", len(pointers), len(texts),
+                    time.perf_counter() - started)  # fmt: skip
+
+    def _bodies(self, pointers: Sequence[DocRecord]) -> list[DocBody | None]:
+        raw = self.records.store.mget([body_key(p.doc_id, p.version) for p in pointers])
+        return [DocBody.from_bytes(r) if r is not None else None for r in raw]
 
     # ------------------------------------------------------------ plan
 
@@ -186,6 +245,7 @@ class Writer:
                 n = sum(len(p.chunks) for p in todo)
                 logger.info("indexed %d documents (%d chunks)", len(todo), n)
             self._delete(removals)
+            self._bump()
             if router is not None:
                 sources = [Document(page_content=p.body.text, id=p.record.doc_id,
                                     metadata=p.record.metadata) for p in todo]  # fmt: skip
@@ -258,6 +318,7 @@ class Writer:
         """Remove documents everywhere; returns the ids that were indexed."""
         with self.lock:
             found = self._delete(doc_ids)
+            self._bump()
             if router is not None:
                 router.sync_leads((), found)
         return found

@@ -180,6 +180,12 @@ class BM25Index:
         with self._lock:
             return dict(self._tokens)
 
+    def set_texts(
+        self, texts: Mapping[str, str], groups: dict[str, dict[str, Any]] | None = None
+    ) -> None:
+        """Replace the whole index with these chunk texts (a reload)."""
+        self.set_tokens({key: tokenize(text) for key, text in texts.items()}, groups)
+
     def set_tokens(
         self, tokens: dict[str, list[str]], groups: dict[str, dict[str, Any]] | None = None
     ) -> None:

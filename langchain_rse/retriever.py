@@ -269,7 +269,8 @@ class RSERetriever(DocumentIndex):
         self._records = RecordStore(self.docstore)
         lock = ReadWriteLock(enabled=is_local(self.vectorstore))
         self._writer = Writer(self._records, self.vectorstore, self._lexical,
-                              self.lexical_store, lock)  # fmt: skip
+                              self.lexical_store, lock,
+                              shared=not isinstance(self.docstore, InMemoryByteStore))  # fmt: skip
 
     def _search(self) -> SearchBranches:
         """The search branches for the current settings (built once per setting: a
@@ -286,6 +287,7 @@ class RSERetriever(DocumentIndex):
                 self._writer.vs_lock,
                 k,
                 translator,
+                self._writer.sync_lexical,
             )
         return branches
 

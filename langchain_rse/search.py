@@ -10,6 +10,7 @@ normalisation, so any monotone score will do.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -89,6 +90,8 @@ class SearchBranches:
     k: int
     translator: Translator | None = None
     """A custom filter translation, for stores :mod:`langchain_rse.filters` does not know."""
+    before_lexical: Callable[[], None] | None = None
+    """Called before each in-process lexical search (a shared index's generation check)."""
 
     def __post_init__(self) -> None:
         self.dense_runnable = RunnableLambda(self.dense, afunc=self.adense, name="dense_search")
@@ -126,6 +129,8 @@ class SearchBranches:
     def lexical_search(self, request: SearchRequest) -> list[Hit]:
         f, query = request["filter"], request["query"]
         if self.lexical_store is None:
+            if self.before_lexical is not None:
+                self.before_lexical()
             allowed = None if f is None else (lambda metadata: matches(f, metadata))
             return list(self.lexical.search(query, self.k, allowed))
         kw = search_kwargs(self.lexical_store, f, self.translator)

@@ -261,7 +261,7 @@ def test_two_processes_replacing_the_same_documents_leave_no_orphans(servers) ->
         p.version for p in current.values()
     )
     keys = list(store.yield_keys())
-    assert len(keys) == 3 * len(current)  # pointer, body and version record per document
+    assert len(keys) == 3 * len(current) + 1  # pointer, body, version record; the generation
     texts = {d.id: d.page_content for d in r.get(["alpha", "beta"])}
     for seg in r.invoke("payment provisions", k=4):  # whole versions only
         m = seg.metadata
@@ -319,3 +319,71 @@ def test_re_adding_unchanged_documents_in_a_new_process_makes_no_model_calls(tmp
     # another process, other concurrency and retry settings: nothing is re-indexed
     again = run("readd", str(tmp_path / "idx"), "8", "5")
     assert again == {"embedding_calls": 0, "llm_calls": 0}
+
+
+# ------------------- in-process BM25 over shared stores: it notices other workers' writes
+
+WRITER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import chromadb
+from langchain_chroma import Chroma
+from langchain_community.storage import RedisStore
+from langchain_core.documents import Document
+from helpers import HashingEmbeddings, make_contract
+from langchain_rse import RSERetriever
+chroma, redis, name, word = sys.argv[2:6]
+client = chromadb.HttpClient(host="127.0.0.1", port=int(chroma),
+                             settings=chromadb.config.Settings(anonymized_telemetry=False))
+r = RSERetriever(
+    vectorstore=Chroma(collection_name=name, embedding_function=HashingEmbeddings(),
+                       client=client),
+    docstore=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name),
+)
+action = sys.argv[6]
+if action == "add":
+    r.add_documents([Document(make_contract("other", ["payment"], 2) + f" The {word} clause.",
+                              id="from-the-other-worker")])
+else:
+    r.delete(["from-the-other-worker"])
+"""
+
+
+def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers) -> None:
+    import chromadb
+    from langchain_chroma import Chroma
+    from langchain_community.storage import RedisStore
+
+    name = f"gen{time.monotonic_ns() % 10**9}"
+    settings = chromadb.config.Settings(anonymized_telemetry=False)
+    client = chromadb.HttpClient(host="127.0.0.1", port=servers["chroma"], settings=settings)
+    r = RSERetriever(
+        vectorstore=Chroma(collection_name=name, embedding_function=HashingEmbeddings(),
+                           client=client),
+        docstore=RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name),
+        weights=(0.0, 1.0),  # lexical ranking only
+        mode="chunks",
+    )  # fmt: skip
+    r.add_documents(corpus_documents())
+
+    def other_worker(action: str) -> None:
+        out = subprocess.run(
+            [sys.executable, "-c", WRITER, str(TESTS), str(servers["chroma"]),
+             str(servers["redis"]), name, "zyxwvut", action],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+
+    assert all(d.metadata["doc_id"] != "from-the-other-worker" for d in r.invoke("zyxwvut"))
+    other_worker("add")
+    found = r.invoke("zyxwvut")  # the generation changed: the BM25 index reloads
+    assert found[0].metadata["doc_id"] == "from-the-other-worker"
+    assert found[0].metadata["lexical_rank"] == 1  # 1-based: the best BM25 hit
+    other_worker("delete")
+    assert all(d.metadata["doc_id"] != "from-the-other-worker" for d in r.invoke("zyxwvut"))
+    # our own writes stay visible without a reload, and the other worker's survive them
+    other_worker("add")
+    r.add_documents([Document("An escrow agreement with a qwertzuiop clause.", id="ours")])
+    assert r.invoke("qwertzuiop")[0].metadata["doc_id"] == "ours"
+    assert r.invoke("zyxwvut")[0].metadata["doc_id"] == "from-the-other-worker"
+    client.delete_collection(name)
