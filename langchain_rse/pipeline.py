@@ -277,8 +277,10 @@ def _retrying(s: QuerySettings, cands: list[Candidate]) -> Generator[Request, An
     raise RuntimeError("the record store keeps losing documents during this query")
 
 
-def drive(s: QuerySettings, cands: list[Candidate], handlers: Handlers) -> list[Document]:
-    """Run the pipeline, answering its requests with the synchronous ``handlers``."""
+async def _run(
+    s: QuerySettings, cands: list[Candidate], handlers: Handlers | AsyncHandlers, awaiting: bool
+) -> list[Document]:
+    """The one driver loop: answer each request with its handler (awaited if ``awaiting``)."""
     gen, reply, error = _retrying(s, cands), None, None
     while True:
         try:
@@ -288,22 +290,26 @@ def drive(s: QuerySettings, cands: list[Candidate], handlers: Handlers) -> list[
         reply, error = None, None
         try:
             reply = handlers[kind](arg)
+            if awaiting:
+                reply = await reply
         except (RerankError, StaleRead) as exc:
             error = exc
+
+
+def drive(s: QuerySettings, cands: list[Candidate], handlers: Handlers) -> list[Document]:
+    """Run the pipeline, answering its requests with the synchronous ``handlers`` (the
+    driver coroutine never suspends, so it runs to completion in one step)."""
+    coro = _run(s, cands, handlers, awaiting=False)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a synchronous pipeline handler suspended")
 
 
 async def adrive(
     s: QuerySettings, cands: list[Candidate], handlers: AsyncHandlers
 ) -> list[Document]:
     """Run the pipeline, answering its requests with the asynchronous ``handlers``."""
-    gen, reply, error = _retrying(s, cands), None, None
-    while True:
-        try:
-            kind, arg = gen.throw(error) if error is not None else gen.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        reply, error = None, None
-        try:
-            reply = await handlers[kind](arg)
-        except (RerankError, StaleRead) as exc:
-            error = exc
+    return await _run(s, cands, handlers, awaiting=True)

@@ -191,12 +191,18 @@ r = RSERetriever(
                        client=client),
     docstore=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name),
 )
-print("ready", flush=True)
-sys.stdin.readline()  # start together
-for n in range(int(rounds)):
-    r.add_documents([Document(make_contract(d, [f"w{worker} r{n}", "payment"], 2), id=d)
-                     for d in ("alpha", "beta")])
-print(json.dumps({"done": int(rounds)}), flush=True)
+if worker == "add":  # one document with a rare word, from "another worker"
+    r.add_documents([Document(make_contract("other", ["payment"], 2) + " The zyxwvut clause.",
+                              id="from-the-other-worker")])
+elif worker == "delete":
+    r.delete(["from-the-other-worker"])
+else:  # a writer in the race: replace the same documents, `rounds` times
+    print("ready", flush=True)
+    sys.stdin.readline()  # start together
+    for n in range(int(rounds)):
+        r.add_documents([Document(make_contract(d, [f"w{worker} r{n}", "payment"], 2), id=d)
+                         for d in ("alpha", "beta")])
+    print(json.dumps({"done": int(rounds)}), flush=True)
 """
 
 
@@ -323,31 +329,6 @@ def test_re_adding_unchanged_documents_in_a_new_process_makes_no_model_calls(tmp
 
 # ------------------- in-process BM25 over shared stores: it notices other workers' writes
 
-WRITER = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import chromadb
-from langchain_chroma import Chroma
-from langchain_community.storage import RedisStore
-from langchain_core.documents import Document
-from helpers import HashingEmbeddings, make_contract
-from langchain_rse import RSERetriever
-chroma, redis, name, word = sys.argv[2:6]
-client = chromadb.HttpClient(host="127.0.0.1", port=int(chroma),
-                             settings=chromadb.config.Settings(anonymized_telemetry=False))
-r = RSERetriever(
-    vectorstore=Chroma(collection_name=name, embedding_function=HashingEmbeddings(),
-                       client=client),
-    docstore=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name),
-)
-action = sys.argv[6]
-if action == "add":
-    r.add_documents([Document(make_contract("other", ["payment"], 2) + f" The {word} clause.",
-                              id="from-the-other-worker")])
-else:
-    r.delete(["from-the-other-worker"])
-"""
-
 
 def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers) -> None:
     import chromadb
@@ -368,8 +349,8 @@ def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers)
 
     def other_worker(action: str) -> None:
         out = subprocess.run(
-            [sys.executable, "-c", WRITER, str(TESTS), str(servers["chroma"]),
-             str(servers["redis"]), name, "zyxwvut", action],
+            [sys.executable, "-c", WORKER, str(TESTS), str(servers["chroma"]),
+             str(servers["redis"]), name, action, "0"],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]

@@ -1,0 +1,185 @@
+"""Many workers over one shared index: N query processes and one writer process per engine.
+
+Every process builds its own ``RSERetriever`` over the same servers (started here on
+127.0.0.1, the way the tests start them), as API workers would. The writer process keeps
+replacing documents (a new revision line under the same id) while the query processes run
+``invoke`` back to back for a fixed time. Reported per engine: queries/s over all workers,
+p50/p95 latency, writes, and errors (an exception, or a segment that is not an exact slice
+of its source); errors must be 0.
+
+Engines: ``chroma_redis`` (Chroma vector store, Redis record store, in-process BM25 in each
+worker, refreshed through the shared generation token), and, where their packages are
+installed, ``milvus`` and ``postgres`` (see ``tests/milvus_server.py`` /
+``tests/postgres_server.py``).
+
+    python benchmarks/bench_load_engines.py [--engines chroma_redis,milvus,postgres]
+        [--workers 4] [--seconds 10] [--docs 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+TESTS = BENCH.parent / "tests"
+sys.path[:0] = [str(BENCH), str(TESTS)]
+
+from bench_load import QUERIES, Checker, FastHashingEmbeddings, load_corpus  # noqa: E402
+from langchain_core.documents import Document  # noqa: E402
+
+from langchain_rse import RSERetriever  # noqa: E402
+
+# ---------------------------------------------------------------- engines
+
+
+@contextmanager
+def chroma_redis(tmp: Path) -> Iterator[dict[str, Any]]:
+    from servers import chroma_server, redis_server
+
+    with redis_server(tmp) as redis, chroma_server(tmp) as chroma:
+        yield {"engine": "chroma_redis", "chroma": chroma, "redis": redis}
+
+
+def build_chroma_redis(cfg: dict[str, Any]) -> RSERetriever:
+    import chromadb
+    from langchain_chroma import Chroma
+    from langchain_community.storage import RedisStore
+
+    settings = chromadb.config.Settings(anonymized_telemetry=False)
+    client = chromadb.HttpClient(host="127.0.0.1", port=cfg["chroma"], settings=settings)
+    vs = Chroma(collection_name="load", embedding_function=FastHashingEmbeddings(), client=client)
+    store = RedisStore(redis_url=f"redis://127.0.0.1:{cfg['redis']}", namespace="load")
+    return RSERetriever(vectorstore=vs, docstore=store, k=3)
+
+
+ENGINES: dict[str, tuple[Callable[[Path], Any], Callable[[dict[str, Any]], RSERetriever]]] = {
+    "chroma_redis": (chroma_redis, build_chroma_redis),
+}
+try:  # the other engines, where their integrations are installed
+    from engines_milvus import ENGINE as _MILVUS  # type: ignore[import-not-found]
+
+    ENGINES["milvus"] = _MILVUS
+except ImportError:
+    pass
+try:
+    from engines_postgres import ENGINE as _POSTGRES  # type: ignore[import-not-found]
+
+    ENGINES["postgres"] = _POSTGRES
+except ImportError:
+    pass
+
+
+def build(cfg: dict[str, Any]) -> RSERetriever:
+    return ENGINES[cfg["engine"]][1](cfg)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def query_worker(cfg: dict[str, Any], docs: list[Document], seconds: float, seed: int,
+                 out: Any) -> None:  # fmt: skip
+    r = build(cfg)
+    checker = Checker(docs)
+    latencies: list[float] = []
+    errors, first, i = 0, "", seed
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        t0 = time.perf_counter()
+        try:
+            problem = checker.problem(r.invoke(QUERIES[i % len(QUERIES)]))
+        except Exception as exc:  # counted and reported
+            problem = f"{type(exc).__name__}: {exc}"
+        latencies.append(time.perf_counter() - t0)
+        i += 7
+        if problem:
+            errors, first = errors + 1, first or problem
+    out.put({"latencies": latencies, "errors": errors, "first": first})
+
+
+def writer_worker(cfg: dict[str, Any], docs: list[Document], seconds: float, out: Any) -> None:
+    r = build(cfg)
+    writes, errors, first, n = 0, 0, "", 0
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        doc = docs[n % len(docs)]
+        n += 1
+        text = f"{doc.page_content}\n\nRevision {n}: amended by the load test."
+        try:
+            r.add_documents([Document(text, metadata=doc.metadata)])
+            writes += 1
+        except Exception as exc:  # counted and reported
+            errors, first = errors + 1, first or f"writer: {type(exc).__name__}: {exc}"
+    out.put({"writes": writes, "errors": errors, "first": first})
+
+
+def run_engine(name: str, docs: list[Document], workers: int, seconds: float) -> dict[str, Any]:
+    start, _ = ENGINES[name]
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        cfg = stack.enter_context(start(tmp))
+        build(cfg).add_documents(docs)  # the index, before the workers start
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        procs = [ctx.Process(target=query_worker, args=(cfg, docs, seconds, w, out))
+                 for w in range(workers)]  # fmt: skip
+        procs.append(ctx.Process(target=writer_worker, args=(cfg, docs, seconds, out)))
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=seconds + 600) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+    queries = [r for r in results if "latencies" in r]
+    writer = next(r for r in results if "writes" in r)
+    latencies = np.array([x for r in queries for x in r["latencies"]])
+    firsts = [r["first"] for r in results if r["first"]]
+    return {
+        "engine": name,
+        "workers": workers,
+        "qps": len(latencies) / seconds,
+        "p50_ms": float(np.percentile(latencies, 50)) * 1000 if len(latencies) else None,
+        "p95_ms": float(np.percentile(latencies, 95)) * 1000 if len(latencies) else None,
+        "writes": writer["writes"],
+        "errors": sum(r["errors"] for r in results),
+        "first_error": firsts[0] if firsts else "",
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--docs", type=int, default=40)
+    parser.add_argument("--synthetic", action="store_true")
+    args = parser.parse_args(argv)
+    docs, where = load_corpus(args.docs, args.synthetic)
+    print(f"{where}; {args.workers} query processes + 1 writer process, {args.seconds:g} s")
+    print("| engine | query processes | queries/s | p50 ms | p95 ms | writes | errors |")
+    print("|---|---|---|---|---|---|---|")
+    failed = False
+    for name in args.engines.split(","):
+        if name not in ENGINES:
+            print(f"| {name} | not installed here | | | | | |")
+            continue
+        row = run_engine(name, docs, args.workers, args.seconds)
+        print(f"| {name} | {row['workers']} | {row['qps']:.1f} | {row['p50_ms']:.0f} | "
+              f"{row['p95_ms']:.0f} | {row['writes']} | {row['errors']} |", flush=True)  # fmt: skip
+        if row["errors"]:
+            failed = True
+            print(json.dumps(row)[:2000])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
