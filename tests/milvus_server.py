@@ -1,0 +1,43 @@
+"""Start a real local Milvus server (Milvus Lite's gRPC server) on 127.0.0.1 for tests.
+
+The ``milvus-lite`` wheel from PyPI ships a ``milvus-lite`` command whose ``server``
+subcommand serves the Milvus gRPC protocol over a data directory::
+
+    milvus-lite server --data-dir DIR --host 127.0.0.1 --port PORT
+
+Clients connect with ``pymilvus.MilvusClient(uri="http://127.0.0.1:PORT")`` (or
+``langchain_milvus.Milvus(connection_args={"uri": ...})``). One server process owns a
+data directory; any number of client processes may connect to it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from servers import _server, free_port, missing_server
+
+
+def milvus_lite_exe() -> str | None:
+    exe = shutil.which("milvus-lite") or str(Path(sys.executable).parent / "milvus-lite")
+    return exe if Path(exe).exists() else None
+
+
+@contextmanager
+def milvus_server(tmp: Path) -> Iterator[str]:
+    """A Milvus server on a free port of 127.0.0.1; yields its URI."""
+    exe = milvus_lite_exe()
+    if exe is None:
+        missing_server("the Milvus Lite server is not installed (pip install milvus-lite)")
+    try:
+        import langchain_milvus  # noqa: F401
+    except ImportError:
+        missing_server("langchain-milvus is not installed (pip install langchain-milvus)")
+    port = free_port()
+    cmd = [exe, "server", "--data-dir", str(tmp / "milvus"), "--host", "127.0.0.1",
+           "--port", str(port)]  # fmt: skip
+    with _server(cmd, port, "milvus-lite server", tmp / "milvus.log") as p:
+        yield f"http://127.0.0.1:{p}"
