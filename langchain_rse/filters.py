@@ -157,6 +157,8 @@ def to_milvus_expr(f: Filter) -> str:
     value = json.dumps(list(f.value) if isinstance(f.value, tuple) else f.value)
     op = {"$eq": "==", "$ne": "!=", "$in": "in", "$nin": "not in", "$gt": ">",
           "$gte": ">=", "$lt": "<", "$lte": "<="}[f.op]  # fmt: skip
+    if f.op in ("$ne", "$nin"):  # a missing key passes, as in `matches` (Milvus: null)
+        return f"({field} {op} {value} or {field} is null)"
     return f"({field} {op} {value})"
 
 

@@ -297,9 +297,14 @@ class Writer:
         if keys:
             ids = [chunk_uuid(k) for k in keys]
             with self.vs_lock.write():
-                self.vectorstore.delete(ids=ids)
+                done = [self.vectorstore.delete(ids=ids)]
             if self.lexical_store is not None:
-                self.lexical_store.delete(ids=ids)
+                done.append(self.lexical_store.delete(ids=ids))
+            if False in done:  # some stores report a failed delete instead of raising
+                raise RuntimeError(
+                    f"a store failed to delete {len(ids)} chunks; they stay recorded, "
+                    "so vacuum() removes them later"
+                )
         self.records.delete([body_key(v.doc_id, v.version) for v in versions])
         self.records.delete([version_key(v.doc_id, v.version) for v in versions])
 
