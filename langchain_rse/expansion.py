@@ -16,26 +16,28 @@ cached.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
-import random
 import re
-import threading
-import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.stores import BaseStore, InMemoryByteStore
 
-from langchain_rse.enrichment import _is_transient, _message_text, _model_identity
+from langchain_rse.llm_calls import (
+    CallJob,
+    CallsModel,
+    ModelCalls,
+    RetryPolicy,
+    UnusableReply,
+    message_text,
+)
 
 if TYPE_CHECKING:
     from langchain_core.callbacks import Callbacks
-    from langchain_core.language_models import BaseChatModel, LanguageModelInput
+    from langchain_core.language_models import BaseChatModel
     from langchain_core.prompt_values import PromptValue
     from langchain_core.runnables import RunnableConfig
 
@@ -214,24 +216,64 @@ def parse_queries(text: str, max_chars: int = 500) -> list[str]:
 # --------------------------------------------------------------------------------------
 
 
-class EmptyExpansionError(RuntimeError):
+class EmptyExpansionError(UnusableReply):
     """The model replied with no usable query (not retried: the next run tries again)."""
 
-
-@dataclass
-class _Run:
-    """State of one ``expand_many`` call."""
-
-    queries: Sequence[str]
-    results: list[list[str] | None]
-    groups: dict[str, list[int]]
-    """Cache key → indices of the queries sharing it."""
-    texts: dict[str, str]
-    """Cache key → the (stripped) query the prompt shows."""
-    errors: dict[str, BaseException] = field(default_factory=dict)
+    retry = False
 
 
-class QueryExpander:
+class _ExpansionJob(CallJob):
+    """One ``expand_many`` call: the queries, their cache keys and the results so far."""
+
+    def __init__(self, expander: QueryExpander, queries: Sequence[str]) -> None:
+        self.expander = expander
+        self.queries = queries
+        self.results: list[list[str] | None] = [None] * len(queries)
+        self.groups: dict[str, list[int]] = {}
+        """Cache key → indices of the queries sharing it."""
+        self.texts: dict[str, str] = {}
+        """Cache key → the (stripped) query the prompt shows."""
+        for i, query in enumerate(queries):
+            if not isinstance(query, str):
+                raise TypeError(f"queries must be strings, got {type(query).__name__}")
+            if expander.n == 0 or not query.strip():
+                self.results[i] = [query]
+                continue
+            key = expander.cache_key(query)
+            self.groups.setdefault(key, []).append(i)
+            self.texts.setdefault(key, query.strip())
+
+    def _fill(self, key: str, rewrites: list[str]) -> None:
+        for i in self.groups[key]:
+            self.results[i] = [self.queries[i], *rewrites]
+
+    def cached(self, key: str, raw: bytes) -> bool:
+        rewrites = self.expander._decode(raw, self.texts[key])
+        if rewrites is None:
+            return False
+        self._fill(key, rewrites)
+        with self.expander._lock:
+            self.expander.cache_hits += 1
+        return True
+
+    def prompt(self, key: str) -> PromptValue:
+        return self.expander.prompt_value(self.texts[key])
+
+    def attempted(self, reply: Any) -> None:
+        with self.expander._lock:
+            self.expander.llm_calls += 1
+
+    def answered(self, key: str, reply: Any) -> bytes:
+        expander = self.expander
+        queries = parse_queries(message_text(reply), expander.max_query_chars)
+        rewrites = expander._select(queries, self.texts[key])
+        if not rewrites:
+            raise EmptyExpansionError("the model returned no usable query")
+        self._fill(key, rewrites)
+        return json.dumps(rewrites, ensure_ascii=False).encode("utf-8")
+
+
+class QueryExpander(CallsModel):
     """Rewrites a search query into ``n`` alternative queries with a chat model, cached.
 
     :meth:`expand` returns the original query first, then up to ``n`` rewrites: stripped,
@@ -244,9 +286,15 @@ class QueryExpander:
     Expansions are cached in ``cache`` (any ``BaseStore[str, bytes]``, default in memory)
     under ``rse-qx/<sha256>`` of the model identity (class and model name), the prompt
     version, ``n`` and the query; a hit makes no model call. Transient errors (rate limits,
-    timeouts, 5xx) are retried ``max_retries`` times with jittered exponential backoff; if
-    the model still fails, or its reply holds no usable query, a warning is logged and the
-    result is ``[query]`` (never an exception, never cached).
+    timeouts, 5xx: :func:`~langchain_rse.llm_calls.is_transient`) are retried
+    ``max_retries`` times with jittered exponential backoff; if the model still fails, or
+    its reply holds no usable query, a warning is logged and the result is ``[query]``
+    (never an exception, never cached).
+
+    **Cost bound**: at most ``max_retries + 1`` requests per distinct query per call. The
+    model is called with its own retries turned off (a ``max_retries=0`` copy of ChatOpenAI,
+    ChatAnthropic…, inside any wrappers; ``llm`` itself is unchanged), so the SDK does not
+    multiply them; a ``.with_retry()`` wrapper or ``with_fallbacks`` models you add do.
 
     Example:
         .. code-block:: python
@@ -280,7 +328,8 @@ class QueryExpander:
             llm: Any LangChain chat model.
             n: Rewrites asked for, and returned at most, per query (0: no expansion).
             cache: Where expansions are kept. Default: an in-memory store.
-            max_retries: Retries of a query after a transient error (0: no retry).
+            max_retries: Retries of a query after a transient error (0: no retry); the
+                requests per query are at most ``max_retries + 1``.
             max_query_chars: Each rewrite is cut to this many characters.
             prompt: A prompt with the variable ``query`` (and optionally ``n``). Default:
                 :data:`EXPANSION_PROMPT`.
@@ -291,14 +340,8 @@ class QueryExpander:
         """
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if max_query_chars < 1:
             raise ValueError(f"max_query_chars must be >= 1, got {max_query_chars}")
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        if retry_base_delay < 0 or retry_max_delay < 0:
-            raise ValueError("retry delays must be >= 0")
         prompt = EXPANSION_PROMPT if prompt is None else prompt
         unknown = set(prompt.input_variables) - {"query", "n"}
         if "query" not in prompt.input_variables or unknown:
@@ -306,17 +349,9 @@ class QueryExpander:
                 "prompt must use the variable 'query' and no variables besides 'query' and "
                 f"'n'; it uses {sorted(prompt.input_variables)}"
             )
-        self.llm = llm
         self.n = n
-        self.cache: BaseStore[str, bytes] = InMemoryByteStore() if cache is None else cache
-        self.max_retries = max_retries
         self.max_query_chars = max_query_chars
         self.prompt = prompt
-        self.max_concurrency = max_concurrency
-        self.retry_base_delay = retry_base_delay
-        self.retry_max_delay = retry_max_delay
-        self.model_identity = _model_identity(llm)
-        """``"<ChatModelClass>:<model name>"``, part of the cache key."""
         self.prompt_version = _prompt_version(prompt)
         """:data:`PROMPT_VERSION`, or a hash of a custom prompt: part of the cache key."""
         self.llm_calls = 0
@@ -325,7 +360,10 @@ class QueryExpander:
         """Queries answered from the cache since construction."""
         self.failures = 0
         """Queries that fell back to ``[query]`` after a failure since construction."""
-        self._lock = threading.Lock()
+        retry = RetryPolicy(max_retries, retry_base_delay, retry_max_delay)  # validates them
+        self._init_calls(
+            llm, InMemoryByteStore() if cache is None else cache, max_concurrency, retry
+        )
 
     def __repr__(self) -> str:
         model_class, _, model = self.model_identity.partition(":")
@@ -379,133 +417,20 @@ class QueryExpander:
             return None
         return self._select(value, original) or None
 
-    # -- the shared bookkeeping of expand_many / aexpand_many ----------------------------
-
-    def _start(self, queries: Sequence[str]) -> _Run:
-        run = _Run(queries, [None] * len(queries), {}, {})
-        for i, query in enumerate(queries):
-            if not isinstance(query, str):
-                raise TypeError(f"queries must be strings, got {type(query).__name__}")
-            if self.n == 0 or not query.strip():
-                run.results[i] = [query]
-                continue
-            key = self.cache_key(query)
-            run.groups.setdefault(key, []).append(i)
-            run.texts.setdefault(key, query.strip())
-        return run
-
-    def _fill(self, run: _Run, key: str, rewrites: list[str]) -> None:
-        for i in run.groups[key]:
-            run.results[i] = [run.queries[i], *rewrites]
-
-    def _apply_cached(self, run: _Run, keys: list[str], raws: Sequence[bytes | None]) -> list[str]:
-        """Fill cache hits; return the keys still to ask the model for."""
-        missing: list[str] = []
-        hits = 0
-        for key, raw in zip(keys, raws):
-            rewrites = self._decode(raw, run.texts[key])
-            if rewrites is None:
-                missing.append(key)
-            else:
-                self._fill(run, key, rewrites)
-                hits += 1
-        with self._lock:
-            self.cache_hits += hits
-        return missing
-
-    def _accept(self, run: _Run, key: str, reply: Any) -> bytes | None:
-        """Record one reply; return the bytes to cache, or ``None`` for a failure."""
-        with self._lock:
-            self.llm_calls += 1
-        if isinstance(reply, BaseException):
-            run.errors[key] = reply
-            return None
-        rewrites = self._select(
-            parse_queries(_message_text(reply), self.max_query_chars), run.texts[key]
-        )
-        if not rewrites:
-            run.errors[key] = EmptyExpansionError("the model returned no usable query")
-            return None
-        run.errors.pop(key, None)
-        self._fill(run, key, rewrites)
-        return json.dumps(rewrites, ensure_ascii=False).encode("utf-8")
-
-    def _retryable(self, run: _Run, keys: list[str]) -> list[str]:
-        return [
-            k
-            for k in keys
-            if k in run.errors
-            and not isinstance(run.errors[k], EmptyExpansionError)
-            and _is_transient(run.errors[k])
-        ]
-
-    def _retry_delay(self, attempt: int) -> float:
-        """Backoff before retry number ``attempt`` (1-based): exponential, jittered."""
-        delay = min(self.retry_max_delay, self.retry_base_delay * 2 ** (attempt - 1))
-        return delay * random.uniform(0.5, 1.0)
-
-    def _config(self, callbacks: Callbacks) -> RunnableConfig:
-        return {"callbacks": callbacks, "max_concurrency": self.max_concurrency}
-
-    def _finish(self, run: _Run) -> list[list[str]]:
+    def _finish(self, job: _ExpansionJob, errors: dict[str, BaseException]) -> list[list[str]]:
         """``[query]`` for the queries still without an expansion; warn once."""
-        failed = [i for i, result in enumerate(run.results) if result is None]
+        failed = [i for i, result in enumerate(job.results) if result is None]
         for i in failed:
-            run.results[i] = [run.queries[i]]
+            job.results[i] = [job.queries[i]]
         if failed:
-            with self._lock:
-                self.failures += len(failed)
-            last = next(iter(run.errors.values()), None)
             logger.warning(
                 "QueryExpander: %d of %d queries were not expanded (searching with the "
-                "original query only) after the model failed (last error: %s: %s)",
+                "original query only) after the model failed (last error: %s)",
                 len(failed),
-                len(run.results),
-                type(last).__name__ if last else "unknown",
-                str(last)[:200] if last else "",
+                len(job.results),
+                self._count_failures(len(failed), errors),
             )
-        return [result for result in run.results if result is not None]
-
-    def _cache_get(self, keys: list[str]) -> Sequence[bytes | None]:
-        try:
-            return self.cache.mget(keys)
-        except Exception as error:  # a broken cache must not break search
-            logger.warning("QueryExpander: could not read the cache: %s", error)
-            return [None] * len(keys)
-
-    async def _acache_get(self, keys: list[str]) -> Sequence[bytes | None]:
-        try:
-            return await self.cache.amget(keys)
-        except Exception as error:
-            logger.warning("QueryExpander: could not read the cache: %s", error)
-            return [None] * len(keys)
-
-    def _store(self, pairs: list[tuple[str, bytes]]) -> None:
-        if not pairs:
-            return
-        try:
-            self.cache.mset(pairs)
-        except Exception as error:
-            logger.warning("QueryExpander: could not write to the cache: %s", error)
-
-    async def _astore(self, pairs: list[tuple[str, bytes]]) -> None:
-        if not pairs:
-            return
-        try:
-            await self.cache.amset(pairs)
-        except Exception as error:
-            logger.warning("QueryExpander: could not write to the cache: %s", error)
-
-    def _collect(
-        self, run: _Run, pending: list[str], replies: Sequence[Any]
-    ) -> tuple[list[tuple[str, bytes]], list[str]]:
-        """Accept a batch of replies: the cache writes and the keys to retry."""
-        pairs: list[tuple[str, bytes]] = []
-        for key, reply in zip(pending, replies):
-            encoded = self._accept(run, key, reply)
-            if encoded is not None:
-                pairs.append((key, encoded))
-        return pairs, self._retryable(run, pending)
+        return [result for result in job.results if result is not None]
 
     # -- public API ----------------------------------------------------------------------
 
@@ -514,58 +439,29 @@ class QueryExpander:
         return self.expand_many([query], callbacks=callbacks)[0]
 
     async def aexpand(self, query: str, *, callbacks: Callbacks = None) -> list[str]:
-        """Async :meth:`expand` (native: ``abatch`` and async cache calls)."""
+        """Async :meth:`expand` (native: ``ainvoke`` and async cache calls)."""
         return (await self.aexpand_many([query], callbacks=callbacks))[0]
 
     def expand_many(
         self, queries: Sequence[str], *, callbacks: Callbacks = None
     ) -> list[list[str]]:
-        """:meth:`expand` for each query; the model calls run concurrently (``batch``)."""
-        run = self._start(queries)
-        keys = list(run.groups)
-        if not keys:
-            return self._finish(run)
-        pending = self._apply_cached(run, keys, self._cache_get(keys))
-        for attempt in range(self.max_retries + 1):
-            if not pending:
-                break
-            if attempt:
-                time.sleep(self._retry_delay(attempt))
-            prompts: list[LanguageModelInput] = [self.prompt_value(run.texts[k]) for k in pending]
-            try:
-                replies: list[Any] = self.llm.batch(
-                    prompts, config=self._config(callbacks), return_exceptions=True
-                )
-            except Exception as error:  # raised by the call itself, not per request
-                replies = [error] * len(pending)
-            pairs, pending = self._collect(run, pending, replies)
-            self._store(pairs)
-        return self._finish(run)
+        """:meth:`expand` for each query; the model calls run concurrently."""
+        job = _ExpansionJob(self, queries)
+        config: RunnableConfig = {"callbacks": callbacks}
+        errors = self._calls().run(job, list(job.groups), config) if job.groups else {}
+        return self._finish(job, errors)
 
     async def aexpand_many(
         self, queries: Sequence[str], *, callbacks: Callbacks = None
     ) -> list[list[str]]:
-        """Async :meth:`expand_many`: the model calls run concurrently (``abatch``)."""
-        run = self._start(queries)
-        keys = list(run.groups)
-        if not keys:
-            return self._finish(run)
-        pending = self._apply_cached(run, keys, await self._acache_get(keys))
-        for attempt in range(self.max_retries + 1):
-            if not pending:
-                break
-            if attempt:
-                await asyncio.sleep(self._retry_delay(attempt))
-            prompts: list[LanguageModelInput] = [self.prompt_value(run.texts[k]) for k in pending]
-            try:
-                replies: list[Any] = await self.llm.abatch(
-                    prompts, config=self._config(callbacks), return_exceptions=True
-                )
-            except Exception as error:
-                replies = [error] * len(pending)
-            pairs, pending = self._collect(run, pending, replies)
-            await self._astore(pairs)
-        return self._finish(run)
+        """Async :meth:`expand_many`: the model calls run concurrently."""
+        job = _ExpansionJob(self, queries)
+        config: RunnableConfig = {"callbacks": callbacks}
+        errors = await self._calls().arun(job, list(job.groups), config) if job.groups else {}
+        return self._finish(job, errors)
+
+    def _calls(self) -> ModelCalls:
+        return self.model_calls(log=logger, strict_cache_reads=False)
 
 
 def _prompt_version(prompt: ChatPromptTemplate) -> str:

@@ -766,7 +766,8 @@ def test_chat_openai_prompt_is_bounded_for_a_2mb_document(openai_server: FakeOpe
 
 
 def test_cache_identity_looks_through_wrappers() -> None:
-    from langchain_rse.enrichment import _is_anthropic, _model_identity
+    from langchain_rse.enrichment.contextual import _is_anthropic
+    from langchain_rse.llm_calls import model_identity as _model_identity
 
     gpt = GenericFakeChatModel(messages=iter([]))
     other = AnthropicLikeChat()
@@ -782,3 +783,281 @@ def test_cache_identity_looks_through_wrappers() -> None:
         assert _model_identity(wrapped) == base
     assert _model_identity(other.with_retry()) == _model_identity(other) != base
     assert _is_anthropic(other.with_config(tags=["x"])) and not _is_anthropic(gpt.with_retry())
+
+
+# --------------------------------------------------------------------------------------
+# Nested retries: the SDK's own retries must not multiply the enricher's
+# --------------------------------------------------------------------------------------
+
+
+class CountStarts(BaseCallbackHandler):
+    """Counts chat model runs (a callback attached with ``with_config``)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+        self.started += 1
+
+
+def chat_openai_with_sdk_retries(server: FakeOpenAIServer) -> Any:
+    """``ChatOpenAI`` as ``examples/production.py`` builds it: the SDK's retries left on."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model="gpt-test", base_url=server.base_url, api_key=SecretStr("sk-test"))
+    assert llm.max_retries is None and llm.root_client.max_retries == 2  # openai's default
+    return llm
+
+
+@pytest.mark.parametrize("status", [500, 429])
+@pytest.mark.parametrize("wrap", [False, True])
+def test_sdk_retries_do_not_multiply_the_enrichers(
+    monkeypatch: pytest.MonkeyPatch, status: int, wrap: bool
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    text = contract(3)
+    chunks = doc_chunks(text)
+    starts = CountStarts()
+    with FakeOpenAIServer(fail=lambda request: status) as server:
+        llm = chat_openai_with_sdk_retries(server)
+        model = llm.with_config(callbacks=[starts], tags=["ctx"]) if wrap else llm
+        enricher = ContextualEnricher(model, max_retries=2, retry_base_delay=0)
+        contexts = enricher.enrich("doc", text, {}, chunks)
+    # The documented bound: max_retries + 1 HTTP requests per chunk, exactly (it was
+    # (max_retries + 1) * (SDK max_retries + 1) = 9 before).
+    per_chunk: dict[str, int] = {}
+    for request in server.requests:
+        per_chunk[chunk_of(request)] = per_chunk.get(chunk_of(request), 0) + 1
+    assert per_chunk == {c.text: 3 for c in chunks}
+    assert enricher.usage.llm_calls == len(server.requests) == 3 * len(chunks)
+    assert {c.method for c in contexts} == {"fallback"} and enricher.failures == len(chunks)
+    assert starts.started == (len(server.requests) if wrap else 0)  # the wrapper still works
+    assert llm.root_client.max_retries == 2  # the caller's model is not changed
+
+
+async def test_sdk_retries_do_not_multiply_the_enrichers_async(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    text = contract(3)
+    chunks = doc_chunks(text)
+    with FakeOpenAIServer(fail=lambda request: 500) as server:
+        enricher = ContextualEnricher(
+            chat_openai_with_sdk_retries(server), max_retries=1, retry_base_delay=0
+        )
+        contexts = await enricher.aenrich("doc", text, {}, chunks)
+    assert sorted(chunk_of(r) for r in server.requests) == sorted(2 * [c.text for c in chunks])
+    assert {c.method for c in contexts} == {"fallback"}
+
+
+def test_sdk_retries_off_keeps_the_model_working(openai_server: FakeOpenAIServer) -> None:
+    text = contract(2)
+    chunks = doc_chunks(text)
+    enricher = ContextualEnricher(chat_openai_with_sdk_retries(openai_server))
+    contexts = enricher.enrich("doc", text, {}, chunks)
+    assert {c.method for c in contexts} == {"llm"}
+    assert len(openai_server.requests) == len(chunks)
+    model, left = enricher.retry_free_model()
+    assert left == 0 and model.max_retries == 0 and model.root_client.max_retries == 0
+    assert model.root_async_client.max_retries == 0 and model.model_name == "gpt-test"
+
+
+class SelfRetryingChat(ScriptedChat):
+    """A model with retries of its own that cannot be rebuilt with ``max_retries=0``."""
+
+    max_retries: int = 2
+
+    def model_post_init(self, context: Any) -> None:
+        if self.max_retries == 0:
+            raise ValueError("this model cannot run without retries")
+
+
+def test_model_retries_that_cannot_be_turned_off_are_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    text = contract(2)
+    chunks = doc_chunks(text)
+    llm = SelfRetryingChat(fail=lambda n, chunk: RateLimited("busy"))
+    with caplog.at_level(logging.WARNING):
+        enricher = ContextualEnricher(llm, max_retries=3, retry_base_delay=0)
+    assert "could not turn off the own retries of SelfRetryingChat" in caplog.text
+    enricher.enrich("doc", text, {}, chunks)
+    # (3 + 1) // (2 + 1) = 1 attempt each: with the model's 2 retries, 3 requests <= 4.
+    assert llm.calls == len(chunks)
+
+
+# --------------------------------------------------------------------------------------
+# Fingerprints
+# --------------------------------------------------------------------------------------
+
+
+class PlainSubclass(NoEnricher):
+    """A user's enricher with no settings of its own."""
+
+
+FINGERPRINT_SCRIPT = """
+import json
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_rse.enrichment import ContextualEnricher, HeaderEnricher, NoEnricher
+llm = GenericFakeChatModel(messages=iter([]))
+print(json.dumps([
+    ContextualEnricher(llm, max_concurrency=3, window_chars=1234).fingerprint(),
+    HeaderEnricher(max_depth=2).fingerprint(),
+    NoEnricher().fingerprint(),
+]))
+"""
+
+
+def test_fingerprint_names_what_the_enricher_writes(tmp_path: Path) -> None:
+    llm = ScriptedChat()
+    base = ContextualEnricher(llm, max_concurrency=2, max_retries=1).fingerprint()
+    # Concurrency, retries, timeouts, cache, batching and progress do not change it.
+    same = ContextualEnricher(
+        llm.with_config(tags=["x"]),  # type: ignore[arg-type]
+        max_concurrency=8,
+        max_retries=5,
+        cache_dir=tmp_path,
+        show_progress=True,
+        retry_base_delay=9.0,
+        retry_max_delay=99.0,
+        batch_size=3,
+    ).fingerprint()
+    assert same == base
+    assert base.startswith("langchain_rse.enrichment.ContextualEnricher{")
+    assert "ScriptedChat:scripted-1" in base and PROMPT_VERSION in base and "0x" not in base
+
+    class NewPrompt(ContextualEnricher):
+        prompt_version = "contextual-test-v2"
+
+    reworded = ContextualEnricher(llm)
+    reworded.prompt_version = "contextual-test-v2"
+    different = {
+        base,
+        ContextualEnricher(ScriptedChat(model_name="scripted-2")).fingerprint(),
+        ContextualEnricher(AnthropicLikeChat()).fingerprint(),
+        reworded.fingerprint(),
+        NewPrompt(llm).fingerprint(),
+        ContextualEnricher(llm, max_context_chars=200).fingerprint(),
+        ContextualEnricher(llm, max_document_tokens=100).fingerprint(),
+        ContextualEnricher(llm, window_chars=100).fingerprint(),
+        ContextualEnricher(llm, head_chars=100).fingerprint(),
+        ContextualEnricher(llm, fallback=HeaderEnricher(max_depth=2)).fingerprint(),
+    }
+    assert len(different) == 10
+
+    header = HeaderEnricher().fingerprint()
+    assert header == HeaderEnricher().fingerprint() != HeaderEnricher(max_depth=3).fingerprint()
+    assert header.startswith("langchain_rse.enrichment.HeaderEnricher{") and "header-v" in header
+    assert HeaderEnricher(max_title_chars=50).fingerprint() != header
+    assert HeaderEnricher(first_line_chars=10).fingerprint() != header
+    assert NoEnricher().fingerprint() == "langchain_rse.enrichment.NoEnricher"
+    assert PlainSubclass().fingerprint() == f"{__name__}.PlainSubclass"
+
+
+def test_fingerprint_of_chat_openai_has_no_secret() -> None:
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model="gpt-4o-mini", api_key=SecretStr("sk-very-secret"), max_retries=0)
+    fingerprint = ContextualEnricher(llm).fingerprint()
+    assert "ChatOpenAI:gpt-4o-mini" in fingerprint and "sk-very-secret" not in fingerprint
+
+
+def test_fingerprint_is_the_same_in_another_process() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", FINGERPRINT_SCRIPT],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=120,
+    ).stdout
+    llm = GenericFakeChatModel(messages=iter([]))
+    here = [
+        ContextualEnricher(llm, max_concurrency=3, window_chars=1234).fingerprint(),
+        HeaderEnricher(max_depth=2).fingerprint(),
+        NoEnricher().fingerprint(),
+    ]
+    assert json.loads(out.strip().splitlines()[-1]) == here
+
+
+# --------------------------------------------------------------------------------------
+# The shared model-call machinery (langchain_rse.llm_calls)
+# --------------------------------------------------------------------------------------
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status_code = status
+        self.headers = headers or {}
+
+
+def test_is_transient() -> None:
+    import httpx
+
+    from langchain_rse.enrichment import EmptyContextError
+    from langchain_rse.expansion import EmptyExpansionError
+    from langchain_rse.llm_calls import is_transient
+
+    for status in (408, 409, 425, 429, 500, 502, 503, 529):
+        assert is_transient(HTTPError(status)), status
+    for status in (400, 401, 403, 404, 422, 501):
+        assert not is_transient(HTTPError(status)), status
+    request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+    response_error = httpx.HTTPStatusError(
+        "x", request=request, response=httpx.Response(503, request=request)
+    )
+    assert is_transient(response_error)
+    assert is_transient(httpx.ConnectTimeout("slow")) and is_transient(httpx.ConnectError("no"))
+    assert is_transient(ConnectionError()) and is_transient(TimeoutError())
+    assert is_transient(EmptyContextError()) and not is_transient(EmptyExpansionError())
+    assert not is_transient(AuthenticationError("bad key"))  # by name, without a status
+    assert not is_transient(TypeError()) and not is_transient(KeyError())
+    assert not is_transient(KeyboardInterrupt()) and not is_transient(Interrupted())
+
+
+def test_retry_policy_backoff_and_retry_after() -> None:
+    from langchain_rse.llm_calls import RetryPolicy
+
+    policy = RetryPolicy(max_retries=3, base_delay=1.0, max_delay=3.0)
+    assert 0.5 <= policy.delay(1) <= 1.0 and 1.0 <= policy.delay(2) <= 2.0
+    assert 1.5 <= policy.delay(50) <= 3.0 and 1.5 <= policy.delay(10_000) <= 3.0
+    assert policy.delay(1, HTTPError(429, {"Retry-After": "2"})) == 2.0
+    assert policy.delay(1, HTTPError(429, {"retry-after-ms": "250"})) == 0.25
+    assert policy.delay(1, HTTPError(429, {"Retry-After": "600"})) == 3.0  # capped
+    assert 0.5 <= policy.delay(1, HTTPError(429, {"Retry-After": "soon"})) <= 1.0
+    with pytest.raises(ValueError):
+        RetryPolicy(max_retries=-1)
+    with pytest.raises(ValueError):
+        ContextualEnricher(ScriptedChat(), retry_base_delay=-1)
+
+
+def test_without_model_retries_rebuilds_wrappers_only_where_needed() -> None:
+    from langchain_openai import ChatOpenAI
+
+    from langchain_rse.llm_calls import underlying_model, without_model_retries
+
+    fake = ScriptedChat()
+    assert without_model_retries(fake) == (fake, 0)  # no retries of its own: kept
+    quiet = ChatOpenAI(model="m", api_key=SecretStr("sk-x"), base_url="http://127.0.0.1:9/v1")
+    quiet_off = ChatOpenAI(
+        model="m", api_key=SecretStr("sk-x"), base_url="http://127.0.0.1:9/v1", max_retries=0
+    )
+    assert without_model_retries(quiet_off) == (quiet_off, 0)
+    handler = CountStarts()
+    wrapped = quiet.bind(stop=["\n"]).with_config(callbacks=[handler]).with_fallbacks([fake])
+    copy, left = without_model_retries(wrapped)
+    assert left == 0 and copy is not wrapped
+    inner = underlying_model(copy)
+    assert inner.max_retries == 0 and inner.root_client.max_retries == 0
+    assert inner.openai_api_key.get_secret_value() == "sk-x" and inner.model_name == "m"
+    assert copy.runnable.kwargs == {"stop": ["\n"]}
+    assert copy.runnable.config["callbacks"] == [handler] and copy.fallbacks == [fake]
+    assert quiet.max_retries is None and quiet.root_client.max_retries == 2  # unchanged

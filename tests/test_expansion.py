@@ -28,8 +28,9 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.stores import BaseStore, InMemoryByteStore
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, SecretStr
 
+from fake_openai_server import FakeOpenAIServer
 from langchain_rse.expansion import (
     EXPANSION_PROMPT,
     PROMPT_VERSION,
@@ -512,8 +513,9 @@ async def test_async_failure_falls_back(caplog: pytest.LogCaptureFixture) -> Non
 
 def test_retry_backoff_is_bounded() -> None:
     exp = QueryExpander(ScriptedChat(), retry_base_delay=1.0, retry_max_delay=3.0)
-    assert 0.5 <= exp._retry_delay(1) <= 1.0
-    assert 1.5 <= exp._retry_delay(5) <= 3.0
+    policy = exp.model_calls().retry
+    assert 0.5 <= policy.delay(1) <= 1.0
+    assert 1.5 <= policy.delay(5) <= 3.0
 
 
 # --------------------------------------------------------------------------------------
@@ -621,3 +623,28 @@ def test_expand_many_mixes_cache_hits_and_failures(caplog: pytest.LogCaptureFixt
 
 def test_expand_many_of_nothing() -> None:
     assert expander().expand_many([]) == []
+
+
+# --------------------------------------------------------------------------------------
+# Nested retries: the SDK's own retries must not multiply the expander's
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 429])
+async def test_sdk_retries_do_not_multiply_the_expanders(
+    monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    from langchain_openai import ChatOpenAI
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with FakeOpenAIServer(fail=lambda request: status) as server:
+        llm = ChatOpenAI(model="gpt-test", base_url=server.base_url, api_key=SecretStr("sk-t"))
+        assert llm.root_client.max_retries == 2  # the openai SDK's default, left on
+        exp = expander(llm, max_retries=2)
+        assert exp.expand("notice period") == ["notice period"]
+        # The documented bound: max_retries + 1 HTTP requests per query (it was 3 * 3 = 9).
+        assert len(server.requests) == exp.llm_calls == 3
+        assert await exp.aexpand("audit rights") == ["audit rights"]
+        assert len(server.requests) == exp.llm_calls == 6
+        assert exp.failures == 2

@@ -1,0 +1,360 @@
+"""The offline enricher: the document title and the section-heading path of each chunk.
+
+Headings are found in one linear pass (Markdown ``#`` headings outside code blocks, or, in
+plain text, numbered clauses, ``ARTICLE``/``Section`` headings and ALL-CAPS lines), so this
+is fine on 50 MB documents.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from langchain_rse.chunking import Chunk
+from langchain_rse.enrichment.base import BaseEnricher, ChunkContext, clip, collapse
+
+__all__ = ["HEADER_VERSION", "HeaderEnricher", "HeaderOutline"]
+
+HEADER_VERSION = "header-v1"
+"""Part of :meth:`HeaderEnricher.fingerprint`: bump it whenever heading detection or the
+header's wording changes, so that indexes built with the old header are re-enriched."""
+
+# Python's ``re`` is slow at ``^`` in MULTILINE mode (it tries every position), so every
+# line-anchored pattern here starts with a literal (a newline, three spaces) that its
+# engine can search for quickly; the first line of the text is matched separately.
+_MD_HEADING_BODY = r"(?P<h> {0,3}(?P<hashes>#{1,6})[ \t]+(?P<title>\S.*?)(?:[ \t]+#+)?[ \t\r]*$)"
+_MD_HEADING = (re.compile(r"\n" + _MD_HEADING_BODY, re.M), re.compile(_MD_HEADING_BODY, re.M))
+_MD_FENCE_BODY = r"(?P<h> {0,3}(?P<fence>`{3,}|~{3,}))"
+_MD_FENCE = (re.compile(r"\n" + _MD_FENCE_BODY), re.compile(_MD_FENCE_BODY))
+
+# A "logical line" starts at a real line start (up to 3 spaces of indentation) or after a
+# run of 3+ spaces: text extracted from PDFs (CUAD, EDGAR) often puts several headings
+# and paragraphs on one physical line, separated by long runs of spaces.
+_NEWLINE_START = re.compile(r"\n[ \t]{0,3}(?=[A-Z0-9])")
+_SOFT_BREAK_START = re.compile(r"   +(?=[A-Z0-9])")
+_TEXT_START = re.compile(r"[ \t]{0,3}(?=[A-Z0-9])")
+_WORDS = r"\S+(?:[ \t]{1,2}\S+){0,15}"  # up to 16 words, stopping at a 3+ space run
+_KEYWORDS = (
+    "ARTICLE|Article|SECTION|Section|PART|Part|CHAPTER|Chapter|SCHEDULE|Schedule|"
+    "EXHIBIT|Exhibit|ANNEX|Annex|APPENDIX|Appendix"
+)
+_PLAIN_HEADING = re.compile(
+    # ARTICLE IV / Section 5. / Part 2 - Scope
+    rf"(?P<kw>{_KEYWORDS})[ \t]+(?P<kwnum>[IVXLCDM]+|\d{{1,3}}(?:\.\d{{1,3}})*|[A-Z])\b"
+    + rf"(?P<kwsep>\.?[ \t]{{0,2}}[.:\-–—]?)(?:[ \t]{{0,2}}(?P<kwtitle>{_WORDS}))?"
+    # IV. TERMINATION
+    + r"|(?P<roman>[IVX]{1,5})\.[ \t]{1,2}(?P<rtitle>[A-Z]\S*(?:[ \t]{1,2}\S+){0,15})"
+    # 12.3 Term / 12. Term / 12.3. Term / 4.
+    + r"|(?P<num>\d{1,3}(?:\.\d{1,3})+\.?|\d{1,3}\.)(?=[ \t\r\n]|\Z)"
+    + rf"(?:[ \t]{{1,2}}(?P<ntitle>{_WORDS}))?"
+    # TERM AND TERMINATION (a whole logical line of capitals)
+    + r"|(?P<caps>[A-Z][A-Z0-9 \t,&'’/().:;\-–—]{2,99}?)(?=[ \t\r]*(?:\n|\Z)|[ \t\xa0]{3})"
+)
+_LINE_BREAK = re.compile(r"\n|[ \t\xa0]{3}")
+_SENTENCE_END = re.compile(r"[.;:](?:\s|$)")
+_TOP_LEVEL = 0
+"""Level of ARTICLE / PART / EXHIBIT-like headings: above numbered clauses (level >= 1)."""
+
+
+class _Heading(NamedTuple):
+    start: int
+    end: int
+    level: int
+    text: str
+    kind: str
+    """``"markdown"``, ``"keyword"``, ``"roman"``, ``"number"`` or ``"caps"``."""
+    titled: bool = True
+
+
+def _line_matches(
+    patterns: tuple[re.Pattern[str], re.Pattern[str]], text: str
+) -> Iterator[re.Match[str]]:
+    """Matches of a line-anchored pattern pair ``(after a newline, at the text start)``."""
+    after_newline, at_start = patterns
+    first = at_start.match(text)
+    if first is not None:
+        yield first
+    yield from after_newline.finditer(text)
+
+
+def _heading_title(raw: str | None) -> str:
+    """The title part of a clause heading ('' when what follows looks like prose)."""
+    if not raw:
+        return ""
+    found = _SENTENCE_END.search(raw)
+    title = raw[: found.start()] if found else raw
+    title = collapse(title).rstrip(" .,;:-–—")
+    if not title or len(title) > 80:
+        return ""
+    if not (title[0].isupper() or title[0] in "\"“'(["):
+        return ""
+    if title.isupper():
+        return title
+    long_words = [w for w in title.split() if len(w) > 3 and w[0].isalpha()]
+    capitalised = sum(w[0].isupper() for w in long_words)
+    if long_words and capitalised * 2 < len(long_words):
+        return ""  # a sentence, not a title
+    return title
+
+
+def _is_caps_heading(line: str) -> bool:
+    """Whether an all-capitals logical line looks like a heading, not a code or number row."""
+    letters = sum(map(str.isalpha, line))
+    visible = len(line) - line.count(" ")
+    return (
+        letters >= 4
+        and letters >= 0.6 * visible
+        and len(line.split()) <= 12
+        and not line.endswith(",")
+    )
+
+
+def _fenced_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of the fenced code blocks of a Markdown text (unclosed: to the end)."""
+    spans: list[tuple[int, int]] = []
+    open_at: int | None = None
+    open_fence = ""
+    for match in _line_matches(_MD_FENCE, text):
+        fence = match.group("fence")
+        if open_at is None:
+            open_at, open_fence = match.start("h"), fence
+        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence):
+            spans.append((open_at, match.end()))
+            open_at = None
+    if open_at is not None:
+        spans.append((open_at, len(text)))
+    return spans
+
+
+def _markdown_headings(text: str) -> list[_Heading]:
+    """Markdown ATX headings outside fenced code blocks (those without letters ignored)."""
+    spans = _fenced_spans(text)
+    span_starts = [s for s, _ in spans]
+    headings: list[_Heading] = []
+    for match in _line_matches(_MD_HEADING, text):
+        start = match.start("h")
+        i = bisect_left(span_starts, start + 1) - 1
+        if i >= 0 and start < spans[i][1]:
+            continue  # a '# comment' inside a code block
+        title = collapse(match.group("title"))
+        if any(ch.isalnum() for ch in title):
+            level = len(match.group("hashes"))
+            headings.append(_Heading(start, match.end(), level, title, "markdown"))
+    return headings
+
+
+def _logical_line_starts(text: str) -> list[int]:
+    """Sorted starts of logical lines that begin with a capital letter or a digit."""
+    starts = {m.end() for m in _NEWLINE_START.finditer(text)}
+    starts.update(m.end() for m in _SOFT_BREAK_START.finditer(text))
+    first = _TEXT_START.match(text)
+    if first is not None:
+        starts.add(first.end())
+    return sorted(starts)
+
+
+def _plain_headings(text: str) -> list[_Heading]:
+    """Clause headings of a plain-text document: keywords, numbers, ALL-CAPS lines."""
+    headings: list[_Heading] = []
+    matched_to = 0
+    for position in _logical_line_starts(text):
+        if position < matched_to:
+            continue
+        match = _PLAIN_HEADING.match(text, position)
+        if match is None:
+            continue
+        matched_to = match.end()
+        heading = _plain_heading(match)
+        if heading is None:
+            continue
+        previous = headings[-1] if headings else None
+        if (
+            previous is not None
+            and match.group("caps")
+            and (not previous.titled or previous.kind == "caps")
+            and match.start() - previous.end <= 40
+            and not text[previous.end : match.start()].strip()
+            and text.count("\n", previous.end, match.start()) <= 1
+        ):
+            # "ARTICLE IV\nTERM AND TERMINATION" or a title in capitals over two lines
+            # (not across a blank line: that separates a title from the first heading).
+            merged = clip(f"{previous.text} {heading.text}", 100)
+            headings[-1] = _Heading(
+                previous.start, heading.end, previous.level, merged, previous.kind
+            )
+            continue
+        headings.append(heading)
+    return headings
+
+
+def _plain_heading(match: re.Match[str]) -> _Heading | None:
+    """The heading a :data:`_PLAIN_HEADING` match stands for, or ``None`` for a false hit."""
+    if match.group("kw"):
+        keyword, number = match.group("kw"), match.group("kwnum")
+        raw_title = match.group("kwtitle")
+        title = _heading_title(raw_title)
+        if raw_title and not title and not match.group("kwsep").strip():
+            return None  # "Section 5 of the Act provides ..." is prose
+        level = _TOP_LEVEL
+        if keyword.lower() == "section" and number[0].isdigit():
+            level = number.count(".") + 1
+        label = f"{keyword} {number}"
+        end = match.end() if title else match.end("kwnum")
+        text = clip(f"{label} {title}".strip(), 100)
+        return _Heading(match.start(), end, level, text, "keyword", bool(title))
+    if match.group("roman"):
+        title = _heading_title(match.group("rtitle"))
+        if not title:
+            return None
+        text = clip(f"{match.group('roman')}. {title}", 100)
+        return _Heading(match.start(), match.end(), _TOP_LEVEL, text, "roman")
+    if match.group("num"):
+        number, raw_title = match.group("num"), match.group("ntitle")
+        if raw_title and not (raw_title[0].isupper() or raw_title[0] in "\"“'(["):
+            return None  # "1.5 million ..." is prose
+        title = _heading_title(raw_title)
+        level = len([part for part in number.split(".") if part])
+        end = match.end() if title else match.end("num")
+        text = clip(f"{number} {title}".strip(), 100)
+        return _Heading(match.start(), end, level, text, "number", bool(title))
+    line = collapse(match.group("caps"))
+    if not _is_caps_heading(line):
+        return None
+    return _Heading(match.start(), match.end(), 1, clip(line, 100), "caps")
+
+
+def _heading_paths(headings: Sequence[_Heading]) -> list[tuple[str, ...]]:
+    """The heading path in force right after each heading (nesting by level)."""
+    stack: list[_Heading] = []
+    paths: list[tuple[str, ...]] = []
+    for heading in headings:
+        while stack and stack[-1].level >= heading.level:
+            stack.pop()
+        stack.append(heading)
+        paths.append(tuple(h.text for h in stack))
+    return paths
+
+
+def _first_line(text: str) -> str:
+    """The first non-empty logical line of ``text`` (ends at a newline or a 3+ space run)."""
+    for match in re.finditer(r"\S.*?(?=\n|[ \t\xa0]{3}|\Z)", text[:100_000]):
+        return collapse(match.group())
+    return ""
+
+
+@dataclass(frozen=True)
+class HeaderOutline:
+    """Title and heading index of one document (:meth:`HeaderEnricher.outline`)."""
+
+    title: str
+    starts: list[int]
+    """Start offset of each heading, ascending."""
+    contexts: list[str]
+    """The context of a chunk under each heading (rendered once per heading)."""
+    untitled: str
+    """The context of a chunk before the first heading."""
+
+
+class HeaderEnricher(BaseEnricher):
+    """Offline context: the document title and the section-heading path of each chunk.
+
+    The title is ``metadata["title"]``, else the first Markdown heading, else (plain text)
+    the first ALL-CAPS heading line in the first 3,000 characters, else the first non-empty
+    line, else the base name of ``metadata["source"]``. Headings are Markdown
+    ``#`` headings when the document has any (code blocks excluded); otherwise numbered
+    clauses (``12.3 Term``), ``ARTICLE IV`` / ``Section 5.`` headings and ALL-CAPS lines.
+    They are found in one pass over the document; each chunk then takes, by bisection, the
+    path of the headings that start before the end of its first line. Linear in the
+    document length, so it is fine on 50 MB documents.
+
+    Example context::
+
+        Document: Master Services Agreement
+        Section: ARTICLE IV TERM AND TERMINATION > 4.2 Termination for Cause
+    """
+
+    def __init__(
+        self, *, max_title_chars: int = 100, max_depth: int = 4, first_line_chars: int = 200
+    ) -> None:
+        """Configure the header.
+
+        Args:
+            max_title_chars: The title is trimmed to this many characters.
+            max_depth: At most this many innermost headings are shown in the path.
+            first_line_chars: A heading this close to a chunk's start, on its first
+                line, belongs to the chunk.
+        """
+        self.max_title_chars = max_title_chars
+        self.max_depth = max_depth
+        self.first_line_chars = first_line_chars
+
+    def outline(self, text: str, metadata: dict[str, Any]) -> HeaderOutline:
+        """Title and headings of a document (used once per document)."""
+        headings = _markdown_headings(text)
+        # A lone "# of Units" line does not make a contract Markdown: ask for two headings,
+        # or one that is the document's first line.
+        markdown = len(headings) >= 2 or (
+            len(headings) == 1 and not text[: headings[0].start].strip()
+        )
+        if not markdown:
+            headings = _plain_headings(text)
+        title = ""
+        meta_title = metadata.get("title")
+        if isinstance(meta_title, str) and meta_title.strip():
+            title = meta_title
+        elif markdown:
+            title = headings[0].text
+        else:
+            # A contract's name is usually its first line in capitals, after cover matter.
+            caps = [h.text for h in headings[:10] if h.kind == "caps" and h.start < 3000]
+            title = caps[0] if caps else _first_line(text)
+        if not title:
+            source = metadata.get("source")
+            if source is not None and str(source).strip():
+                title = os.path.basename(str(source).rstrip("/\\")) or str(source)
+        title = clip(collapse(title), self.max_title_chars)
+        document = f"Document: {title}" if title else ""
+        folded_title = title.casefold()
+        contexts = []
+        for path in _heading_paths(headings):
+            # The H1 (or capitals line) that is also the title is not repeated.
+            shown = [h for h in path if h.casefold() != folded_title][-self.max_depth :]
+            section = "Section: " + clip(" > ".join(shown), 300) if shown else ""
+            contexts.append("\n".join(line for line in (document, section) if line))
+        return HeaderOutline(title, [h.start for h in headings], contexts, document)
+
+    def context_for(self, outline: HeaderOutline, text: str, chunk: Chunk) -> str:
+        """The header text for one chunk given the document's outline."""
+        limit = min(chunk.end_index, chunk.start_index + self.first_line_chars)
+        line_break = _LINE_BREAK.search(text, chunk.start_index, limit)
+        first_line_end = line_break.start() if line_break else limit
+        i = bisect_left(outline.starts, max(first_line_end, chunk.start_index + 1)) - 1
+        return outline.contexts[i] if i >= 0 else outline.untitled
+
+    def enrich(
+        self, doc_id: str, text: str, metadata: dict[str, Any], chunks: Sequence[Chunk]
+    ) -> list[ChunkContext]:
+        """One ``"header"`` context per chunk (``''`` when there is no title nor section)."""
+        if not chunks:
+            return []
+        outline = self.outline(text, metadata)
+        return [ChunkContext(self.context_for(outline, text, c), "header") for c in chunks]
+
+    def fingerprint_settings(self) -> dict[str, Any]:
+        """:data:`HEADER_VERSION` and the three options: all that shapes the header."""
+        return {
+            "version": HEADER_VERSION,
+            "max_title_chars": self.max_title_chars,
+            "max_depth": self.max_depth,
+            "first_line_chars": self.first_line_chars,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"HeaderEnricher(max_title_chars={self.max_title_chars}, "
+            f"max_depth={self.max_depth}, first_line_chars={self.first_line_chars})"
+        )
