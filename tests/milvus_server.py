@@ -17,8 +17,11 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from servers import _server, free_port, missing_server
+
+from helpers import HashingEmbeddings
 
 
 def milvus_lite_exe() -> str | None:
@@ -41,3 +44,27 @@ def milvus_server(tmp: Path) -> Iterator[str]:
            "--port", str(port)]  # fmt: skip
     with _server(cmd, port, "milvus-lite server", tmp / "milvus.log") as p:
         yield f"http://127.0.0.1:{p}"
+
+
+# Every process that opens the dense collection must pass the same index parameters:
+# langchain-milvus picks the relevance-score function from them (without, it assumes L2
+# and inverts a COSINE ranking).
+DENSE_INDEX = {"index_type": "FLAT", "metric_type": "COSINE", "params": {}}
+
+
+def milvus_stores(uri: str, name: str) -> tuple[Any, Any]:
+    """A dense collection and a BM25 collection for one index (as every worker opens them)."""
+    from langchain_milvus import Milvus
+
+    from langchain_rse.stores.milvus import MilvusLexicalStore
+
+    dense = Milvus(
+        HashingEmbeddings(),
+        collection_name=f"d_{name}",
+        connection_args={"uri": uri},
+        index_params=dict(DENSE_INDEX),
+        enable_dynamic_field=True,
+        consistency_level="Strong",
+    )
+    lexical = MilvusLexicalStore(f"l_{name}", {"uri": uri})
+    return dense, lexical

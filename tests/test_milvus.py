@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 from langchain_core.stores import InMemoryByteStore
-from milvus_server import milvus_server
+from milvus_server import milvus_server, milvus_stores
 
 from conftest import corpus_documents
-from helpers import HashingEmbeddings, make_contract
+from helpers import make_contract
 from langchain_rse import RSERetriever
 from langchain_rse.chunking import chunk_key, chunk_uuid
 from langchain_rse.records import pointer_key
@@ -38,28 +38,6 @@ from langchain_rse.records import pointer_key
 pytestmark = pytest.mark.integration
 
 TESTS = Path(__file__).resolve().parent
-
-# Every process that opens the dense collection must pass the same index parameters:
-# langchain-milvus picks the relevance-score function from them (without, it assumes L2
-# and inverts a COSINE ranking).
-DENSE_INDEX = {"index_type": "FLAT", "metric_type": "COSINE", "params": {}}
-
-
-def stores(uri: str, name: str):
-    from langchain_milvus import Milvus
-
-    from langchain_rse.stores.milvus import MilvusLexicalStore
-
-    dense = Milvus(
-        HashingEmbeddings(),
-        collection_name=f"d_{name}",
-        connection_args={"uri": uri},
-        index_params=dict(DENSE_INDEX),
-        enable_dynamic_field=True,
-        consistency_level="Strong",
-    )
-    lexical = MilvusLexicalStore(f"l_{name}", {"uri": uri})
-    return dense, lexical
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +52,7 @@ def make(uri) -> Iterator:
     made = []
 
     def factory(**kw):
-        dense, lexical = stores(uri, uuid.uuid4().hex[:12])
+        dense, lexical = milvus_stores(uri, uuid.uuid4().hex[:12])
         made.append((dense, lexical))
         kw.setdefault("docstore", InMemoryByteStore())
         return RSERetriever(vectorstore=dense, lexical_store=lexical, **kw)
@@ -244,9 +222,10 @@ sys.path.insert(0, sys.argv[1])
 from langchain_community.storage import RedisStore
 from langchain_core.documents import Document
 from langchain_rse import RSERetriever
-from test_milvus import alpha_version, stores
+from milvus_server import milvus_stores
+from test_milvus import alpha_version
 uri, redis, name, rounds = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-dense, lexical = stores(uri, name)
+dense, lexical = milvus_stores(uri, name)
 r = RSERetriever(vectorstore=dense, lexical_store=lexical,
                  docstore=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name))
 for n in range(1, rounds + 1):
@@ -274,7 +253,7 @@ def test_a_second_process_sees_the_writers_replacements_in_its_lexical_branch(
     versions = {n: alpha_version(n) for n in range(rounds + 1)}
     name = uuid.uuid4().hex[:12]
     with redis_server(tmp_path) as redis:
-        dense, lexical = stores(uri, name)
+        dense, lexical = milvus_stores(uri, name)
         docstore = RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name)
         reader = RSERetriever(vectorstore=dense, lexical_store=lexical, docstore=docstore, k=3)
         other = Document(make_contract("beta", ["payment", "insurance"], 3), id="beta")

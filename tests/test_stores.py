@@ -2,6 +2,8 @@
 
 * ``in_memory``: ``InMemoryVectorStore`` + in-memory chunk store
 * ``faiss``: the default local FAISS store + in-memory chunk store
+* ``milvus``: a real Milvus server (``milvus-lite server``) holding both the dense
+  collection and a BM25 collection (the lexical store); in-memory record store
 * ``chroma_redis``: a real Chroma server (``chroma run``) as the vector store and a real
   Redis server (``redis-server``) as the chunk store, both on 127.0.0.1, started here.
 """
@@ -19,6 +21,7 @@ import pytest
 from langchain_core.documents import Document
 from langchain_core.indexing import InMemoryRecordManager, index
 from langchain_core.vectorstores import InMemoryVectorStore
+from milvus_server import milvus_server, milvus_stores
 from servers import chroma_server, redis_server
 
 from conftest import corpus_documents
@@ -27,7 +30,7 @@ from langchain_rse import RSERetriever
 from langchain_rse.chunking import chunk_key, chunk_uuid
 from langchain_rse.persistence import default_vectorstore
 
-SETUPS = ["in_memory", "faiss", "chroma_redis"]
+SETUPS = ["in_memory", "faiss", "chroma_redis", "milvus"]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,12 @@ def servers(tmp_path_factory) -> Iterator[dict[str, int]]:
     tmp = tmp_path_factory.mktemp("servers")
     with redis_server(tmp) as redis_port, chroma_server(tmp) as chroma_port:
         yield {"redis": redis_port, "chroma": chroma_port}
+
+
+@pytest.fixture(scope="module")
+def milvus_uri(tmp_path_factory) -> Iterator[str]:
+    with milvus_server(tmp_path_factory.mktemp("milvus")) as uri:
+        yield uri
 
 
 @pytest.fixture(params=SETUPS)
@@ -49,6 +58,21 @@ def make(request) -> Iterator:
             return RSERetriever(vectorstore=vs, **kw)
 
         yield factory
+        return
+
+    if setup == "milvus":
+        uri = request.getfixturevalue("milvus_uri")
+        made: list = []
+
+        def milvus_factory(**kw):
+            dense, lexical = milvus_stores(uri, uuid.uuid4().hex[:12])
+            made.append((dense, lexical))
+            return RSERetriever(vectorstore=dense, lexical_store=lexical, **kw)
+
+        yield milvus_factory
+        for stores in made:
+            for store in stores:
+                store.drop()
         return
 
     servers = request.getfixturevalue("servers")
