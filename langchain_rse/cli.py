@@ -282,7 +282,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         "files": len(record) or None,
         "chunks": manifest.get("stats", {}).get("chunks"),
         "embedding": manifest["embedding"],
-        "enricher": manifest["enricher"]["repr"],
+        **{
+            name: _describe_component(spec)
+            for name, spec in manifest.get("components", {}).items()
+            if spec is not None
+        },
         "vectorstore": manifest["vectorstore"]["class"],
         "chunk_store": manifest["docstore"]["class"],
         "settings": manifest["config"],
@@ -364,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=2)
     p.set_defaults(func=cmd_demo)
     return parser
+
+
+def _describe_component(spec: dict[str, Any]) -> str:
+    settings = ", ".join(f"{k}={v!r}" for k, v in spec.get("settings", {}).items())
+    return f"{spec['class']}({settings})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
