@@ -30,7 +30,6 @@ import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
-from pydantic import BaseModel, SecretStr
 
 __all__ = [
     "FORMAT_NAME",
@@ -40,6 +39,8 @@ __all__ = [
     "default_vectorstore",
     "read_manifest",
 ]
+
+from langchain_rse.components import describe_component, restore_components
 
 logger = logging.getLogger(__name__)
 
@@ -300,103 +301,6 @@ def load_vectorstore(
         f"this index uses an external vector store ({info.get('class')}); "
         "pass it with RSERetriever.load(path, vectorstore=...)"
     )
-
-
-# ---------------------------------------------------------------- components
-
-_PRIMITIVES = (str, int, float, bool, type(None))
-
-
-def _plain(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return all(isinstance(v, _PRIMITIVES) for v in value)
-    return isinstance(value, _PRIMITIVES)
-
-
-def describe_component(component: Any) -> dict[str, Any] | None:
-    """A component's class and its non-secret settings (plain values only: no keys, no
-    models, no stores), as saved in the manifest."""
-    if component is None:
-        return None
-    cls = type(component)
-    if isinstance(component, BaseModel):
-        values = {name: getattr(component, name) for name in type(component).model_fields}
-    else:
-        values = {k: v for k, v in vars(component).items() if not k.startswith("_")}
-    settings = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items() if _plain(v)}
-    objects = {
-        k: type(v).__name__
-        for k, v in values.items()
-        if not _plain(v) and not isinstance(v, SecretStr)
-    }
-    return {"class": cls.__name__, "module": cls.__module__, "settings": settings,
-            "objects": objects}  # fmt: skip
-
-
-def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
-    """Rebuild a component this library can rebuild from its saved settings, else None."""
-    from langchain_rse import enrichment, rerank
-
-    name, settings, objects = spec["class"], dict(spec["settings"]), spec.get("objects", {})
-    if not spec["module"].startswith("langchain_rse."):
-        return None
-    try:
-        if name in ("NoEnricher", "HeaderEnricher"):
-            return getattr(enrichment, name)(**settings)
-        if name == "CohereReranker":  # the key comes from the environment again
-            return rerank.CohereReranker(**settings)
-        if name == "EmbeddingReranker":
-            wanted = objects.get("embeddings")
-            if embedding is not None and type(embedding).__name__ == wanted:
-                return rerank.EmbeddingReranker(embeddings=embedding, **settings)
-            if wanted == "LocalEmbeddings":
-                from langchain_rse.embeddings import LocalEmbeddings
-
-                return rerank.EmbeddingReranker(embeddings=LocalEmbeddings(), **settings)
-    except (TypeError, ValueError) as exc:
-        logger.debug("could not rebuild %s from %s: %s", name, settings, exc)
-    return None
-
-
-def _router(given: Any, spec: dict[str, Any]) -> Any:
-    """A bare retriever passed for a saved router gets the saved routing settings."""
-    from langchain_core.retrievers import BaseRetriever
-
-    from langchain_rse.routing import DocumentRouter
-
-    if isinstance(given, BaseRetriever):
-        return DocumentRouter(retriever=given, **spec["settings"])
-    return given
-
-
-def restore_components(
-    manifest: dict[str, Any], given: dict[str, Any], embedding: Embeddings | None, strict: bool
-) -> dict[str, Any]:
-    """The components to pass to the loaded retriever: what the caller gave, else what can
-    be rebuilt from the manifest. For the rest: a warning naming each (``strict``: raise)."""
-    out: dict[str, Any] = {}
-    missing = []
-    for field_name, spec in manifest.get("components", {}).items():
-        if field_name == "router" and spec is not None and field_name in given:
-            out["router"] = _router(given["router"], spec)
-        if spec is None or field_name in given:
-            continue
-        component = _restore(spec, embedding)
-        if component is None:
-            missing.append(f"{field_name}={spec['class']}")
-        else:
-            out[field_name] = component
-    if missing:
-        message = (
-            "this index was saved with " + ", ".join(missing) + ", which cannot be rebuilt "
-            "from the saved settings; pass "
-            + ", ".join(m.split("=")[0] + "=..." for m in missing)
-            + " to load() to get the same results"
-        )
-        if strict:
-            raise ValueError(message)
-        logger.warning(message)
-    return out
 
 
 # ---------------------------------------------------------------- the retriever

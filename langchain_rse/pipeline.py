@@ -8,6 +8,7 @@ and receives the answer; :func:`drive` carries the requests out synchronously an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -275,6 +276,21 @@ def _retrying(s: QuerySettings, cands: list[Candidate]) -> Generator[Request, An
         except StaleRead as exc:
             logger.debug("document %s changed during a query; re-reading", exc)
     raise RuntimeError("the record store keeps losing documents during this query")
+
+
+def rerank_handler(reranker: Any, callbacks: Any) -> Callable[[Any], Any]:
+    """The ``"rerank"`` handler: each query reranks the candidates (sync)."""
+    return lambda arg: [reranker.rerank(q, arg[1], callbacks=callbacks) for q in arg[0]]
+
+
+def arerank_handler(reranker: Any, callbacks: Any) -> Callable[[Any], Awaitable[Any]]:
+    """The ``"rerank"`` handler: the queries rerank the candidates concurrently (async)."""
+
+    async def rerank(arg: Any) -> list[Any]:
+        replies = (reranker.arerank(q, arg[1], callbacks=callbacks) for q in arg[0])
+        return list(await asyncio.gather(*replies))
+
+    return rerank
 
 
 async def _run(

@@ -20,7 +20,6 @@ from typing import Any, Literal
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
-    Callbacks,
 )
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -47,7 +46,7 @@ from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.search import SearchBranches, SearchRequest, is_local
 from langchain_rse.segments import RSEParams, get_preset
-from langchain_rse.validation import check_k, clean_query
+from langchain_rse.validation import check_k, clean_query, query_set
 
 __all__ = ["RSERetriever"]
 
@@ -484,32 +483,26 @@ class RSERetriever(DocumentIndex):
 
     # ------------------------------------------------------------------ querying
 
-    def _settings(self, query: str, k: int, mode: Any, queries: Any, expansions: list[str],
-                  f: Any) -> pipeline.QuerySettings:  # fmt: skip
+    def _settings(
+        self, query: str, k: int, mode: Any, queries: Any, expansions: list[str], f: Any
+    ) -> pipeline.QuerySettings:
         mode = self.mode if mode is None else mode
         if mode not in ("segments", "chunks"):
             raise ValueError(f"mode must be 'segments' or 'chunks', got {mode!r}")
         return pipeline.QuerySettings(
-            k=k, mode=mode,
-            queries=self._query_set(query, queries, expansions), weights=self.weights,
-            fusion=self.fusion, rrf_k=self.rrf_k, candidate_pool=self.candidate_pool,
-            relevance=self.relevance, params=self.params, rerank=self.reranker is not None,
+            k=k,
+            mode=mode,
+            queries=query_set(query, queries, expansions, self.max_queries, self.max_query_chars),
+            weights=self.weights,
+            fusion=self.fusion,
+            rrf_k=self.rrf_k,
+            candidate_pool=self.candidate_pool,
+            relevance=self.relevance,
+            params=self.params,
+            rerank=self.reranker is not None,
             strict_rerank=self.strict_rerank,
             filter=both(parse(self.filter) if self.filter else None, parse(f) if f else None),
-        )  # fmt: skip
-
-    def _query_set(self, query: str, queries: Any, expansions: list[str]) -> list[str]:
-        """The original query first, then extra and expanded queries, deduplicated."""
-        extra: list[str] = []
-        if queries is not None:
-            if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
-                raise TypeError("queries must be a list of strings")
-            extra = [clean_query(q, self.max_query_chars) for q in queries]
-        out: list[str] = []
-        for q in [query, *extra, *expansions]:
-            if q.strip().casefold() not in {o.strip().casefold() for o in out}:
-                out.append(q)
-        return out[: self.max_queries]
+        )
 
     def _check_call(self, query: Any, k: Any, unknown: dict[str, Any]) -> tuple[str, int]:
         if unknown:
@@ -518,22 +511,6 @@ class RSERetriever(DocumentIndex):
                 f"it accepts {', '.join(_INVOKE_ARGS)} (and config)"
             )
         return clean_query(query, self.max_query_chars), check_k(self.k if k is None else k)
-
-    def _rerank(self, callbacks: Callbacks) -> Any:
-        reranker = self.reranker
-        assert reranker is not None
-        return lambda arg: [reranker.rerank(q, arg[1], callbacks=callbacks) for q in arg[0]]
-
-    def _arerank(self, callbacks: Callbacks) -> Any:
-        reranker = self.reranker
-        assert reranker is not None
-
-        async def rerank(arg: Any) -> list[Any]:
-            return list(await asyncio.gather(
-                *(reranker.arerank(q, arg[1], callbacks=callbacks) for q in arg[0])
-            ))  # fmt: skip
-
-        return rerank
 
     def _get_relevant_documents(
         self,
@@ -565,7 +542,7 @@ class RSERetriever(DocumentIndex):
             "bodies": self._records.bodies,
         }
         if self.reranker is not None:
-            handlers["rerank"] = self._rerank(callbacks)
+            handlers["rerank"] = pipeline.rerank_handler(self.reranker, callbacks)
         return pipeline.drive(s, cands, handlers)
 
     async def _aget_relevant_documents(
@@ -602,5 +579,5 @@ class RSERetriever(DocumentIndex):
             "bodies": self._records.abodies,
         }
         if self.reranker is not None:
-            handlers["rerank"] = self._arerank(callbacks)
+            handlers["rerank"] = pipeline.arerank_handler(self.reranker, callbacks)
         return await pipeline.adrive(s, cands, handlers)

@@ -11,7 +11,7 @@ from langchain_core.documents import Document
 
 from langchain_rse.chunking import doc_id_for
 
-__all__ = ["check_k", "clean_query", "looks_binary", "validate_documents"]
+__all__ = ["check_k", "clean_query", "looks_binary", "query_set", "validate_documents"]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -86,3 +86,23 @@ def check_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be a non-negative integer, got {k!r}")
     return k
+
+
+def query_set(
+    query: str, queries: Any, expansions: list[str], max_queries: int, max_chars: int
+) -> list[str]:
+    """The original query first, then extra (``queries=``) and expanded queries, each
+    checked, without case-insensitive duplicates, at most ``max_queries``."""
+    extra: list[str] = []
+    if queries is not None:
+        if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
+            raise TypeError("queries must be a list of strings")
+        extra = [clean_query(q, max_chars) for q in queries]
+    out: list[str] = []
+    seen: set[str] = set()
+    for q in [query, *extra, *expansions]:
+        key = q.strip().casefold()
+        if key not in seen:
+            seen.add(key)
+            out.append(q)
+    return out[:max_queries]

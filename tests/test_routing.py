@@ -163,7 +163,9 @@ async def test_a_copy_searches_with_its_own_settings() -> None:
     assert len(routed._search().dense_runnable.invoke(REQUEST).hits) == 20
     results = routed.invoke(QUERY, k=6, mode="chunks")
     assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
-    assert len(plain._search().dense_runnable.invoke(REQUEST).hits) == 2  # the original is unchanged
+    assert (
+        len(plain._search().dense_runnable.invoke(REQUEST).hits) == 2
+    )  # the original is unchanged
     # assignment is validated and takes effect too
     plain.fetch_k = 7
     assert len(plain._search().dense(REQUEST).hits) == 7
