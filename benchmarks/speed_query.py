@@ -31,8 +31,9 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from speed_corpus import DIM, Corpus, load_sentences
 
 import langchain_rse.lexical
-import langchain_rse.retriever
+import langchain_rse.pipeline
 from langchain_rse import RSERetriever
+from langchain_rse.records import RecordStore
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # langchain-community's sunset notice
@@ -252,14 +253,10 @@ def describe(retriever: RSERetriever) -> str:
 
 
 @contextlib.contextmanager
-def using_store(retriever: RSERetriever, vectorstore: Any) -> Iterator[None]:
-    """Point the retriever at another store holding the same chunks (same ids, metadata)."""
-    original = retriever.vectorstore
-    retriever.vectorstore = vectorstore
-    try:
-        yield
-    finally:
-        retriever.vectorstore = original
+def using_store(retriever: RSERetriever, vectorstore: Any) -> Iterator[RSERetriever]:
+    """The retriever over another store holding the same chunks (same ids, metadata):
+    a copy sharing the record store and the BM25 index (``vectorstore`` is frozen)."""
+    yield retriever.model_copy(update={"vectorstore": vectorstore})
 
 
 def chunk_documents(store: FAISS) -> list[Document]:
@@ -332,12 +329,12 @@ def stage_targets(store: FAISS) -> list[tuple[str, Any, str]]:
         ("lexical search (BM25Index.search)", langchain_rse.lexical.BM25Index, "search"),
         ("  tokenize query", langchain_rse.lexical, "tokenize"),
         ("  bm25s get_scores (dense score vector over all chunks)", bm25s.BM25, "get_scores"),
-        ("fusion (_fuse: chunk keys + RRF)", RSERetriever, "_fuse"),
-        ("chunk store: doc records (_get_meta)", RSERetriever, "_get_meta"),
-        ("chunk store: doc bodies (_get_bodies, JSON)", RSERetriever, "_get_bodies"),
-        ("RSE (_select: chunk_values + best_segments)", RSERetriever, "_select"),
-        ("  best_segments", langchain_rse.retriever, "best_segments"),
-        ("results (_results: segment Documents)", RSERetriever, "_results"),
+        ("fusion (pipeline.fuse: RRF)", langchain_rse.pipeline, "fuse"),
+        ("record store: doc records (RecordStore.pointers)", RecordStore, "pointers"),
+        ("record store: doc bodies (RecordStore.bodies, JSON)", RecordStore, "bodies"),
+        ("RSE (pipeline.select: chunk_values + best_segments)", langchain_rse.pipeline, "select"),
+        ("  best_segments", langchain_rse.pipeline, "best_segments"),
+        ("results (pipeline.results: segment Documents)", langchain_rse.pipeline, "results"),
     ]
 
 
@@ -448,9 +445,9 @@ def run_size(size: int, settings: Settings) -> SizeResult:
         log(f"{family} {mode} {store_name}: median {np.median(wall):.2f} ms over {len(wall)}")
 
     def measure_ours(store_name: str, vectorstore: Any) -> None:
-        with using_store(retriever, vectorstore):
-            measure("ours", "segments", store_name, retriever.invoke)
-            measure("ours", "chunks", store_name, lambda q: retriever.invoke(q, mode="chunks"))
+        with using_store(retriever, vectorstore) as ours:
+            measure("ours", "segments", store_name, ours.invoke)
+            measure("ours", "chunks", store_name, lambda q: ours.invoke(q, mode="chunks"))
 
     measure_ours(FLAT, store)
     start = time.perf_counter()
@@ -462,10 +459,10 @@ def run_size(size: int, settings: Settings) -> SizeResult:
     if settings.profile:
         timed = queries[settings.warmup :]
         for name, vectorstore in ((FLAT, store), (IVF, ivf)):
-            with using_store(retriever, vectorstore):
-                result.breakdown[name] = stage_breakdown(retriever, vectorstore, corpus, timed)
-        with using_store(retriever, ivf):  # where the library's own costs show
-            result.profile_rows = profile_top(retriever, timed)
+            with using_store(retriever, vectorstore) as ours:
+                result.breakdown[name] = stage_breakdown(ours, vectorstore, corpus, timed)
+        with using_store(retriever, ivf) as ours:  # where the library's own costs show
+            result.profile_rows = profile_top(ours, timed)
 
     if size <= settings.ensemble_max:
         docs = chunk_documents(store)

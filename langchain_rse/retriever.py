@@ -36,7 +36,7 @@ from langchain_rse import pipeline
 from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, make_splitter
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.filters import Filter, both, parse
-from langchain_rse.fusion import FusionMethod, fuse
+from langchain_rse.fusion import FusionMethod
 from langchain_rse.indexing import Plan, Prepared, Writer
 from langchain_rse.lexical import BM25Index, LexicalEngine
 from langchain_rse.locks import ReadWriteLock
@@ -46,7 +46,7 @@ from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.search import SearchBranches, SearchRequest, is_local
 from langchain_rse.segments import RSEParams, get_preset
-from langchain_rse.validation import check_k, clean_query, query_set
+from langchain_rse.validation import check_k, check_settings, clean_query, query_set
 
 __all__ = ["RSERetriever"]
 
@@ -238,18 +238,7 @@ class RSERetriever(DocumentIndex):
 
     @model_validator(mode="after")
     def _check(self) -> RSERetriever:
-        check_k(self.k)
-        for name in ("fetch_k", "candidate_pool", "max_queries", "max_query_chars",
-                     "max_document_chars", "index_batch_size"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.splitter is None:
-            make_splitter(self.chunk_size, self.chunk_overlap)  # validates size/overlap
-        fuse([], [], self.fusion, self.rrf_k)  # validates method and constant
-        if len(self.weights) != 2 or min(self.weights) < 0 or max(self.weights) <= 0:
-            raise ValueError(f"weights must be two non-negative numbers, got {self.weights}")
-        if self.rse_params is None:
-            get_preset(self.preset)
+        check_settings(self)
         return self
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -512,6 +501,18 @@ class RSERetriever(DocumentIndex):
             )
         return clean_query(query, self.max_query_chars), check_k(self.k if k is None else k)
 
+    def _handlers(self, callbacks: Any, asynchronous: bool) -> pipeline.Handlers:
+        """The pipeline's I/O: record reads and (when configured) the reranker."""
+        records = self._records
+        if asynchronous:
+            handlers: pipeline.Handlers = {"meta": records.apointers, "bodies": records.abodies}
+        else:
+            handlers = {"meta": records.pointers, "bodies": records.bodies}
+        if self.reranker is not None:
+            make = pipeline.arerank_handler if asynchronous else pipeline.rerank_handler
+            handlers["rerank"] = make(self.reranker, callbacks)
+        return handlers
+
     def _get_relevant_documents(
         self,
         query: str,
@@ -537,13 +538,7 @@ class RSERetriever(DocumentIndex):
         dense = [search.dense_runnable.invoke(r, config) for r in requests]
         lexical = [search.lexical_runnable.invoke(r, config) for r in requests]
         cands = pipeline.candidates(s, dense, lexical, routed, router)
-        handlers: pipeline.Handlers = {
-            "meta": self._records.pointers,
-            "bodies": self._records.bodies,
-        }
-        if self.reranker is not None:
-            handlers["rerank"] = pipeline.rerank_handler(self.reranker, callbacks)
-        return pipeline.drive(s, cands, handlers)
+        return pipeline.drive(s, cands, self._handlers(callbacks, False))
 
     async def _aget_relevant_documents(
         self,
@@ -574,10 +569,4 @@ class RSERetriever(DocumentIndex):
         routed = router.chosen(found[2 * n]) if router else None  # type: ignore[arg-type]
         dense, lexical = found[:n], found[n : 2 * n]
         cands = pipeline.candidates(s, dense, lexical, routed, router)  # type: ignore[arg-type]
-        handlers: pipeline.AsyncHandlers = {
-            "meta": self._records.apointers,
-            "bodies": self._records.abodies,
-        }
-        if self.reranker is not None:
-            handlers["rerank"] = pipeline.arerank_handler(self.reranker, callbacks)
-        return await pipeline.adrive(s, cands, handlers)
+        return await pipeline.adrive(s, cands, self._handlers(callbacks, True))

@@ -9,9 +9,18 @@ from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.chunking import doc_id_for
+from langchain_rse.chunking import doc_id_for, make_splitter
+from langchain_rse.fusion import fuse
+from langchain_rse.segments import get_preset
 
-__all__ = ["check_k", "clean_query", "looks_binary", "query_set", "validate_documents"]
+__all__ = [
+    "check_k",
+    "check_settings",
+    "clean_query",
+    "looks_binary",
+    "query_set",
+    "validate_documents",
+]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -106,3 +115,23 @@ def query_set(
             seen.add(key)
             out.append(q)
     return out[:max_queries]
+
+
+_POSITIVE = ("fetch_k", "candidate_pool", "max_queries", "max_query_chars",
+             "max_document_chars", "index_batch_size")  # fmt: skip
+
+
+def check_settings(r: Any) -> None:
+    """Raise ``ValueError`` for a retriever configuration that could not run (checked at
+    construction and on every assignment, so a bad setting fails where it is made)."""
+    check_k(r.k)
+    for name in _POSITIVE:
+        if getattr(r, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(r, name)}")
+    if r.splitter is None:
+        make_splitter(r.chunk_size, r.chunk_overlap)  # validates size/overlap
+    fuse([], [], r.fusion, r.rrf_k)  # validates method and constant
+    if len(r.weights) != 2 or min(r.weights) < 0 or max(r.weights) <= 0:
+        raise ValueError(f"weights must be two non-negative numbers, got {r.weights}")
+    if r.rse_params is None:
+        get_preset(r.preset)
