@@ -410,6 +410,16 @@ def test_header_untitled_numbers_must_continue_the_numbering() -> None:
         + "2.5.2 Seller shall confirm each order within five days.\n"
     )
     assert header(run_on, "Seller shall confirm").endswith("Section: 2.5 Purchase Orders > 2.5.2")
+    padded = (
+        "TITLE\n\n8.04. Payments are due. 8.05. All payments are in dollars.\n\n"
+        "8.06. With respect to Products, the price is fixed.\n"
+    )
+    assert header(padded, "With respect").endswith("Section: 8.06.")
+    # "2.0" numbers clause 2 (above 2.1); a clause or two may be missing from the outline.
+    dotted_zero = "TITLE\n\n1.0    DEFINITIONS\n\nWords.\n\n2.0    TERM\n\n2.1    In the event.\n"
+    assert header(dotted_zero, "In the event").endswith("Section: 2.1")
+    skipped = "TITLE\n\n1. Scope. It covers goods.\n\n5. The parties may end it by a notice.\n"
+    assert header(skipped, "The parties may").endswith("Section: 5.")
     # The last cell of a row is no clause, even where its number would continue them.
     row = "SUPPLY AGREEMENT\n\n4.2 Term Loan. It is fixed.\n    Spread        4.3\n\nIt is low.\n"
     assert header(row, "It is low").endswith("Section: 4.2 Term Loan")

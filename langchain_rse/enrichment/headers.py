@@ -69,7 +69,9 @@ _ROW_WINDOW = 160
 _ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
 _LOOKBACK = 5000
 """How far back the clause before an untitled clause number is looked for in the text."""
-_CLAUSE_TEXT = re.compile(r"\.?[ \t]{1,3}[A-Z\"“(]")
+_CLAUSE_TEXT = re.compile(r"\.?[ \t]+[A-Z\"“(]")
+_MAX_SKIPPED, _MAX_SKIPPED_TOP = 3, 10
+"""Untitled ``4.30`` continues after ``4.27``-``4.29``; top-level ``12.`` after ``2.``-``11.``."""
 _CELL_BREAK = re.compile(r"[ \t\xa0]{3,}")
 _NUMBER_CELL = re.compile(r"[$€£(]?[ \t]?[-–]?\d[\d,.]*\)?%?")
 """A table cell that is a number: ``4.30``, ``12.5``, ``2019``, ``$ 1,234``, ``(1,234)``."""
@@ -156,20 +158,23 @@ def _last_cell(text: str, start: int, end: int) -> bool:
 
 
 def _written_before(text: str, start: int, clause: tuple[int, ...]) -> bool:
-    """Whether clause ``clause`` (``2.5.1``, then a capital) starts in the
+    """Whether clause ``clause`` (``2.5.1`` or ``2.05.1``, then a capital) starts in the
     :data:`_LOOKBACK` characters before ``start``.
 
     PDF text often runs clauses on in one paragraph (``... 2.5 Purchase Orders. 2.5.1
     CUTANEA agrees ...``), so only the clauses that start a page start a line.
     """
-    label = ".".join(map(str, clause))
-    at = text.rfind(label, max(0, start - _LOOKBACK), start)
-    while at >= 0:
-        if (at == 0 or text[at - 1] not in "0123456789.,$") and _CLAUSE_TEXT.match(
-            text, at + len(label)
-        ):
-            return True
-        at = text.rfind(label, max(0, start - _LOOKBACK), at)
+    head = "".join(f"{part}." for part in clause[:-1])
+    labels = {f"{head}{clause[-1]}", f"{head}{clause[-1]:02d}"}  # 8.5 and 8.05
+    lo = max(0, start - _LOOKBACK)
+    for label in labels:
+        at = text.rfind(label, lo, start)
+        while at >= 0:
+            if (at == 0 or text[at - 1] not in "0123456789.,$") and _CLAUSE_TEXT.match(
+                text, at + len(label)
+            ):
+                return True
+            at = text.rfind(label, lo, at)
     return False
 
 
@@ -178,22 +183,27 @@ def _continues_numbering(
 ) -> bool:
     """Whether an untitled clause number at ``start`` continues the numbering before it.
 
-    The clause before it must be a heading so far (``seen``: their numbers and prefixes)
-    or start in the text just before it (:func:`_written_before`): ``4.29`` for ``4.30``;
-    for a first sub-clause ``x.1``, its parent ``x`` or the clause before the parent
-    (``7.1`` after ``6.3``: clause 7's own heading may be one we do not recognise).
-    ``1.``, ``1.1`` always continue (a first clause); numbers ending in 0 never.
+    ``seen`` holds the numbers of the headings so far and their prefixes. PDF text runs
+    some clauses on mid-line, where they are no heading, so: ``4.30`` continues after
+    ``4.27``-``4.29`` (a top-level ``12.`` after ``2.``-``11.``) or where ``4.29`` starts
+    in the text just before it (:func:`_written_before`); a first sub-clause ``x.1`` under
+    a parent ``x`` that was seen, is written just before or itself continues; ``1.`` and
+    ``1.1`` always (a first clause); ``x.0`` never. So ``4.30`` after ``Section 7`` does not.
     """
     parent, last = number[:-1], number[-1]
     if last == 0:
         return False
-    if last > 1:
-        before = (*parent, last - 1)
-        return before in seen or _written_before(text, start, before)
-    if all(part == 1 for part in parent):
+    if last == 1:
+        return (
+            all(part == 1 for part in parent)
+            or parent in seen
+            or _written_before(text, start, parent)
+            or _continues_numbering(parent, seen, text, start)
+        )
+    skipped = _MAX_SKIPPED if parent else _MAX_SKIPPED_TOP
+    if any((*parent, lower) in seen for lower in range(max(1, last - skipped), last)):
         return True
-    uncle = (*parent[:-1], parent[-1] - 1)
-    return parent in seen or uncle in seen or _written_before(text, start, parent)
+    return _written_before(text, start, (*parent, last - 1))
 
 
 def _is_table_cell(
@@ -215,12 +225,15 @@ def _is_table_cell(
         _next_cell_is_number(text, match.end()) or _last_cell(text, match.start(), match.end())
     ):
         return True
-    return not _continues_numbering(heading.number, seen, text, match.start())
+    return not heading.number or not _continues_numbering(heading.number, seen, text, match.start())
 
 
 def _clause_number(raw: str) -> tuple[int, ...]:
-    """``"4.2."`` -> ``(4, 2)``; ``()`` when ``raw`` is not made of digits and dots."""
+    """``"4.2."`` -> ``(4, 2)``, ``"15.0"`` -> ``(15,)`` (``15.0`` is clause 15, above
+    ``15.1``; ``85.00`` stays ``(85, 0)``); ``()`` when ``raw`` is not digits and dots."""
     parts = [part for part in raw.split(".") if part]
+    if len(parts) > 1 and parts[-1] == "0":
+        parts.pop()
     return tuple(map(int, parts)) if parts and all(p.isdigit() for p in parts) else ()
 
 
