@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -286,6 +287,156 @@ def test_header_pdf_style_soft_line_breaks() -> None:
     )
     assert header(text, "Buyer shall place").endswith("Section: 2. SUPPLY > 2.1. Orders")
     assert header(text, "Seller ships.").endswith("Section: 2. SUPPLY > 2.2. Delivery")
+
+
+# A 10-K as PDF text extraction lays it out: tables are rows of cells split by runs of
+# spaces, and some cells (4.30, 12.5) look like untitled clause numbers.
+TEN_K = """UNITED STATES SECURITIES AND EXCHANGE COMMISSION
+
+FORM 10-K
+
+ACME WIDGETS, INC.
+
+PART I
+
+Item 1. Business
+
+Acme Widgets designs and sells industrial widgets to manufacturers in 14 countries.
+
+Item 1A. Risk Factors
+
+Our results depend on the price of steel, which rose in 2020.
+
+PART II
+
+Item 7. Management's Discussion and Analysis of Financial Condition and Results of Operations
+
+RESULTS OF OPERATIONS
+
+The following table sets forth our results for the years ended December 31:
+
+                                    2019          2020        Change
+Net revenues                   $ 1,234       $ 1,456         18.0%
+Cost of revenues                  (456)         (512)        12.3%
+Gross margin                      4.30          12.5
+Operating expenses                (1,234)       (1,301)
+TOTAL                             1,234         1,456
+Earnings per share
+4.30
+12.5
+
+Revenue grew because widget volumes rose in every region.
+
+Our gross margin improved on lower freight costs.
+
+                           Three Months Ended March 31,
+                                2019          2020
+REVENUES BY SEGMENT             2019          2020
+Industrial                    $ 812         $ 901
+Consumer                        422           555
+                               4.30          12.5
+                                (1,234)       1,234
+2019          2020
+
+Segment revenue is reported net of intersegment sales.
+
+LIQUIDITY AND CAPITAL RESOURCES
+
+We fund operations from cash flow and a revolving credit facility.
+
+   Cash and equivalents      12.5      4.30
+   Long-term debt           (1,234)     2,019
+
+Cash rose because collections improved.
+
+Item 7A. Quantitative and Qualitative Disclosures About Market Risk
+
+We are exposed to changes in interest rates on the credit facility.
+
+Item 8. Financial Statements and Supplementary Data
+
+Note 4. Debt
+
+4.1 Revolving Credit Facility. The facility matures in 2025.
+
+4.2 Term Loan. The term loan bears interest at 5.2%.
+    Rate          4.30          4.55
+4.3
+
+The term loan is secured by the Company's plants.
+"""
+
+_BARE_NUMBER = re.compile(r"[\d\s.,()$%\-]+")
+
+
+def innermost_section(context: str) -> str:
+    """The last heading of a header's ``Section:`` line ('' when it has none)."""
+    sections = [line for line in context.splitlines() if line.startswith("Section: ")]
+    return sections[0].removeprefix("Section: ").split(" > ")[-1] if sections else ""
+
+
+def test_header_table_cells_are_not_sections() -> None:
+    chunks = split_text(TEN_K, "10k", make_splitter(150))
+    contexts = HeaderEnricher().enrich("10k", TEN_K, {}, chunks)
+    assert len(chunks) > 15
+    innermost = [innermost_section(c.text) for c in contexts]
+    assert not [s for s in innermost if _BARE_NUMBER.fullmatch(s)], innermost
+    assert not [s for s in innermost if s in ("TOTAL", "REVENUES BY SEGMENT")]
+    # Prose after a table keeps the section it is in.
+    results = "Section: PART II > Item 7 > RESULTS OF OPERATIONS"
+    for prose in ("Revenue grew because", "Our gross margin", "Segment revenue is reported"):
+        assert header(TEN_K, prose).endswith(results), prose
+    liquidity = "Section: PART II > Item 7 > LIQUIDITY AND CAPITAL RESOURCES"
+    assert header(TEN_K, "Cash rose because").endswith(liquidity)
+    assert header(TEN_K, "We are exposed").endswith(
+        "Section: PART II > Item 7A Quantitative and Qualitative Disclosures About Market Risk"
+    )
+    assert header(TEN_K, "Acme Widgets designs").endswith("Section: PART I > Item 1 Business")
+    # An untitled number that continues the clauses before it is still a clause.
+    assert header(TEN_K, "The term loan is secured").endswith("> 4.3")
+
+
+def test_header_untitled_numbers_must_continue_the_numbering() -> None:
+    body = "The Supplier shall perform the obligations of this clause in full.\n\n"
+    siblings = "".join(f"4.{i} Duty {i}. {body}" for i in range(20, 30))
+    after_siblings = f"SUPPLY AGREEMENT\n\nARTICLE IV\n\n{siblings}4.30\n\nLate notices are void.\n"
+    assert header(after_siblings, "Late notices").endswith("Section: ARTICLE IV > 4.30")
+    lone = "SUPPLY AGREEMENT\n\nSection 7. Notices\n\nNotices are in writing.\n\n4.30\n\nLate.\n"
+    assert header(lone, "Late.").endswith("Section: Section 7 Notices")
+    # Clauses run on in one paragraph in PDF text: the one before may start mid-line.
+    run_on = (
+        "SUPPLY AGREEMENT\n\n2.5 Purchase Orders. 2.5.1 Buyer shall order in writing. "
+        + body * 3
+        + "2.5.2 Seller shall confirm each order within five days.\n"
+    )
+    assert header(run_on, "Seller shall confirm").endswith("Section: 2.5 Purchase Orders > 2.5.2")
+    padded = (
+        "TITLE\n\n8.04. Payments are due. 8.05. All payments are in dollars.\n\n"
+        "8.06. With respect to Products, the price is fixed.\n"
+    )
+    assert header(padded, "With respect").endswith("Section: 8.06.")
+    # "2.0" numbers clause 2 (above 2.1); a clause or two may be missing from the outline.
+    dotted_zero = "TITLE\n\n1.0    DEFINITIONS\n\nWords.\n\n2.0    TERM\n\n2.1    In the event.\n"
+    assert header(dotted_zero, "In the event").endswith("Section: 2.1")
+    skipped = "TITLE\n\n1. Scope. It covers goods.\n\n5. The parties may end it by a notice.\n"
+    assert header(skipped, "The parties may").endswith("Section: 5.")
+    # The last cell of a row is no clause, even where its number would continue them.
+    row = "SUPPLY AGREEMENT\n\n4.2 Term Loan. It is fixed.\n    Spread        4.3\n\nIt is low.\n"
+    assert header(row, "It is low").endswith("Section: 4.2 Term Loan")
+    # A cell that is dropped does not take the capitals line under it as its title, and
+    # numbers ending in 0 are no clause.
+    cell = "TITLE\n\n1. FEES\n\nFees are due.\n\n85.00\nSUMMARY OF RATES\n\nRates are fixed.\n"
+    assert header(cell, "Rates are fixed").endswith("\nSection: SUMMARY OF RATES")
+    # Titled headings are found whatever their number.
+    titled = (
+        "SUPPLY AGREEMENT\n\nARTICLE IV\nTERM\n\n4.3 Termination. Either party may end it.\n\n"
+        "Section 5. Either party may assign.\n\n12. Governing Law. Delaware law applies.\n"
+    )
+    assert header(titled, "Either party may end").endswith("ARTICLE IV TERM > 4.3 Termination")
+    assert header(titled, "Either party may assign").endswith(
+        "Section: ARTICLE IV TERM > Section 5"
+    )
+    assert header(titled, "Delaware law").endswith("Section: ARTICLE IV TERM > 12. Governing Law")
 
 
 def test_header_title_fallbacks() -> None:

@@ -1,8 +1,12 @@
 """The offline enricher: the document title and the section-heading path of each chunk.
 
 Headings are found in one linear pass (Markdown ``#`` headings outside code blocks, or, in
-plain text, numbered clauses, ``ARTICLE``/``Section`` headings and ALL-CAPS lines), so this
-is fine on 50 MB documents.
+plain text, numbered clauses, ``ARTICLE``/``Section``/``Item`` headings and ALL-CAPS lines),
+so this is fine on 50 MB documents. In plain text, table cells are kept out of the outline:
+an ALL-CAPS line or a bare number followed on its row by a number cell (``REVENUES   2019``,
+``4.30   12.5``) is a table row, a bare number that ends a row (``Net sales   4.30``) its
+last cell, and a number without a title is a heading only where it continues the numbering
+of the clauses before it (``4.29`` -> ``4.30``, ``4.2`` -> ``4.2.1``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from langchain_rse.enrichment.base import BaseEnricher, ChunkContext, clip, coll
 
 __all__ = ["HEADER_VERSION", "HeaderEnricher", "HeaderOutline"]
 
-HEADER_VERSION = "header-v1"
+HEADER_VERSION = "header-v2"
 """Part of :meth:`HeaderEnricher.fingerprint`: bump it whenever heading detection or the
 header's wording changes, so that indexes built with the old header are re-enriched."""
 
@@ -40,11 +44,11 @@ _TEXT_START = re.compile(r"[ \t]{0,3}(?=[A-Z0-9])")
 _WORDS = r"\S+(?:[ \t]{1,2}\S+){0,15}"  # up to 16 words, stopping at a 3+ space run
 _KEYWORDS = (
     "ARTICLE|Article|SECTION|Section|PART|Part|CHAPTER|Chapter|SCHEDULE|Schedule|"
-    "EXHIBIT|Exhibit|ANNEX|Annex|APPENDIX|Appendix"
+    "EXHIBIT|Exhibit|ANNEX|Annex|APPENDIX|Appendix|ITEM|Item"
 )
 _PLAIN_HEADING = re.compile(
-    # ARTICLE IV / Section 5. / Part 2 - Scope
-    rf"(?P<kw>{_KEYWORDS})[ \t]+(?P<kwnum>[IVXLCDM]+|\d{{1,3}}(?:\.\d{{1,3}})*|[A-Z])\b"
+    # ARTICLE IV / Section 5. / Part 2 - Scope / Item 7A.
+    rf"(?P<kw>{_KEYWORDS})[ \t]+(?P<kwnum>[IVXLCDM]+|\d{{1,3}}(?:\.\d{{1,3}})*[A-Z]?|[A-Z])\b"
     + rf"(?P<kwsep>\.?[ \t]{{0,2}}[.:\-–—]?)(?:[ \t]{{0,2}}(?P<kwtitle>{_WORDS}))?"
     # IV. TERMINATION
     + r"|(?P<roman>[IVX]{1,5})\.[ \t]{1,2}(?P<rtitle>[A-Z]\S*(?:[ \t]{1,2}\S+){0,15})"
@@ -57,7 +61,20 @@ _PLAIN_HEADING = re.compile(
 _LINE_BREAK = re.compile(r"\n|[ \t\xa0]{3}")
 _SENTENCE_END = re.compile(r"[.;:](?:\s|$)")
 _TOP_LEVEL = 0
-"""Level of ARTICLE / PART / EXHIBIT-like headings: above numbered clauses (level >= 1)."""
+"""Level of ARTICLE / ITEM / EXHIBIT-like headings: above numbered clauses (level >= 1)."""
+_PART_LEVEL = -1
+"""Level of PART headings: above articles (and a 10-K's ``Item`` headings)."""
+_ROW_WINDOW = 160
+"""How far along its physical line a heading candidate is checked for number cells."""
+_ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
+_LOOKBACK = 5000
+"""How far back the clause before an untitled clause number is looked for in the text."""
+_CLAUSE_TEXT = re.compile(r"\.?[ \t]+[A-Z\"“(]")
+_MAX_SKIPPED, _MAX_SKIPPED_TOP = 3, 10
+"""Untitled ``4.30`` continues after ``4.27``-``4.29``; top-level ``12.`` after ``2.``-``11.``."""
+_CELL_BREAK = re.compile(r"[ \t\xa0]{3,}")
+_NUMBER_CELL = re.compile(r"[$€£(]?[ \t]?[-–]?\d[\d,.]*\)?%?")
+"""A table cell that is a number: ``4.30``, ``12.5``, ``2019``, ``$ 1,234``, ``(1,234)``."""
 
 
 class _Heading(NamedTuple):
@@ -68,6 +85,8 @@ class _Heading(NamedTuple):
     kind: str
     """``"markdown"``, ``"keyword"``, ``"roman"``, ``"number"`` or ``"caps"``."""
     titled: bool = True
+    number: tuple[int, ...] = ()
+    """The clause number of a ``"number"`` or ``Section 4.2`` heading (``(4, 2)``)."""
 
 
 def _line_matches(
@@ -111,6 +130,119 @@ def _is_caps_heading(line: str) -> bool:
         and len(line.split()) <= 12
         and not line.endswith(",")
     )
+
+
+def _next_cell_is_number(text: str, end: int) -> bool:
+    """Whether the next cell on the physical line after ``end`` is a number (a table row).
+
+    Cells are separated by runs of 3+ spaces, as PDF text extraction lays tables out; only
+    the next :data:`_ROW_WINDOW` characters are looked at (a cell cut there is ignored).
+    Only the next cell: a page number at the end of a clause's last line is no table.
+    """
+    line_end = text.find("\n", end, end + _ROW_WINDOW)
+    cells = _CELL_BREAK.split(text[end : line_end if line_end >= 0 else end + _ROW_WINDOW])
+    if line_end < 0 and end + _ROW_WINDOW < len(text):
+        cells.pop()
+    cell = next((c.strip() for c in cells if c.strip()), "")
+    return _NUMBER_CELL.fullmatch(cell) is not None
+
+
+def _last_cell(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` ends a physical line that has text before it: the last
+    cell of a table row (``Net sales      4.30``)."""
+    line_end = text.find("\n", end, end + _ROW_WINDOW)
+    if text[end : line_end if line_end >= 0 else end + _ROW_WINDOW].strip():
+        return False
+    line_start = text.rfind("\n", max(0, start - _ROW_WINDOW), start) + 1
+    return bool(text[line_start or max(0, start - _ROW_WINDOW) : start].strip())
+
+
+def _written_before(text: str, start: int, clause: tuple[int, ...]) -> bool:
+    """Whether clause ``clause`` (``2.5.1`` or ``2.05.1``, then a capital) starts in the
+    :data:`_LOOKBACK` characters before ``start``.
+
+    PDF text often runs clauses on in one paragraph (``... 2.5 Purchase Orders. 2.5.1
+    CUTANEA agrees ...``), so only the clauses that start a page start a line.
+    """
+    head = "".join(f"{part}." for part in clause[:-1])
+    labels = {f"{head}{clause[-1]}", f"{head}{clause[-1]:02d}"}  # 8.5 and 8.05
+    lo = max(0, start - _LOOKBACK)
+    for label in labels:
+        at = text.rfind(label, lo, start)
+        while at >= 0:
+            if (at == 0 or text[at - 1] not in "0123456789.,$") and _CLAUSE_TEXT.match(
+                text, at + len(label)
+            ):
+                return True
+            at = text.rfind(label, lo, at)
+    return False
+
+
+def _continues_numbering(
+    number: tuple[int, ...], seen: set[tuple[int, ...]], text: str, start: int
+) -> bool:
+    """Whether an untitled clause number at ``start`` continues the numbering before it.
+
+    ``seen`` holds the numbers of the headings so far and their prefixes. PDF text runs
+    some clauses on mid-line, where they are no heading, so: ``4.30`` continues after
+    ``4.27``-``4.29`` (a top-level ``12.`` after ``2.``-``11.``) or where ``4.29`` starts
+    in the text just before it (:func:`_written_before`); a first sub-clause ``x.1`` under
+    a parent ``x`` that was seen, is written just before or itself continues; ``1.`` and
+    ``1.1`` always (a first clause); ``x.0`` never. So ``4.30`` after ``Section 7`` does not.
+    """
+    parent, last = number[:-1], number[-1]
+    if last == 0:
+        return False
+    if last == 1:
+        return (
+            all(part == 1 for part in parent)
+            or parent in seen
+            or _written_before(text, start, parent)
+            or _continues_numbering(parent, seen, text, start)
+        )
+    skipped = _MAX_SKIPPED if parent else _MAX_SKIPPED_TOP
+    if any((*parent, lower) in seen for lower in range(max(1, last - skipped), last)):
+        return True
+    return _written_before(text, start, (*parent, last - 1))
+
+
+def _is_table_cell(
+    text: str, match: re.Match[str], heading: _Heading, seen: set[tuple[int, ...]]
+) -> bool:
+    """Whether an ALL-CAPS line or an untitled number is a table row or cell, not a heading.
+
+    Followed on its row by a number cell, an ALL-CAPS line (``REVENUES   2019   2020``) or
+    a bare number (``4.30   12.5``) is a table row; a bare number that ends a row with text
+    before it is its last cell; an untitled number must continue the numbering
+    (:func:`_continues_numbering`). Titled numbers are kept whatever follows them:
+    ``5. Confidential Information   7`` may be a heading with its page number.
+    """
+    if heading.kind == "caps":
+        return _next_cell_is_number(text, match.end())
+    if heading.kind != "number" or heading.titled:
+        return False
+    if not match.group("ntitle") and (
+        _next_cell_is_number(text, match.end()) or _last_cell(text, match.start(), match.end())
+    ):
+        return True
+    return not heading.number or not _continues_numbering(heading.number, seen, text, match.start())
+
+
+def _clause_number(raw: str) -> tuple[int, ...]:
+    """``"4.2."`` -> ``(4, 2)``, ``"15.0"`` -> ``(15,)`` (``15.0`` is clause 15, above
+    ``15.1``; ``85.00`` stays ``(85, 0)``); ``()`` when ``raw`` is not digits and dots."""
+    parts = [part for part in raw.split(".") if part]
+    if len(parts) > 1 and parts[-1] == "0":
+        parts.pop()
+    return tuple(map(int, parts)) if parts and all(p.isdigit() for p in parts) else ()
+
+
+def _roman_number(numeral: str) -> tuple[int, ...]:
+    """``"VIII"`` -> ``(8,)``; ``()`` when ``numeral`` is not a Roman numeral."""
+    values = [_ROMAN.get(letter, 0) for letter in numeral]
+    if not values or 0 in values:
+        return ()
+    return (sum(-v if v < after else v for v, after in zip(values, [*values[1:], 0])),)
 
 
 def _fenced_spans(text: str) -> list[tuple[int, int]]:
@@ -160,6 +292,7 @@ def _logical_line_starts(text: str) -> list[int]:
 def _plain_headings(text: str) -> list[_Heading]:
     """Clause headings of a plain-text document: keywords, numbers, ALL-CAPS lines."""
     headings: list[_Heading] = []
+    seen: set[tuple[int, ...]] = set()  # the numbers of the headings so far, and prefixes
     matched_to = 0
     for position in _logical_line_starts(text):
         if position < matched_to:
@@ -170,6 +303,8 @@ def _plain_headings(text: str) -> list[_Heading]:
         matched_to = match.end()
         heading = _plain_heading(match)
         if heading is None:
+            continue
+        if _is_table_cell(text, match, heading, seen):
             continue
         previous = headings[-1] if headings else None
         if (
@@ -183,11 +318,10 @@ def _plain_headings(text: str) -> list[_Heading]:
             # "ARTICLE IV\nTERM AND TERMINATION" or a title in capitals over two lines
             # (not across a blank line: that separates a title from the first heading).
             merged = clip(f"{previous.text} {heading.text}", 100)
-            headings[-1] = _Heading(
-                previous.start, heading.end, previous.level, merged, previous.kind
-            )
+            headings[-1] = previous._replace(end=heading.end, text=merged, titled=True)
             continue
         headings.append(heading)
+        seen.update(heading.number[:depth] for depth in range(1, len(heading.number) + 1))
     return headings
 
 
@@ -199,13 +333,17 @@ def _plain_heading(match: re.Match[str]) -> _Heading | None:
         title = _heading_title(raw_title)
         if raw_title and not title and not match.group("kwsep").strip():
             return None  # "Section 5 of the Act provides ..." is prose
-        level = _TOP_LEVEL
-        if keyword.lower() == "section" and number[0].isdigit():
-            level = number.count(".") + 1
+        level, clause = _TOP_LEVEL, tuple[int, ...]()
+        if keyword.lower() == "part":
+            level = _PART_LEVEL
+        elif keyword.lower() == "section" and number[0].isdigit():
+            level, clause = number.count(".") + 1, _clause_number(number)
+        elif keyword.lower() == "article":  # "ARTICLE VIII" before an untitled "8.1"
+            clause = _clause_number(number) or _roman_number(number)
         label = f"{keyword} {number}"
         end = match.end() if title else match.end("kwnum")
         text = clip(f"{label} {title}".strip(), 100)
-        return _Heading(match.start(), end, level, text, "keyword", bool(title))
+        return _Heading(match.start(), end, level, text, "keyword", bool(title), clause)
     if match.group("roman"):
         title = _heading_title(match.group("rtitle"))
         if not title:
@@ -220,7 +358,8 @@ def _plain_heading(match: re.Match[str]) -> _Heading | None:
         level = len([part for part in number.split(".") if part])
         end = match.end() if title else match.end("num")
         text = clip(f"{number} {title}".strip(), 100)
-        return _Heading(match.start(), end, level, text, "number", bool(title))
+        clause = _clause_number(number)
+        return _Heading(match.start(), end, level, text, "number", bool(title), clause)
     line = collapse(match.group("caps"))
     if not _is_caps_heading(line):
         return None
@@ -266,7 +405,9 @@ class HeaderEnricher(BaseEnricher):
     the first ALL-CAPS heading line in the first 3,000 characters, else the first non-empty
     line, else the base name of ``metadata["source"]``. Headings are Markdown
     ``#`` headings when the document has any (code blocks excluded); otherwise numbered
-    clauses (``12.3 Term``), ``ARTICLE IV`` / ``Section 5.`` headings and ALL-CAPS lines.
+    clauses (``12.3 Term``), ``ARTICLE IV`` / ``Section 5.`` / ``Item 7.`` headings and
+    ALL-CAPS lines, less what looks like table cells and rows in PDF-extracted text (see
+    the module docstring).
     They are found in one pass over the document; each chunk then takes, by bisection, the
     path of the headings that start before the end of its first line. Linear in the
     document length, so it is fine on 50 MB documents.
