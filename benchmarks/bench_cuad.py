@@ -138,14 +138,23 @@ def make_methods(
         ensemble = EnsembleRetriever(retrievers=[bm25, dense_retriever], weights=[0.5, 0.5])
         methods[name] = lambda q, e=ensemble: spans_of(e.invoke(q))
 
+    pool = max(retriever.candidate_pool, n_chunks)
+    if "default" in which:  # the retriever as configured: the library's default pipeline
+        default = retriever.model_copy(update={"mode": "segments"})
+        methods["default"] = lambda q: spans_of(default.invoke(q, k=100))
+    if "default(chunks)" in which:
+        default_chunks = retriever.model_copy(update={"mode": "chunks", "candidate_pool": pool})
+        methods["default(chunks)"] = lambda q: spans_of(default_chunks.invoke(q, k=n_chunks))
+
+    # The rows below are without document routing (router=None), as before it was default.
     if "hybrid" in which:
         hybrid = retriever.model_copy(
-            update={"mode": "chunks", "candidate_pool": max(retriever.candidate_pool, n_chunks)}
+            update={"mode": "chunks", "candidate_pool": pool, "router": None}
         )
         methods["hybrid"] = lambda q: spans_of(hybrid.invoke(q, k=n_chunks))
 
     if "rse" in which:
-        rse = retriever.model_copy(update={"mode": "segments"})
+        rse = retriever.model_copy(update={"mode": "segments", "router": None})
         methods["rse"] = lambda q: spans_of(rse.invoke(q, k=100))
 
     # The offline reranker stand-in: the library's EmbeddingReranker (cosine of the same
@@ -153,15 +162,11 @@ def make_methods(
     reranker = EmbeddingReranker(embeddings=vs.embeddings)
     if "hybrid+rerank" in which:
         reranked = retriever.model_copy(
-            update={
-                "mode": "chunks",
-                "candidate_pool": max(retriever.candidate_pool, n_chunks),
-                "reranker": reranker,
-            }
+            update={"mode": "chunks", "candidate_pool": pool, "reranker": reranker, "router": None}
         )
         methods["hybrid+rerank"] = lambda q: spans_of(reranked.invoke(q, k=n_chunks))
     if "rse+rerank" in which:
-        update: dict[str, Any] = {"mode": "segments", "reranker": reranker}
+        update: dict[str, Any] = {"mode": "segments", "reranker": reranker, "router": None}
         update["rse_params"] = rerank_params or get_preset("reranked")
         rse_rr = retriever.model_copy(update=update)
         methods["rse+rerank"] = lambda q: spans_of(rse_rr.invoke(q, k=100))
@@ -210,7 +215,7 @@ def evaluate(
     for name, method in methods.items():
         t0 = time.perf_counter()
         per_budget: dict[int, dict[str, list[float]]] = {
-            b: {"recall": [], "precision": [], "chars": []} for b in budgets
+            b: {"recall": [], "precision": [], "chars": [], "wrong_doc": []} for b in budgets
         }
         for q in data.queries:
             ranked = method(q.text)
@@ -219,7 +224,11 @@ def evaluate(
                 r, p = recall_precision(q.gold, cut)
                 per_budget[b]["recall"].append(r)
                 per_budget[b]["precision"].append(p)
-                per_budget[b]["chars"].append(sum(e - s for _, s, e in cut))
+                chars = sum(e - s for _, s, e in cut)
+                per_budget[b]["chars"].append(chars)
+                gold_files = {f for f, _, _ in q.gold}
+                off = sum(e - s for f, s, e in cut if f not in gold_files)
+                per_budget[b]["wrong_doc"].append(off / chars if chars else 0.0)
         seconds = time.perf_counter() - t0
         log(f"{name}: {seconds:.1f}s for {len(data.queries)} queries")
         results[name] = {
@@ -229,6 +238,7 @@ def evaluate(
                     "recall": _mean(v["recall"]),
                     "precision": _mean(v["precision"]),
                     "chars": _mean(v["chars"]),
+                    "wrong_doc": _mean(v["wrong_doc"]),
                     "recall_se": bootstrap_se(v["recall"]),
                     "per_query_recall": v["recall"],
                     "per_query_precision": v["precision"],
@@ -245,7 +255,8 @@ def _mean(xs: Sequence[float]) -> float:
 
 def report(results: dict[str, dict[str, Any]], budgets: Sequence[int] = BUDGETS) -> str:
     """The method × budget table and the RSE / dense ratios at the target budget."""
-    header = ["method", *[f"{b // 1000}k R / P (%)" for b in budgets], "chars@4k", "s/query"]
+    header = ["method", *[f"{b // 1000}k R / P (%)" for b in budgets], "chars@4k",
+              "wrong doc @4k (%)", "s/query"]  # fmt: skip
     rows = []
     for name, res in results.items():
         cells = [
@@ -253,8 +264,9 @@ def report(results: dict[str, dict[str, Any]], budgets: Sequence[int] = BUDGETS)
             f"{100 * res['budgets'][str(b)]['precision']:.2f}"
             for b in budgets
         ]
-        chars = res["budgets"][str(TARGET_BUDGET)]["chars"]
-        rows.append([name, *cells, f"{chars:.0f}", f"{res['seconds_per_query']:.3f}"])
+        at = res["budgets"][str(TARGET_BUDGET)]
+        rows.append([name, *cells, f"{at['chars']:.0f}", f"{100 * at['wrong_doc']:.1f}",
+                     f"{res['seconds_per_query']:.3f}"])  # fmt: skip
     lines = [fmt_table(header, rows)]
     se = max(r["budgets"][str(TARGET_BUDGET)]["recall_se"] for r in results.values())
     lines.append(f"\nbootstrap s.e. of recall@4k: up to {100 * se:.1f} points")
@@ -329,9 +341,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--candidate-pool", type=int, default=50)
     ap.add_argument(
         "--methods",
-        default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid,rse",
-        help="comma-separated subset of the methods (also: hybrid+rerank, rse+rerank, with "
-        "the offline EmbeddingReranker; dense+route, rse+route, with document routing)",
+        default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid,rse,default",
+        help="comma-separated subset of the methods (also: default(chunks); hybrid+rerank, "
+        "rse+rerank, with the offline EmbeddingReranker; dense+route, rse+route, with "
+        "document routing)",
     )
     ap.add_argument(
         "--rerank-rse",

@@ -91,6 +91,7 @@ def build_router(data: CuadSubset, embeddings: CachedEmbeddings) -> RSERetriever
         mode="chunks",
         enricher=NoEnricher(),
         show_progress=False,
+        router=None,
     )
     router.add_documents(document_leads(contract_documents(data)))
     return router

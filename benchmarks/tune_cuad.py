@@ -67,14 +67,20 @@ from langchain_rse.chunking import chunk_key
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index
 from langchain_rse.rerank import EmbeddingReranker
-from langchain_rse.segments import RSEParams, best_segments, chunk_values, get_preset
+from langchain_rse.segments import (
+    RSEParams,
+    best_segments,
+    chunk_values,
+    get_preset,
+    merge_touching,
+)
 
 BUDGETS = (1000, 2000, 4000, 8000)
-BASE_PARAMS = RSEParams(4, 12, 0.2, 0.3, 10.0)
+BASE_PARAMS = RSEParams(4, 12, 0.2, 0.3, 10.0, merge_touching=False)
 """The library's "default" preset when these sweeps ran (pinned: the preset may change)."""
 TUNED_PARAMS = (
-    RSEParams(2, 12, 0.3, 0.3, 10.0),  # best with 600-character chunks
-    RSEParams(4, 24, 0.3, 0.1, 10.0),  # best with 300-character chunks
+    RSEParams(2, 12, 0.3, 0.3, 10.0, merge_touching=False),  # best with 600-character chunks
+    RSEParams(4, 24, 0.3, 0.1, 10.0, merge_touching=False),  # best with 300-character chunks
 )
 """The winners of the sweeps (with dense-only fusion and title routing)."""
 COS_RANGES = ((0.82, 0.90), (0.84, 0.90), (0.86, 0.92))
@@ -96,7 +102,12 @@ class Config:
     fetch_k: int = 50
     candidate_pool: int = 50
     dense_scores: bool = False  # proto
-    route: Literal["none", "mass", "title", "title_filter"] = "none"  # proto
+    route: Literal["none", "mass", "title", "title_filter", "soft"] = "none"  # proto
+    doc_boost: float = 1.0
+    """``route="soft"``: fused scores of the top document's chunks are multiplied by
+    ``1 + doc_boost`` (no filter); ``inf`` is the hard filter."""
+    doc_source: Literal["fused", "bm25", "dense"] = "fused"
+    """The document ranking: lead BM25 + lead dense fused, or one of them."""
     route_docs: int = 1  # proto
     route_check: int | None = None  # title_filter: keep the route only if the unrouted top
     # route_check candidates hold a chunk of it (the library's route_check_k)
@@ -128,7 +139,7 @@ class Config:
             parts.append(
                 f"seg={p.max_segment_chunks} tot={p.max_total_chunks} "
                 f"min={p.min_segment_value:g} pen={p.irrelevant_chunk_penalty:g} "
-                f"decay={p.decay_rate:g}"
+                f"decay={p.decay_rate:g}" + (" merge" if p.merge_touching else "")
             )
         return " ".join(parts)
 
@@ -208,6 +219,7 @@ class Branches:
     lexical_at: dict[int, list[tuple[int, float]]]
     """``BM25Index.search(query, k)`` per fetch_k (ties at the cut depend on k)."""
     doc_rank: list[int]  # document-level ranking from the title search (proto)
+    doc_ranks: dict[str, list[int]] = field(default_factory=dict)  # by doc_source
 
 
 def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -> list[Branches]:
@@ -232,13 +244,19 @@ def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -
         at = {
             n: [(corpus.row_of[k], s) for k, s in corpus.bm25.search(q.text, n)] for n in FETCH_KS
         }
+        doc_ranks = {
+            "fused": [int(h.id) for h in fused],
+            "dense": [int(d) for d in dense_docs],
+            "bm25": [int(i) for i, _ in lex_docs],
+        }
         out.append(
             Branches(
                 c,
                 c.argsort()[::-1],
                 [(corpus.row_of[k], s) for k, s in hits],
                 at,
-                [int(h.id) for h in fused],
+                doc_ranks["fused"],
+                doc_ranks,
             )
         )
     return out
@@ -319,7 +337,10 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
         cfg.weights,
         cfg.fusion,
         cfg.rrf_k,
-    )[: cfg.candidate_pool]
+    )
+    if cfg.route == "soft":
+        fused = _soft_route(cfg, corpus, br, fused)
+    fused = fused[: cfg.candidate_pool]
     cands = [int(h.id) for h in fused]
     if not cands:
         return []
@@ -365,6 +386,8 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
     segs = best_segments(
         values, offsets, p.max_segment_chunks, p.max_total_chunks, p.min_segment_value
     )
+    if p.merge_touching:
+        segs = merge_touching(segs)
     if cfg.order == "density":
         segs = sorted(segs, key=lambda s: -s.value / (s.end - s.start))
     out: list[Span] = []
@@ -380,20 +403,47 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
     return out
 
 
+def _soft_route(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -> list[Any]:
+    """Boost the chunks of the top-ranked document(s) (if the unrouted ranking agrees)."""
+    ranking = br.doc_ranks.get(cfg.doc_source, br.doc_rank)
+    top = ranking[: cfg.route_docs]
+    if cfg.route_check is not None:
+        near = {int(corpus.doc[int(h.id)]) for h in fused[: cfg.route_check]}
+        top = [d for d in top if d in near]
+    if not top:
+        return fused
+    chosen = set(top)
+    boost = 1.0 + cfg.doc_boost
+    scored = [
+        (h.score * boost if int(corpus.doc[int(h.id)]) in chosen else h.score, i, h)
+        for i, h in enumerate(fused)
+    ]
+    if math.isinf(boost):
+        scored = [x for x in scored if int(corpus.doc[int(x[2].id)]) in chosen]
+        scored = [(h.score, i, h) for _, i, h in scored]
+    scored.sort(key=lambda x: (-x[0], x[1]))
+    return [replace(h, score=sc) for sc, _, h in scored]
+
+
 def score(
     cfg: Config, data: CuadSubset, corpus: Corpus, branches: Sequence[Branches]
 ) -> dict[str, Any]:
     """Mean recall / precision / returned characters per budget."""
     sums = {b: np.zeros(3) for b in BUDGETS}
     per_query_recall4k = []
+    wrong = 0.0
     for q, br in zip(data.queries, branches):
         ranked = run_query(cfg, corpus, br)
         for b in BUDGETS:
             cut = cut_at_budget(ranked, b)
             r, p = recall_precision(q.gold, cut)
-            sums[b] += (r, p, sum(e - s for _, s, e in cut))
+            chars = sum(e - s for _, s, e in cut)
+            sums[b] += (r, p, chars)
             if b == 4000:
                 per_query_recall4k.append(r)
+                gold_files = {f for f, _, _ in q.gold}
+                off = sum(e - s for f, s, e in cut if f not in gold_files)
+                wrong += off / chars if chars else 0.0
     n = len(data.queries)
     return {
         "label": cfg.label(),
@@ -402,6 +452,7 @@ def score(
         **{f"P{b // 1000}k": sums[b][1] / n for b in BUDGETS},
         **{f"C{b // 1000}k": sums[b][2] / n for b in BUDGETS},
         "recall4k": per_query_recall4k,
+        "wrong_doc4k": wrong / n,
     }
 
 
@@ -624,6 +675,24 @@ def grid(name: str) -> Iterable[Config]:
                     params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
                                 irrelevant_chunk_penalty=pen, decay_rate=decay)  # fmt: skip
                     yield Config(weights=weights, candidate_pool=pool, params=params, **rf)
+    if name == "soft":  # document weighting without a filter (issue 16)
+        seg2 = _p(dp, max_segment_chunks=2, min_segment_value=0.3)
+        for source in ("fused", "bm25", "dense"):
+            for boost in (0.5, 1.0, 2.0, 4.0, math.inf):
+                for check in (None, 10):
+                    for weights in ((1.0, 1.0), (1.0, 0.0), (2.0, 1.0)):
+                        kw: dict[str, Any] = {
+                            "route": "soft", "doc_source": source, "doc_boost": boost,
+                            "route_check": check, "fetch_k": 200, "weights": weights,
+                        }  # fmt: skip
+                        yield Config(mode="chunks", **kw)
+                        for params in (dp, seg2):
+                            for merge in (False, True):
+                                yield Config(params=_p(params, merge_touching=merge), **kw)
+    if name == "merge":  # touching segments returned as one, without routing
+        for params in (dp, _p(dp, max_segment_chunks=2, min_segment_value=0.3)):
+            for merge in (False, True):
+                yield Config(params=_p(params, merge_touching=merge))
     if name in ("relevance", "all"):
         for fusion in ("relative_score", "dist_based"):
             yield Config(fusion=fusion, dense_scores=True, relevance="score")
@@ -708,9 +777,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         branches = [branches[i] for i in keep]
         log(f"half {args.half}: {len(keep)} queries of {len(half)} contracts")
     gold_doc = [corpus.doc_names.index(q.gold[0][0]) for q in data.queries]
-    for n in (1, 2, 3):
-        hit = np.mean([g in br.doc_rank[:n] for g, br in zip(gold_doc, branches)])
-        log(f"title routing: gold contract in the top {n}: {100 * hit:.1f}% of queries")
+    for source in ("fused", "bm25", "dense"):
+        for n in (1, 2, 3):
+            hit = np.mean([g in br.doc_ranks[source][:n] for g, br in zip(gold_doc, branches)])
+            log(f"title routing ({source}): gold contract in the top {n}: {100 * hit:.1f}%")
     if args.verify:
         verify(data, retriever, corpus, branches, embeddings)
 
@@ -729,6 +799,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ("proto " if r["proto"] else "") + r["label"],
                 *[f"{100 * r[f'R{b}k']:.1f}/{100 * r[f'P{b}k']:.2f}" for b in (1, 2, 4, 8)],
                 f"{r['C4k']:.0f}",
+                f"{100 * r['wrong_doc4k']:.1f}",
                 ratio,
             ]
         )
@@ -739,7 +810,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(
         fmt_table(
-            ["config", "1k R/P", "2k R/P", "4k R/P", "8k R/P", "chars@4k", "vs dense @4k R / P"],
+            [
+                "config",
+                "1k R/P",
+                "2k R/P",
+                "4k R/P",
+                "8k R/P",
+                "chars@4k",
+                "wrong doc %@4k",
+                "vs dense @4k R / P",
+            ],
             table,
         )
     )

@@ -53,6 +53,11 @@ def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
     try:
         if name in ("NoEnricher", "HeaderEnricher"):
             return getattr(enrichment, name)(**settings)
+        if name == "DocumentRouter" and objects.get("retriever") == "LeadIndex":
+            from langchain_rse.documents import LeadIndex
+            from langchain_rse.routing import DocumentRouter
+
+            return DocumentRouter(retriever=LeadIndex(), **settings)
         if name == "CohereReranker":  # the key comes from the environment again
             return rerank.CohereReranker(**settings)
         if name == "EmbeddingReranker":
@@ -94,6 +99,8 @@ def restore_components(
         component = _restore(spec, embedding)
         if component is None:
             missing.append(f"{field_name}={spec['class']}")
+            if field_name == "router":  # not the built-in default in its place
+                out["router"] = None
         else:
             out[field_name] = component
     if missing:

@@ -29,6 +29,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 
 from langchain_rse.chunking import Chunk, chunk_key, chunk_uuid, split_text
+from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import ChunkContext, index_text
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.locks import ReadWriteLock
@@ -114,9 +115,12 @@ class Writer:
     shared: bool = False
     """The record store is shared with other processes: every write leaves a new
     generation token there, and an in-process lexical index reloads when it sees one it
-    did not write (:meth:`sync_lexical`)."""
+    did not write (:meth:`sync_local`)."""
+    leads: LeadIndex | None = None
+    """The built-in document lead index, when routing uses it (reloaded with the lexical
+    index; rebuilt from the records after a load)."""
     _seen: bytes | None = field(default=None, init=False)
-    """The generation the in-process lexical index reflects (None: unknown)."""
+    """The generation the in-process indexes reflect (None: unknown)."""
 
     # ------------------------------------------------------------ many workers
 
@@ -131,10 +135,10 @@ class Writer:
         # Another worker wrote since we last looked: our lexical index misses that.
         self._seen = token if before == self._seen else None
 
-    def sync_lexical(self) -> None:
-        """Before an in-process lexical search over a shared record store: one read of the
-        generation token, and a reload of the lexical index when another worker wrote."""
-        if not self.shared or self.lexical_store is not None:
+    def sync_local(self) -> None:
+        """Before a search of an in-process index (BM25, leads) over a shared record store:
+        one read of the generation token, and a reload when another worker wrote."""
+        if not self.shared or (self.lexical_store is not None and self.leads is None):
             return
         current = self.records.store.mget([GENERATION_KEY])[0]
         if current == self._seen:
@@ -142,27 +146,38 @@ class Writer:
         with self.lock:
             current = self.records.store.mget([GENERATION_KEY])[0]
             if current != self._seen:
-                self._reload_lexical()
+                self.reload_local()
                 self._seen = current
 
-    def _reload_lexical(self) -> None:
+    def reload_local(self, lexical: bool = True) -> None:
+        """Rebuild the in-process indexes (BM25 unless a lexical store is used, or
+        ``lexical=False``; the leads when routing uses them) from the record store."""
+        lexical = lexical and self.lexical_store is None
+        if not lexical and self.leads is None:
+            return
         started = time.perf_counter()
         ids = [k for k in self.records.store.yield_keys() if k.startswith("doc/")]
         raw = self.records.store.mget(ids) if ids else []
         pointers = [DocRecord.from_bytes(r) for r in raw if r is not None]
         texts: dict[str, str] = {}
         groups: dict[str, dict[str, Any]] = {}
+        sources: list[Document] = []
         for record, body in zip(pointers, self._bodies(pointers)):
             if body is None:
                 continue  # replaced while we read: the next generation reloads it
+            sources.append(Document(page_content=body.text, id=record.doc_id,
+                                    metadata=record.metadata))  # fmt: skip
             for i, (start, end) in enumerate(record.spans):
                 texts[chunk_key(record.doc_id, record.version, i)] = index_text(
                     body.contexts[i], body.text[start:end]
                 )
             groups[group_of(chunk_key(record.doc_id, record.version, 0))] = record.metadata
-        self.lexical.set_texts(texts, groups)
-        logger.info("reloaded the lexical index after another worker's writes: %d documents, "
-                    "%d chunks in %.2f s", len(pointers), len(texts),
+        if lexical:
+            self.lexical.set_texts(texts, groups)
+        if self.leads is not None:
+            self.leads.set_sources(sources)
+        logger.info("reloaded the in-process indexes from the record store: %d documents, "
+                    "%d chunks in %.2f s", len(sources), len(texts),
                     time.perf_counter() - started)  # fmt: skip
 
     def _bodies(self, pointers: Sequence[DocRecord]) -> list[DocBody | None]:

@@ -10,21 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from langchain_core.documents import Document
 
 from langchain_rse.chunking import chunk_uuid, parse_chunk_key
 from langchain_rse.enrichment import index_text
-from langchain_rse.filters import Filter, matches
+from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import FusedHit, FusionMethod, fuse
 from langchain_rse.records import DocBody, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.search import DenseResult, Hit
-from langchain_rse.segments import RSEParams, best_segments, chunk_values, rank_relevance
+from langchain_rse.segments import (
+    RSEParams,
+    best_segments,
+    chunk_values,
+    merge_touching,
+    rank_relevance,
+)
+from langchain_rse.validation import query_set
 
 __all__ = ["Candidate", "QuerySettings", "StaleRead", "adrive", "drive", "run_pipeline"]
 
@@ -66,6 +74,30 @@ class QuerySettings:
     filter: Filter | None = None
     """Checked on every candidate's document metadata, whatever the stores returned."""
 
+    @classmethod
+    def of(
+        cls, r: Any, query: str, k: int, mode: Any, queries: Any, expansions: list[str], f: Any
+    ) -> QuerySettings:
+        """The settings of one call of retriever ``r`` (its fields, narrowed by the call's
+        ``mode``, extra ``queries`` and ``filter``)."""
+        mode = r.mode if mode is None else mode
+        if mode not in ("segments", "chunks"):
+            raise ValueError(f"mode must be 'segments' or 'chunks', got {mode!r}")
+        return cls(
+            k=k,
+            mode=mode,
+            queries=query_set(query, queries, expansions, r.max_queries, r.max_query_chars),
+            weights=r.weights,
+            fusion=r.fusion,
+            rrf_k=r.rrf_k,
+            candidate_pool=r.candidate_pool,
+            relevance=r.relevance,
+            params=r.params,
+            rerank=r.reranker is not None,
+            strict_rerank=r.strict_rerank,
+            filter=both(parse(r.filter) if r.filter else None, parse(f) if f else None),
+        )
+
 
 # ---------------------------------------------------------------- stages (pure)
 
@@ -88,7 +120,9 @@ def candidates(
     fused = fuse(branches, weights, s.fusion, s.rrf_k)
     if routed is not None and router is not None:
         routed = router.confirmed(routed, [h.id for h in fused])
-    if routed is not None:
+    if routed is not None and router is not None and not math.isinf(router.boost):
+        fused = boosted(fused, routed, 1.0 + router.boost)
+    elif routed is not None:
         kept = [[h for h in b if parse_chunk_key(h[0])[0] in routed] for b in branches]
         if any(kept):
             fused = fuse(kept, weights, s.fusion, s.rrf_k)
@@ -100,6 +134,15 @@ def candidates(
         doc_id, version, idx = parse_chunk_key(hit.id)
         out.append(Candidate(hit.id, doc_id, version, idx, hit, texts.get(hit.id)))
     return out
+
+
+def boosted(fused: list[FusedHit], docs: set[str], factor: float) -> list[FusedHit]:
+    """``fused`` re-ranked with the scores of the chunks of ``docs`` multiplied by
+    ``factor`` (ties keep their order)."""
+    scored = [
+        replace(h, score=h.score * factor) if parse_chunk_key(h.id)[0] in docs else h for h in fused
+    ]
+    return sorted(scored, key=lambda h: -h.score)
 
 
 def current(
@@ -173,6 +216,8 @@ def select(s: QuerySettings, cands: list[Candidate], metas: dict[str, DocRecord]
     )
     budget = p.max_total_chunks + (len(s.queries) - 1) * p.extra_query_chunks
     segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
+    if p.merge_touching:
+        segs = merge_touching(segs)
     return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
 
 

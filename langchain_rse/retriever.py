@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -24,18 +24,26 @@ from langchain_core.callbacks import (
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertResponse
-from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
+from langchain_core.retrievers import LangSmithRetrieverParams
 from langchain_core.runnables import RunnableConfig
 from langchain_core.stores import BaseStore, InMemoryByteStore
 from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    model_validator,
+)
 from tqdm.auto import tqdm
 
 from langchain_rse import pipeline
 from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, make_splitter
+from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
-from langchain_rse.filters import Filter, both, parse
+from langchain_rse.filters import Filter
 from langchain_rse.fusion import FusionMethod
 from langchain_rse.indexing import Plan, Prepared, Writer
 from langchain_rse.lexical import BM25Index, LexicalEngine
@@ -43,10 +51,16 @@ from langchain_rse.locks import ReadWriteLock
 from langchain_rse.persistence import load_index, save_index
 from langchain_rse.records import RecordStore, splitter_fingerprint
 from langchain_rse.rerank import BaseReranker, as_reranker
-from langchain_rse.routing import DocumentRouter
+from langchain_rse.routing import DocumentRouter, as_router
 from langchain_rse.search import SearchBranches, SearchRequest, is_local
 from langchain_rse.segments import RSEParams, get_preset
-from langchain_rse.validation import check_k, check_settings, clean_query, query_set
+from langchain_rse.validation import (
+    check_expander,
+    check_filter,
+    check_k,
+    check_settings,
+    clean_query,
+)
 
 __all__ = ["RSERetriever"]
 
@@ -148,7 +162,7 @@ class RSERetriever(DocumentIndex):
     enricher: BaseEnricher = Field(default_factory=HeaderEnricher)
     """Writes each chunk's situating context at index time (offline title/section header
     by default; ``ContextualEnricher`` for LLM-written context; ``NoEnricher`` for none)."""
-    reranker: BaseReranker | None = None
+    reranker: Annotated[BaseReranker | None, BeforeValidator(as_reranker)] = None
     """Reranks fused candidates; a ``BaseDocumentCompressor`` is wrapped automatically."""
     strict_rerank: bool = False
     """Raise when the reranker fails instead of falling back to the fused ranking."""
@@ -175,12 +189,15 @@ class RSERetriever(DocumentIndex):
     """Named RSE parameters; see ``langchain_rse.segments.PRESETS``."""
     rse_params: RSEParams | None = None
     """Explicit RSE parameters; override ``preset`` when given."""
-    router: DocumentRouter | None = None
-    """Optional document routing: a :class:`~langchain_rse.routing.DocumentRouter` (or a
-    bare retriever, wrapped in one with its defaults) picks the documents a query is about
-    and the chunk search keeps only their candidates. Off by default: it pays when queries
-    name their document (CUAD contracts) and hurts questions that span documents."""
-    filter: dict[str, Any] | None = None
+    router: Annotated[DocumentRouter | None, BeforeValidator(as_router)] = Field(
+        default_factory=DocumentRouter.leads
+    )
+    """Document-aware retrieval: a :class:`~langchain_rse.routing.DocumentRouter` (or a
+    bare retriever, wrapped in one with its defaults) picks the document a query is about,
+    and its chunks are favoured (``boost``) when the unrouted search agrees. The default
+    searches the retriever's own :class:`~langchain_rse.documents.LeadIndex` (each
+    document's title and opening, kept in step with the index); ``None`` turns it off."""
+    filter: Annotated[dict[str, Any] | None, AfterValidator(check_filter)] = None
     """A metadata filter every result must pass (a retriever bound to one tenant), in the
     language of :mod:`langchain_rse.filters`: equality, ``$eq``, ``$ne``, ``$in``, ``$nin``,
     ``$gt``/``$gte``/``$lt``/``$lte``, ``$and``, ``$or``. Pushed down into both searches and
@@ -189,7 +206,7 @@ class RSERetriever(DocumentIndex):
     """For a vector or lexical store :mod:`langchain_rse.filters` cannot translate for: a
     function from the parsed filter to that store's search keyword arguments (e.g.
     ``lambda f: {"filter": to_dict(f)}``)."""
-    query_expander: Any = None
+    query_expander: Annotated[Any, AfterValidator(check_expander)] = None
     """Optional ``QueryExpander``: an LLM rewrites the query into several search queries."""
     max_queries: int = 6
     """Most queries searched for one retrieval (original + ``queries=`` + expansions)."""
@@ -209,33 +226,6 @@ class RSERetriever(DocumentIndex):
 
     # ------------------------------------------------------------------ setup
 
-    @field_validator("reranker", mode="before")
-    @classmethod
-    def _wrap_compressor(cls, value: Any) -> BaseReranker | None:
-        return as_reranker(value)
-
-    @field_validator("router", mode="before")
-    @classmethod
-    def _wrap_router(cls, value: Any) -> Any:
-        return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value
-
-    @field_validator("filter")
-    @classmethod
-    def _check_filter(cls, value: Any) -> Any:
-        if value is not None:
-            parse(value)
-        return value
-
-    @field_validator("query_expander")
-    @classmethod
-    def _check_expander(cls, value: Any) -> Any:
-        if value is not None and not (hasattr(value, "expand") and hasattr(value, "aexpand")):
-            raise TypeError(
-                "query_expander must be a QueryExpander (with expand and aexpand), got "
-                + type(value).__name__
-            )
-        return value
-
     @model_validator(mode="after")
     def _check(self) -> RSERetriever:
         check_settings(self)
@@ -251,6 +241,8 @@ class RSERetriever(DocumentIndex):
             if name in type(self).model_fields:
                 self.__dict__[name] = old
             raise
+        if name == "router":
+            self._bind_router()
 
     def model_post_init(self, context: Any, /) -> None:
         self._lexical = BM25Index(engine=self.lexical_engine)
@@ -259,6 +251,16 @@ class RSERetriever(DocumentIndex):
         self._writer = Writer(self._records, self.vectorstore, self._lexical,
                               self.lexical_store, lock,
                               shared=not isinstance(self.docstore, InMemoryByteStore))  # fmt: skip
+        self._bind_router()
+
+    def _bind_router(self) -> None:
+        """Keep a built-in lead index in step with this retriever's stores."""
+        leads = self.router.retriever if self.router is not None else None
+        self._writer.leads = leads if isinstance(leads, LeadIndex) else None
+        if isinstance(leads, LeadIndex):
+            leads._before_search = self._writer.sync_local
+            if not len(leads):  # a new lead index over an existing index: fill it
+                self._writer.reload_local(lexical=False)
 
     def _search(self) -> SearchBranches:
         """The search branches for the current settings (built once per setting: a
@@ -275,7 +277,7 @@ class RSERetriever(DocumentIndex):
                 self._writer.vs_lock,
                 k,
                 translator,
-                self._writer.sync_lexical,
+                self._writer.sync_local,
             )
         return branches
 
@@ -472,27 +474,6 @@ class RSERetriever(DocumentIndex):
 
     # ------------------------------------------------------------------ querying
 
-    def _settings(
-        self, query: str, k: int, mode: Any, queries: Any, expansions: list[str], f: Any
-    ) -> pipeline.QuerySettings:
-        mode = self.mode if mode is None else mode
-        if mode not in ("segments", "chunks"):
-            raise ValueError(f"mode must be 'segments' or 'chunks', got {mode!r}")
-        return pipeline.QuerySettings(
-            k=k,
-            mode=mode,
-            queries=query_set(query, queries, expansions, self.max_queries, self.max_query_chars),
-            weights=self.weights,
-            fusion=self.fusion,
-            rrf_k=self.rrf_k,
-            candidate_pool=self.candidate_pool,
-            relevance=self.relevance,
-            params=self.params,
-            rerank=self.reranker is not None,
-            strict_rerank=self.strict_rerank,
-            filter=both(parse(self.filter) if self.filter else None, parse(f) if f else None),
-        )
-
     def _check_call(self, query: Any, k: Any, unknown: dict[str, Any]) -> tuple[str, int]:
         if unknown:
             raise TypeError(
@@ -531,7 +512,7 @@ class RSERetriever(DocumentIndex):
         config: RunnableConfig = {"callbacks": callbacks}
         expander = self.query_expander
         expansions = expander.expand(query, callbacks=callbacks) if expander else []
-        s = self._settings(query, k, mode, queries, expansions, filter)
+        s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter)
         search, router = self._search(), self.router
         routed = router.chosen(router.retriever.invoke(query, config)) if router else None
         requests = [SearchRequest(query=q, filter=s.filter) for q in s.queries]
@@ -558,7 +539,7 @@ class RSERetriever(DocumentIndex):
         config: RunnableConfig = {"callbacks": callbacks}
         expander = self.query_expander
         expansions = await expander.aexpand(query, callbacks=callbacks) if expander else []
-        s = self._settings(query, k, mode, queries, expansions, filter)
+        s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter)
         search, router, n = self._search(), self.router, len(s.queries)
         requests = [SearchRequest(query=q, filter=s.filter) for q in s.queries]
         found = await asyncio.gather(

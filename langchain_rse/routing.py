@@ -1,9 +1,11 @@
 """Document routing: a document-level retriever picks the documents a query is about, and
-the chunk search keeps only their candidates — if the unrouted search agrees."""
+the chunk search favours their candidates (or keeps only them) — if the unrouted search
+agrees."""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_rse.chunking import document_leads, parse_chunk_key
 
-__all__ = ["DocumentRouter"]
+__all__ = ["DEFAULT_BOOST", "DocumentRouter", "as_router"]
+
+DEFAULT_BOOST = 1.0
+"""The default router's boost (chosen on CUAD dev and the Anthropic code set:
+``benchmarks/RESULTS.md``)."""
 
 logger = logging.getLogger(__name__)
 
@@ -23,15 +29,18 @@ class DocumentRouter(BaseModel):
     """Routes each query to the documents it names.
 
     ``retriever`` is any LangChain retriever whose results carry ``metadata["doc_id"]`` (or
-    an ``id``) of indexed documents, e.g. an ``RSERetriever`` in chunks mode over
-    :func:`~langchain_rse.chunking.document_leads` (each document's title and opening)::
+    an ``id``) of indexed documents. The default, :meth:`leads`, is the retriever's own
+    :class:`~langchain_rse.documents.LeadIndex` (BM25 over each document's title and
+    opening, kept in step with the index) with a soft ``boost``: the chosen document's
+    chunks are favoured, the others still compete. Any retriever can be used instead, e.g.
+    an ``RSERetriever`` in chunks mode over :func:`~langchain_rse.chunking.document_leads`
+    with dense search too::
 
         leads = RSERetriever(vectorstore=InMemoryVectorStore(emb), mode="chunks",
                              enricher=NoEnricher())
         retriever = RSERetriever(vectorstore=vs, router=DocumentRouter(retriever=leads, sync=True))
 
-    It pays when queries name their document (CUAD contracts) and hurts questions that
-    span documents, so it is off by default.
+    Pass ``router=None`` to turn routing off.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", frozen=True)
@@ -49,6 +58,18 @@ class DocumentRouter(BaseModel):
     sync: bool = False
     """Keep the router in step with the index: adding, replacing and deleting documents
     upserts and deletes their leads there too (the retriever must be a ``DocumentIndex``)."""
+    boost: float = Field(default=math.inf, gt=0)
+    """How strongly the chosen documents are favoured: their chunks' fused scores are
+    multiplied by ``1 + boost`` (chunks of other documents keep theirs). ``inf``: only
+    their chunks are kept (a filter)."""
+
+    @classmethod
+    def leads(cls, boost: float = DEFAULT_BOOST, **kwargs: Any) -> DocumentRouter:
+        """The default router: a new built-in :class:`~langchain_rse.documents.LeadIndex`,
+        kept in step with the index (``sync=True``), with a soft ``boost``."""
+        from langchain_rse.documents import LeadIndex
+
+        return cls(retriever=LeadIndex(), sync=True, boost=boost, **kwargs)
 
     @model_validator(mode="after")
     def _check(self) -> DocumentRouter:
@@ -99,4 +120,10 @@ class DocumentRouter(BaseModel):
     def settings(self) -> dict[str, Any]:
         """The saved settings (the retriever itself is saved by its owner)."""
         return {"documents": self.documents, "fetch_k": self.fetch_k, "check_k": self.check_k,
-                "sync": self.sync}  # fmt: skip
+                "sync": self.sync, "boost": self.boost}  # fmt: skip
+
+
+def as_router(value: Any) -> Any:
+    """A bare retriever as a :class:`DocumentRouter` with its defaults (the field validator
+    of ``RSERetriever.router``); anything else unchanged."""
+    return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value

@@ -32,6 +32,7 @@ __all__ = [
     "best_segments",
     "chunk_values",
     "get_preset",
+    "merge_touching",
     "rank_relevance",
 ]
 
@@ -52,6 +53,10 @@ class RSEParams:
     """Rank→relevance decay when there is no reranker: ``exp(-rank / decay_rate)``."""
     extra_query_chunks: int = 5
     """Budget added to ``max_total_chunks`` for each query beyond the first."""
+    merge_touching: bool = True
+    """Return segments that touch (one ends where another of the same document starts)
+    as one: a relevant passage longer than ``max_segment_chunks`` comes back whole when
+    its parts are picked (:func:`merge_touching`)."""
 
     def __post_init__(self) -> None:
         if self.max_segment_chunks < 1:
@@ -199,3 +204,24 @@ def best_segments(
         if stale.size:
             rescore(stale)
     return segments
+
+
+def merge_touching(segments: Sequence[Segment]) -> list[Segment]:
+    """``segments`` (best first) with each group of touching segments of one document
+    joined into one run, worth their total, at the rank of its best part.
+
+    :func:`best_segments` caps each pick at ``max_segment_chunks``; a longer passage whose
+    every chunk is relevant is then picked as several adjacent runs, and returning them as
+    one segment gives the reader the passage whole, in order.
+    """
+    merged: list[Segment] = []
+    for seg in segments:
+        for i, m in enumerate(merged):
+            if m.doc == seg.doc and (m.end == seg.start or seg.end == m.start):
+                merged[i] = Segment(m.doc, min(m.start, seg.start), max(m.end, seg.end),
+                                    m.value + seg.value)  # fmt: skip
+                break
+        else:
+            merged.append(seg)
+    # A join can make a run touch another earlier pick: join until none touch.
+    return merged if len(merged) == len(segments) else merge_touching(merged)

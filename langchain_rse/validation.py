@@ -10,10 +10,13 @@ from typing import Any
 from langchain_core.documents import Document
 
 from langchain_rse.chunking import doc_id_for, make_splitter
+from langchain_rse.filters import parse
 from langchain_rse.fusion import fuse
 from langchain_rse.segments import get_preset
 
 __all__ = [
+    "check_expander",
+    "check_filter",
     "check_k",
     "check_settings",
     "clean_query",
@@ -135,3 +138,20 @@ def check_settings(r: Any) -> None:
         raise ValueError(f"weights must be two non-negative numbers, got {r.weights}")
     if r.rse_params is None:
         get_preset(r.preset)
+
+
+def check_filter(value: Any) -> Any:
+    """A metadata filter must parse (see :mod:`langchain_rse.filters`)."""
+    if value is not None:
+        parse(value)
+    return value
+
+
+def check_expander(value: Any) -> Any:
+    """A query expander needs ``expand`` and ``aexpand``."""
+    if value is not None and not (hasattr(value, "expand") and hasattr(value, "aexpand")):
+        raise TypeError(
+            "query_expander must be a QueryExpander (with expand and aexpand), got "
+            + type(value).__name__
+        )
+    return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
 from langchain_rse import DocumentRouter, NoEnricher, RSERetriever, document_leads
+from langchain_rse.documents import LeadIndex
+from langchain_rse.routing import DEFAULT_BOOST
 
 NAMES = ["Orion", "Lyra", "Vega"]
 QUERY = "termination notice period of the Orion supply agreement"
@@ -31,6 +34,8 @@ def contract(name: str) -> Document:
 
 
 def build(**kwargs: Any) -> tuple[RSERetriever, list[Document]]:
+    """The contracts indexed; without routing unless ``router`` is given."""
+    kwargs.setdefault("router", None)
     docs = [contract(n) for n in NAMES]
     retriever = RSERetriever(
         vectorstore=InMemoryVectorStore(HashingEmbeddings()),
@@ -263,3 +268,97 @@ def test_router_and_index_saved_and_loaded_side_by_side(tmp_path) -> None:
     ]
     loaded.delete(["vega.txt"])
     assert [d.id for d in loaded_router.get(["orion.txt", "vega.txt"])] == ["orion.txt"]
+
+
+# ---------------------------------------------------------------- the default: built-in leads
+
+
+def default_retriever(**kwargs: Any) -> RSERetriever:
+    return RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        chunk_size=200,
+        enricher=NoEnricher(),
+        **kwargs,
+    )
+
+
+def test_the_default_routes_softly_with_the_built_in_lead_index() -> None:
+    retriever = default_retriever()
+    router = retriever.router
+    assert router is not None and isinstance(router.retriever, LeadIndex)
+    assert router.sync and router.boost == DEFAULT_BOOST and router.check_k == 10
+    # each retriever gets its own lead index
+    assert default_retriever().router.retriever is not router.retriever  # type: ignore[union-attr]
+    docs = [contract(n) for n in NAMES]
+    retriever.add_documents(docs)
+    assert len(router.retriever) == 3  # type: ignore[arg-type]
+    assert router.retriever.invoke(QUERY)[0].id == "orion.txt"
+    plain, _ = build()
+    unrouted = [d.metadata["doc_id"] for d in plain.invoke(QUERY, k=6, mode="chunks")]
+    routed = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=6, mode="chunks")]
+    assert len(set(unrouted)) > 1  # without routing, the clauses of all three compete
+    assert routed.count("orion.txt") > unrouted.count("orion.txt")
+    assert routed[0] == "orion.txt"
+
+
+def test_soft_boost_favours_without_filtering() -> None:
+    retriever = default_retriever(router=DocumentRouter.leads(boost=0.5))
+    retriever.add_documents([contract(n) for n in NAMES])
+    soft = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
+    retriever.router = DocumentRouter.leads(boost=math.inf)
+    assert isinstance(retriever.router.retriever, LeadIndex)
+    assert retriever._writer.leads is retriever.router.retriever  # rebound on assignment
+    assert len(retriever.router.retriever) == 3  # filled from the records
+    hard = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
+    assert set(hard) == {"orion.txt"}
+    assert "orion.txt" in soft and len(set(soft)) > 1  # others still compete
+
+
+def test_boosted_reorders_by_multiplied_scores_stably() -> None:
+    from langchain_rse.chunking import chunk_key
+    from langchain_rse.fusion import FusedHit
+    from langchain_rse.pipeline import boosted
+
+    keys = [chunk_key(d, "v", i) for d, i in (("a", 0), ("b", 0), ("a", 1), ("b", 1))]
+    fused = [FusedHit(k, s, (1,)) for k, s in zip(keys, (0.4, 0.3, 0.2, 0.2))]
+    out = boosted(fused, {"b"}, 2.0)
+    assert [h.id for h in out] == [keys[1], keys[0], keys[3], keys[2]]
+    assert [h.score for h in out] == [0.6, 0.4, 0.4, 0.2]  # a tie keeps the fused order
+
+
+def test_built_in_leads_follow_replace_delete_and_load(tmp_path) -> None:
+    retriever = default_retriever()
+    retriever.add_documents([contract(n) for n in NAMES])
+    leads = retriever.router.retriever  # type: ignore[union-attr]
+    assert isinstance(leads, LeadIndex)
+    renamed = Document(contract("Orion").page_content.replace("ORION", "ATLAS"), id="orion.txt")
+    retriever.add_documents([renamed])
+    assert "ATLAS" in leads.get(["orion.txt"])[0].page_content
+    retriever.delete(["vega.txt"])
+    assert len(leads) == 2 and not leads.get(["vega.txt"])
+    retriever.save(tmp_path / "idx")
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), strict=True)
+    assert loaded.router is not None and isinstance(loaded.router.retriever, LeadIndex)
+    assert loaded.router.retriever is not leads and len(loaded.router.retriever) == 2
+    assert loaded.router.settings() == retriever.router.settings()  # type: ignore[union-attr]
+    assert [(d.page_content, d.metadata) for d in loaded.invoke("ATLAS supply termination")] == [
+        (d.page_content, d.metadata) for d in retriever.invoke("ATLAS supply termination")
+    ]
+    off = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), router=None)
+    assert off.router is None
+
+
+def test_built_in_leads_see_another_workers_writes(tmp_path) -> None:
+    from langchain_classic.storage import LocalFileStore
+
+    store = LocalFileStore(tmp_path / "records")  # a shared record store (a directory)
+    vs = InMemoryVectorStore(HashingEmbeddings())
+    a = RSERetriever(vectorstore=vs, docstore=store, chunk_size=200, enricher=NoEnricher())
+    b = RSERetriever(vectorstore=vs, docstore=store, chunk_size=200, enricher=NoEnricher())
+    a.add_documents([contract(n) for n in NAMES])
+    leads_b = b.router.retriever  # type: ignore[union-attr]
+    assert isinstance(leads_b, LeadIndex) and len(leads_b) == 0
+    assert leads_b.invoke(QUERY)[0].id == "orion.txt"  # reloaded from the records
+    assert len(leads_b) == 3
+    a.delete(["orion.txt"])
+    assert "orion.txt" not in {d.id for d in leads_b.invoke(QUERY)}

@@ -11,6 +11,7 @@ from langchain_rse.segments import (
     best_segments,
     chunk_values,
     get_preset,
+    merge_touching,
     rank_relevance,
 )
 
@@ -103,3 +104,27 @@ def test_presets() -> None:
     with pytest.raises(ValueError, match="max_segment_chunks"):
         RSEParams(max_segment_chunks=0)
     assert PRESETS["balanced"].with_overrides(max_total_chunks=5).max_total_chunks == 5
+
+
+def test_touching_segments_are_merged_into_one() -> None:
+    from langchain_rse.segments import Segment
+
+    segs = [Segment(0, 2, 6, 2.4), Segment(1, 0, 2, 1.0), Segment(0, 6, 7, 0.6),
+            Segment(0, 7, 8, 0.3), Segment(0, 0, 1, 0.2)]  # fmt: skip
+    assert merge_touching(segs) == [
+        Segment(0, 2, 8, pytest.approx(3.3)),  # 2-6 + 6-7 + 7-8, at the best part's rank
+        Segment(1, 0, 2, 1.0),
+        Segment(0, 0, 1, 0.2),  # does not touch: a gap at chunk 1
+    ]
+    assert merge_touching([]) == []
+
+
+def test_a_strongly_relevant_passage_longer_than_the_cap_comes_back_whole() -> None:
+    # Chunks 2..6 of a 10-chunk document all match strongly; the cap is 4 chunks.
+    hits = [(0, i, 0.95) for i in range(2, 7)] + [(0, 9, 0.35)]
+    values, offsets = chunk_values([10], hits, irrelevant_chunk_penalty=0.3)
+    capped = best_segments(values, offsets, 4, 12, 0.2)
+    assert [(s.start, s.end) for s in capped] == [(2, 6), (6, 7)]  # split by the cap
+    merged = merge_touching(capped)
+    assert [(s.start, s.end) for s in merged] == [(2, 7)]  # the whole passage, one segment
+    assert "merge_touching" in RSEParams.__dataclass_fields__ and RSEParams().merge_touching

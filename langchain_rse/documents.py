@@ -1,0 +1,104 @@
+"""Document-level retrieval: one short *lead* per indexed document (its title and opening),
+searched with BM25, so that a query naming its document can favour that document's chunks.
+
+Most retrieval errors on long-document corpora are chunks from the wrong document: a
+clause of the right kind from another contract (Reuter et al. 2025, LegalBench-RAG). A
+document's lead — for a contract its name, parties and date; for a report its title and
+abstract — is what such a query matches. :class:`LeadIndex` is the retriever's built-in
+document index: the retriever keeps it in step with its chunks and the query path weights
+the chunks of the best-matching document (see :class:`~langchain_rse.routing.DocumentRouter`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertResponse
+from pydantic import PrivateAttr
+
+from langchain_rse.chunking import doc_id_for, document_leads
+from langchain_rse.lexical import BM25Index
+
+__all__ = ["LeadIndex"]
+
+
+class LeadIndex(DocumentIndex):
+    """An in-process BM25 index of document leads, as a LangChain ``DocumentIndex``.
+
+    It holds one short text per document (:func:`~langchain_rse.chunking.document_leads`:
+    ``metadata["title"]`` and the first 300 characters), so it stays small next to the chunk
+    index (one entry per document, not per chunk) and is rebuilt from the record store
+    when another worker changed it. Results carry ``metadata["doc_id"]`` and
+    ``metadata["score"]`` (BM25), best first.
+
+    Usage:
+        .. code-block:: python
+
+            leads = LeadIndex(k=3)
+            leads.add_sources(docs)            # whole source documents
+            leads.invoke("the distribution agreement between Acme and Beta")
+    """
+
+    k: int = 3
+    """Documents returned per query."""
+
+    _bm25: BM25Index = PrivateAttr(default_factory=BM25Index)
+    _leads: dict[str, Document] = PrivateAttr(default_factory=dict)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _before_search: Callable[[], None] | None = PrivateAttr(default=None)
+    """Set by the owning retriever: its shared index's generation check."""
+
+    def __len__(self) -> int:
+        return len(self._leads)
+
+    def __repr__(self) -> str:
+        return f"LeadIndex(k={self.k}, documents={len(self)})"
+
+    def add_sources(self, sources: Iterable[Document]) -> None:
+        """Index (or replace) the leads of these source documents."""
+        self.upsert(document_leads(sources))
+
+    def set_sources(self, sources: Iterable[Document]) -> None:
+        """Replace the whole index with the leads of these source documents (a reload)."""
+        leads = {str(doc.id): doc for doc in document_leads(sources)}
+        with self._lock:
+            self._leads = leads
+            self._bm25.set_texts({i: d.page_content for i, d in leads.items()})
+
+    def upsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
+        """Add or replace lead documents (their ids are doc ids)."""
+        ids = [doc_id_for(d) for d in items]
+        with self._lock:
+            self._leads.update(zip(ids, items))
+            self._bm25.add(ids, [d.page_content for d in items])
+        return UpsertResponse(succeeded=ids, failed=[])
+
+    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> DeleteResponse:
+        """Remove the leads of these doc ids (unknown ids are ignored)."""
+        if ids is None:
+            raise ValueError("delete needs a list of document ids")
+        with self._lock:
+            found = [i for i in ids if self._leads.pop(i, None) is not None]
+            self._bm25.delete(found)
+        return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
+
+    def get(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]:
+        """The leads of these doc ids (unknown ids are skipped)."""
+        return [self._leads[i] for i in ids if i in self._leads]
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        if self._before_search is not None:
+            self._before_search()
+        out = []
+        for doc_id, score in self._bm25.search(query, self.k):
+            lead = self._leads.get(doc_id)
+            if lead is not None:
+                out.append(Document(page_content=lead.page_content, id=doc_id,
+                                    metadata={**lead.metadata, "score": score}))  # fmt: skip
+        return out
