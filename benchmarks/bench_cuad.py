@@ -146,15 +146,16 @@ def make_methods(
         default_chunks = retriever.model_copy(update={"mode": "chunks", "candidate_pool": pool})
         methods["default(chunks)"] = lambda q: spans_of(default_chunks.invoke(q, k=n_chunks))
 
-    # The rows below are without document routing (router=None), as before it was default.
+    # The rows below are the pipeline before document routing: no router, RRF 1:1, the
+    # "unrouted" preset.
+    before: dict[str, Any] = {"router": None, "weights": (1.0, 1.0),
+                              "rse_params": get_preset("unrouted")}  # fmt: skip
     if "hybrid" in which:
-        hybrid = retriever.model_copy(
-            update={"mode": "chunks", "candidate_pool": pool, "router": None}
-        )
+        hybrid = retriever.model_copy(update={"mode": "chunks", "candidate_pool": pool, **before})
         methods["hybrid"] = lambda q: spans_of(hybrid.invoke(q, k=n_chunks))
 
     if "rse" in which:
-        rse = retriever.model_copy(update={"mode": "segments", "router": None})
+        rse = retriever.model_copy(update={"mode": "segments", **before})
         methods["rse"] = lambda q: spans_of(rse.invoke(q, k=100))
 
     # The offline reranker stand-in: the library's EmbeddingReranker (cosine of the same
@@ -162,11 +163,11 @@ def make_methods(
     reranker = EmbeddingReranker(embeddings=vs.embeddings)
     if "hybrid+rerank" in which:
         reranked = retriever.model_copy(
-            update={"mode": "chunks", "candidate_pool": pool, "reranker": reranker, "router": None}
+            update={"mode": "chunks", "candidate_pool": pool, "reranker": reranker, **before}
         )
         methods["hybrid+rerank"] = lambda q: spans_of(reranked.invoke(q, k=n_chunks))
     if "rse+rerank" in which:
-        update: dict[str, Any] = {"mode": "segments", "reranker": reranker, "router": None}
+        update: dict[str, Any] = {"mode": "segments", "reranker": reranker, **before}
         update["rse_params"] = rerank_params or get_preset("reranked")
         rse_rr = retriever.model_copy(update=update)
         methods["rse+rerank"] = lambda q: spans_of(rse_rr.invoke(q, k=100))
@@ -336,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--decay", type=float, default=None, help="rank->relevance decay rate")
     ap.add_argument("--rse", default=None, help="RSEParams overrides, e.g. max_segment_chunks=4")
     ap.add_argument("--fusion", default="rrf")
-    ap.add_argument("--weights", default="1,1", help="dense,lexical fusion weights")
+    ap.add_argument("--weights", default="4,1", help="dense,lexical fusion weights")
     ap.add_argument("--fetch-k", type=int, default=50)
     ap.add_argument("--candidate-pool", type=int, default=50)
     ap.add_argument(

@@ -689,6 +689,16 @@ def grid(name: str) -> Iterable[Config]:
                         for params in (dp, seg2):
                             for merge in (False, True):
                                 yield Config(params=_p(params, merge_touching=merge), **kw)
+    if name == "soft2":  # the chosen shape (bm25 leads, boost 1, check 10): weights x budget
+        for weights in ((1.0, 0.0), (4.0, 1.0), (3.0, 1.0), (2.0, 1.0)):
+            kw2: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                                   "fetch_k": 200, "weights": weights}  # fmt: skip
+            yield Config(mode="chunks", **kw2)
+            for seg, mv in ((2, 0.3), (3, 0.3), (4, 0.2)):
+                for total in (12, 16, 20):
+                    params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
+                                max_total_chunks=total, merge_touching=True)  # fmt: skip
+                    yield Config(params=params, **kw2)
     if name == "merge":  # touching segments returned as one, without routing
         for params in (dp, _p(dp, max_segment_chunks=2, min_segment_value=0.3)):
             for merge in (False, True):

@@ -19,6 +19,7 @@ from langchain_rse.rerank import (
     RerankError,
     RerankResult,
 )
+from langchain_rse.documents import LeadIndex
 from langchain_rse.retriever import RSERetriever
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.segments import PRESETS, RSEParams, best_segments
@@ -36,6 +37,7 @@ __all__ = [
     "DocumentRouter",
     "EmbeddingReranker",
     "HeaderEnricher",
+    "LeadIndex",
     "NoEnricher",
     "QueryExpander",
     "RSEParams",

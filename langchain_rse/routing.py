@@ -18,7 +18,7 @@ from langchain_rse.chunking import document_leads, parse_chunk_key
 
 __all__ = ["DEFAULT_BOOST", "DocumentRouter", "as_router"]
 
-DEFAULT_BOOST = 1.0
+DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set:
 ``benchmarks/RESULTS.md``)."""
 

@@ -112,7 +112,7 @@ def test_touching_segments_are_merged_into_one() -> None:
     segs = [Segment(0, 2, 6, 2.4), Segment(1, 0, 2, 1.0), Segment(0, 6, 7, 0.6),
             Segment(0, 7, 8, 0.3), Segment(0, 0, 1, 0.2)]  # fmt: skip
     assert merge_touching(segs) == [
-        Segment(0, 2, 8, pytest.approx(3.3)),  # 2-6 + 6-7 + 7-8, at the best part's rank
+        Segment(0, 2, 8, pytest.approx(3.3)),  # 2-6 + 6-7 + 7-8, worth their total
         Segment(1, 0, 2, 1.0),
         Segment(0, 0, 1, 0.2),  # does not touch: a gap at chunk 1
     ]
