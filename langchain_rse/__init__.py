@@ -1,6 +1,7 @@
 """langchain-rse: contextual hybrid retrieval with Relevant Segment Extraction for LangChain."""
 
 from langchain_rse.chunking import Chunk, document_leads, split_text
+from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import (
     BaseEnricher,
     ChunkContext,
@@ -19,7 +20,6 @@ from langchain_rse.rerank import (
     RerankError,
     RerankResult,
 )
-from langchain_rse.documents import LeadIndex
 from langchain_rse.retriever import RSERetriever
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.segments import PRESETS, RSEParams, best_segments
