@@ -8,6 +8,7 @@ wheel (see ``postgres_server.py``); each test gets a fresh database.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -300,6 +301,43 @@ def test_filter_sql_agrees_with_the_retrievers_own_check(make) -> None:
         with pytest.raises(ValueError):
             filter_sql(bad)
     store.engine.dispose()
+
+
+def test_pgvector_translation_agrees_with_the_retrievers_own_check(make) -> None:
+    """Pushed down into PGVector, every filter selects exactly what ``matches`` passes;
+    in particular ``$ne``/``$nin`` keep rows without the key, and ``$in`` compares as
+    JSON, not as text (``"2021"`` is not ``2021``, ``True`` is not ``1``)."""
+    from langchain_postgres import PGVector
+
+    from langchain_rse.filters import FilterError, matches, parse, search_kwargs
+
+    engine = sa.create_engine(make.url)
+    vs = PGVector(HashingEmbeddings(), connection=engine, collection_name="filters")
+    ids = vs.add_texts(["text"] * len(ROWS), ROWS, ids=[str(i) for i in range(len(ROWS))])
+    extra = [{"t": {"$nin": ["acme", "globex"]}}, {"year": {"$in": [2021, 2023.5]}},
+             {"year": {"$in": ["2021"]}}, {"tier": {"$nin": ["free", "x"]}}]  # fmt: skip
+    # a value of another JSON type than the filter's: unknown to jsonb_path_match, so
+    # PGVector drops the row (ok=1 for `$ne: True`, year="2021" for `$ne: 1.0`): lost,
+    # never leaked
+    cross_type = {'{"ok": {"$ne": true}}': {"3"}, '{"year": {"$ne": 1.0}}': {"2"},
+                  '{"year": {"$nin": [1, 2020]}}': {"2"}}
+    specs = [*FILTERS, *extra, *(json.loads(s) for s in cross_type)]
+    for spec in specs:
+        tree = parse(spec)
+        if "weird key\"'" in spec:
+            with pytest.raises(FilterError, match="identifier"):
+                search_kwargs(vs, tree)
+            continue
+        hits = vs.similarity_search("text", k=10, **search_kwargs(vs, tree))
+        want = {i for i, meta in zip(ids, ROWS) if matches(tree, meta)}
+        lost = cross_type.get(json.dumps(spec), set())
+        assert lost <= want and {str(d.id) for d in hits} == want - lost, spec
+    # rows without the key pass $ne/$nin (the stock operator form drops them)
+    for spec in ({"tier": {"$ne": "free"}}, {"t": {"$nin": ["acme"]}}):
+        stock = vs.similarity_search("text", k=10, filter=spec)
+        ours = vs.similarity_search("text", k=10, **search_kwargs(vs, parse(spec)))
+        assert "5" in {str(d.id) for d in ours} - {str(d.id) for d in stock}  # ROWS[5] = {}
+    engine.dispose()
 
 
 def test_byte_store_round_trips_bytes_and_prefixes(make) -> None:
