@@ -319,8 +319,11 @@ def test_pgvector_translation_agrees_with_the_retrievers_own_check(make) -> None
     # a value of another JSON type than the filter's: unknown to jsonb_path_match, so
     # PGVector drops the row (ok=1 for `$ne: True`, year="2021" for `$ne: 1.0`): lost,
     # never leaked
-    cross_type = {'{"ok": {"$ne": true}}': {"3"}, '{"year": {"$ne": 1.0}}': {"2"},
-                  '{"year": {"$nin": [1, 2020]}}': {"2"}}
+    cross_type = {
+        '{"ok": {"$ne": true}}': {"3"},
+        '{"year": {"$ne": 1.0}}': {"2"},
+        '{"year": {"$nin": [1, 2020]}}': {"2"},
+    }
     specs = [*FILTERS, *extra, *(json.loads(s) for s in cross_type)]
     for spec in specs:
         tree = parse(spec)
