@@ -13,14 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.documents import Document
-from postgres_server import postgres_server
+from postgres_server import new_database, postgres_server, postgres_stores
 from servers import missing_server
 
 from conftest import corpus_documents
@@ -59,20 +58,8 @@ RARE = Document(
 
 def retriever(url: str, schema: str | None = None, **kwargs) -> RSERetriever:
     """A retriever whose three stores live in the database at ``url`` (in ``schema``)."""
-    from langchain_postgres import PGVector
-
-    engine = sa.create_engine(url, **engine_args(schema))
-    return RSERetriever(
-        vectorstore=PGVector(HashingEmbeddings(), connection=engine, collection_name="rse"),
-        lexical_store=PostgresLexicalStore(engine),
-        docstore=PostgresByteStore(engine),
-        **kwargs,
-    )
-
-
-def engine_args(schema: str | None) -> dict:
-    """Unqualified table names resolve in ``schema`` first (pgvector's type is in public)."""
-    return {"connect_args": {"options": f"-c search_path={schema},public"}} if schema else {}
+    vs, lexical, docstore = postgres_stores(url, schema=schema)
+    return RSERetriever(vectorstore=vs, lexical_store=lexical, docstore=docstore, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +73,7 @@ def server(tmp_path_factory) -> Iterator[str]:
 @pytest.fixture
 def make(server) -> Iterator[Callable[..., RSERetriever]]:
     """A factory of retrievers over one fresh database (``r.url`` names it)."""
-    name = f"t{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server.replace("+psycopg", ""), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION vector SCHEMA public")
+    url = new_database(server)
     made: list[RSERetriever] = []
 
     def factory(schema: str | None = None, **kwargs) -> RSERetriever:
