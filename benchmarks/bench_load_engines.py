@@ -91,7 +91,8 @@ def writer_worker(cfg: dict[str, Any], docs: list[Document], seconds: float, out
     out.put({"writes": writes, "errors": errors, "first": first})
 
 
-def run_engine(name: str, docs: list[Document], workers: int, seconds: float) -> dict[str, Any]:
+def run_engine(name: str, docs: list[Document], workers: int, seconds: float,
+               writer: bool = True) -> dict[str, Any]:  # fmt: skip
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         cfg = new_index(stack.enter_context(servers_for(name, tmp)))
@@ -102,14 +103,15 @@ def run_engine(name: str, docs: list[Document], workers: int, seconds: float) ->
         out = ctx.Queue()
         procs = [ctx.Process(target=query_worker, args=(cfg, docs, seconds, w, out))
                  for w in range(workers)]  # fmt: skip
-        procs.append(ctx.Process(target=writer_worker, args=(cfg, docs, seconds, out)))
+        if writer:
+            procs.append(ctx.Process(target=writer_worker, args=(cfg, docs, seconds, out)))
         for p in procs:
             p.start()
         results = [out.get(timeout=seconds + 600) for _ in procs]
         for p in procs:
             p.join(timeout=60)
     queries = [r for r in results if "latencies" in r]
-    writer = next(r for r in results if "writes" in r)
+    writes = next((r["writes"] for r in results if "writes" in r), 0)
     latencies = np.array([x for r in queries for x in r["latencies"]])
     firsts = [r["first"] for r in results if r["first"]]
     return {
@@ -118,7 +120,8 @@ def run_engine(name: str, docs: list[Document], workers: int, seconds: float) ->
         "qps": len(latencies) / seconds,
         "p50_ms": float(np.percentile(latencies, 50)) * 1000 if len(latencies) else None,
         "p95_ms": float(np.percentile(latencies, 95)) * 1000 if len(latencies) else None,
-        "writes": writer["writes"],
+        "max_ms": float(latencies.max()) * 1000 if len(latencies) else None,
+        "writes": writes,
         "errors": sum(r["errors"] for r in results),
         "index_s": index_s,
         "first_error": firsts[0] if firsts else "",
@@ -132,24 +135,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--docs", type=int, default=40)
     parser.add_argument("--synthetic", action="store_true")
+    parser.add_argument("--writer", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the writer process (--no-writer: queries only)")  # fmt: skip
     args = parser.parse_args(argv)
     docs, where = load_corpus(args.docs, args.synthetic)
-    print(f"{where}; {args.workers} query processes + 1 writer process, {args.seconds:g} s")
-    print("| engine | query processes | queries/s | p50 ms | p95 ms | writes | errors | index s |")
-    print("|---|---|---|---|---|---|---|---|")
+    writer = "1 writer process" if args.writer else "no writer"
+    print(f"{where}; {args.workers} query processes + {writer}, {args.seconds:g} s")
+    print("| engine | query processes | queries/s | p50 ms | p95 ms | max ms | writes | errors "
+          "| index s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     failed = False
     for name in args.engines.split(","):
         if name not in ENGINES:
             raise SystemExit(f"unknown engine {name!r} (one of {', '.join(ENGINES)})")
         try:
-            row = run_engine(name, docs, args.workers, args.seconds)
+            row = run_engine(name, docs, args.workers, args.seconds, args.writer)
         except BaseException as exc:  # a missing server skips (pytest.skip) outside CI
             if type(exc).__name__ != "Skipped":
                 raise
-            print(f"| {name} | not run: {exc} | | | | | | |", flush=True)
+            print(f"| {name} | not run: {exc} | | | | | | | |", flush=True)
             continue
         print(f"| {name} | {row['workers']} | {row['qps']:.1f} | {row['p50_ms']:.0f} | "
-              f"{row['p95_ms']:.0f} | {row['writes']} | {row['errors']} | "
+              f"{row['p95_ms']:.0f} | {row['max_ms']:.0f} | {row['writes']} | {row['errors']} | "
               f"{row['index_s']:.0f} |", flush=True)  # fmt: skip
         if row["errors"]:
             failed = True
