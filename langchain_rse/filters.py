@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Filter", "FilterError", "matches", "parse", "search_kwargs", "to_dict"]
+__all__ = ["Filter", "FilterError", "matches", "parse", "search_kwargs", "to_dict", "to_pgvector"]
 
 _SCALAR = (str, int, float, bool)
 _ORDER = ("$gt", "$gte", "$lt", "$lte")
@@ -162,6 +162,38 @@ def to_milvus_expr(f: Filter) -> str:
     return f"({field} {op} {value})"
 
 
+def to_pgvector(f: Filter) -> dict[str, Any]:
+    """The operator form for ``langchain_postgres.PGVector``, with ``matches``' semantics.
+
+    PGVector compares ``$eq``/``$ne``/``$gt``... as JSON (``jsonb_path_match``: ``1 ==
+    1.0``, ``true != 1``) but ``$in``/``$nin`` as text (``"1"`` would match ``1``), and a
+    row without the key fails ``$ne``/``$nin``. So ``$in`` becomes an ``$or`` of ``$eq``,
+    and ``$ne``/``$nin`` also pass a row where the key is missing (``$exists: false``).
+
+    One difference remains: ``jsonb_path_match`` compares values of two JSON types (the
+    number ``1`` with ``true``, or with ``"1"``) as unknown, so ``$ne``/``$nin`` do not
+    return a row whose value has another type than the filter's. That only costs results
+    (every candidate is checked again with :func:`matches`); it never lets one through.
+    PGVector takes identifier keys only; any other key raises :class:`FilterError`.
+    """
+    if isinstance(f, Bool):
+        return {f.op: [to_pgvector(item) for item in f.items]}
+    if not f.key.isidentifier():
+        raise FilterError(f"PGVector filters take identifier keys only, got {f.key!r}")
+    values = f.value if isinstance(f.value, tuple) else (f.value,)
+    if f.op in ("$in", "$nin"):
+        op = "$eq" if f.op == "$in" else "$ne"
+        each = [{f.key: {op: v}} for v in values]
+        same = each[0] if len(each) == 1 else {"$or" if f.op == "$in" else "$and": each}
+        if f.op == "$in":
+            return same
+    elif f.op == "$ne":
+        same = {f.key: {"$ne": f.value}}
+    else:
+        return {f.key: {f.op: f.value}}
+    return {"$or": [same, {f.key: {"$exists": False}}]}  # a missing key passes
+
+
 Translator = Callable[[Filter], dict[str, Any]]
 
 
@@ -177,7 +209,7 @@ _TRANSLATORS: dict[str, Translator] = {
     "InMemoryVectorStore": _callable_on_document,
     "FAISS": _callable_on_metadata,
     "Chroma": lambda f: {"filter": to_dict(f)},
-    "PGVector": lambda f: {"filter": to_dict(f)},
+    "PGVector": lambda f: {"filter": to_pgvector(f)},
     "PGVectorStore": lambda f: {"filter": to_dict(f)},
     "PostgresLexicalStore": lambda f: {"filter": to_dict(f)},
     "Milvus": lambda f: {"expr": to_milvus_expr(f)},

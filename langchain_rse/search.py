@@ -23,7 +23,7 @@ from langchain_rse.filters import Filter, Translator, matches, search_kwargs
 from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
 
-__all__ = ["Hit", "SearchBranches", "SearchRequest", "is_local", "key_of"]
+__all__ = ["Hit", "SearchBranches", "SearchRequest", "is_local", "key_of", "sync_only"]
 
 Hit = tuple[str, "float | None"]
 """``(chunk key, score)``; the score is None when the store gives none."""
@@ -53,6 +53,15 @@ def _keyed(hits: list[tuple[Document, float | None]]) -> tuple[list[Hit], dict[s
             out.append((key, score))
             texts[key] = doc.page_content
     return out, texts
+
+
+def sync_only(vectorstore: VectorStore) -> bool:
+    """A store whose client is synchronous only, so its async search methods fail.
+
+    ``langchain_postgres.PGVector`` on a sync engine (``async_mode`` False) asserts in
+    every ``a*`` method instead of falling back to a thread as ``VectorStore`` does.
+    """
+    return getattr(vectorstore, "async_mode", None) is False
 
 
 @dataclass
@@ -115,7 +124,8 @@ class SearchBranches:
         return DenseResult(*_keyed(hits))
 
     async def adense(self, request: SearchRequest) -> DenseResult:
-        if self.lock.enabled:  # in-process: search in a thread, under the lock
+        if self.lock.enabled or sync_only(self.vectorstore):
+            # in process (under the lock), or a client without async search: in a thread
             return await asyncio.to_thread(self.dense, request)
         vs, k, query = self.vectorstore, self.k, request["query"]
         kw = _dense_kwargs(vs, request["filter"], self.translator, k)

@@ -10,6 +10,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import HashingEmbeddings, make_contract  # noqa: E402
 
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In CI (``CI=true``) every integration server must be there: stop at once, naming
+    what is missing (the same lookups the server fixtures make)."""
+    import os
+
+    if os.environ.get("CI") == "true":
+        from server_check import missing_servers
+
+        missing = missing_servers()
+        if missing:
+            pytest.exit("CI=true, but these are missing: " + "; ".join(missing), returncode=3)
+
+
 CORPUS = {
     "alpha": ["payment terms", "termination", "confidentiality", "indemnity"],
     "beta": ["warranty", "termination", "governing law", "insurance"],

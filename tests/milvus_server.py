@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from langchain_core.embeddings import Embeddings
 from servers import _server, free_port, missing_server
 
 from helpers import HashingEmbeddings
@@ -52,14 +53,14 @@ def milvus_server(tmp: Path) -> Iterator[str]:
 DENSE_INDEX = {"index_type": "FLAT", "metric_type": "COSINE", "params": {}}
 
 
-def milvus_stores(uri: str, name: str) -> tuple[Any, Any]:
+def milvus_stores(uri: str, name: str, embedding: Embeddings | None = None) -> tuple[Any, Any]:
     """A dense collection and a BM25 collection for one index (as every worker opens them)."""
     from langchain_milvus import Milvus
 
     from langchain_rse.stores.milvus import MilvusLexicalStore
 
     dense = Milvus(
-        HashingEmbeddings(),
+        embedding or HashingEmbeddings(),
         collection_name=f"d_{name}",
         connection_args={"uri": uri},
         index_params=dict(DENSE_INDEX),

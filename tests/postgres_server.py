@@ -30,7 +30,7 @@ from typing import Any
 
 from servers import free_port, missing_server
 
-__all__ = ["postgres_server"]
+__all__ = ["new_database", "postgres_server", "postgres_stores"]
 
 
 def _bindir() -> Path | None:
@@ -137,3 +137,36 @@ def postgres_server(tmp: Path) -> Iterator[str]:
                 proc.wait()
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def new_database(server_url: str) -> str:
+    """Create a fresh database (with the ``vector`` extension) on the server of
+    ``server_url``; returns its SQLAlchemy URL."""
+    import uuid
+
+    import psycopg
+
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = server_url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION vector SCHEMA public")
+    return url
+
+
+def postgres_stores(url: str, embedding: Any = None, schema: str | None = None
+                    ) -> tuple[Any, Any, Any]:  # fmt: skip
+    """PGVector, the lexical store and the record store of one index in the database at
+    ``url`` (unqualified tables in ``schema`` first: pgvector's type stays in public), as
+    every worker opens them. One engine (connection pool) serves the three."""
+    import sqlalchemy as sa
+    from langchain_postgres import PGVector
+
+    from helpers import HashingEmbeddings
+    from langchain_rse.stores.postgres import PostgresByteStore, PostgresLexicalStore
+
+    args = {"connect_args": {"options": f"-c search_path={schema},public"}} if schema else {}
+    engine = sa.create_engine(url, **args)
+    vs = PGVector(embedding or HashingEmbeddings(), connection=engine, collection_name="rse")
+    return vs, PostgresLexicalStore(engine), PostgresByteStore(engine)

@@ -17,6 +17,7 @@ from langchain_rse.filters import (
     search_kwargs,
     to_dict,
     to_milvus_expr,
+    to_pgvector,
 )
 
 META = {"tenant": "acme", "year": 2021, "score": 0.5, "public": True}
@@ -69,6 +70,23 @@ def test_translations() -> None:
     keep = search_kwargs(vs, f)["filter"]
     assert keep(Document("x", metadata={"tenant": "a", "year": 2021}))
     assert not keep(Document("x", metadata={"tenant": "c", "year": 2021}))
+
+
+def test_pgvector_translation_keeps_missing_keys_and_compares_as_json() -> None:
+    """(Its semantics against a real PostgreSQL: tests/test_postgres.py.)"""
+    missing = {"t": {"$exists": False}}
+    assert to_pgvector(parse({"t": {"$ne": "a"}})) == {"$or": [{"t": {"$ne": "a"}}, missing]}
+    assert to_pgvector(parse({"t": {"$nin": ["a", "b"]}})) == {
+        "$or": [{"$and": [{"t": {"$ne": "a"}}, {"t": {"$ne": "b"}}]}, missing]
+    }
+    assert to_pgvector(parse({"t": {"$in": ["a", 1]}})) == {
+        "$or": [{"t": {"$eq": "a"}}, {"t": {"$eq": 1}}]
+    }
+    assert to_pgvector(parse({"t": {"$in": ["a"]}, "y": {"$gt": 2}})) == {
+        "$and": [{"t": {"$eq": "a"}}, {"y": {"$gt": 2}}]
+    }
+    with pytest.raises(FilterError, match="identifier"):
+        to_pgvector(parse({"weird key": "v"}))
 
 
 DOCS = [

