@@ -39,7 +39,7 @@ _LEVEL_BASE = 1 << 14
 """Postings of the smallest size class of the merge policy."""
 
 
-def _grow(array: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
+def _grow(array: np.ndarray, size: int, fill: float = 0) -> np.ndarray:
     """``array`` with room for at least ``size`` entries (capacity doubles)."""
     if size <= len(array):
         return array
@@ -63,7 +63,11 @@ class Segment:
     @property
     def level(self) -> int:
         """The merge policy's size class."""
-        return max(0, int(math.log(max(self.postings, 1) / _LEVEL_BASE, 4)) + 1)
+        # Level L holds [base * 4**(L-1), base * 4**L) postings (level 0: under base), so
+        # four segments of one level merge into one of the next level (or stay at 0).
+        return (
+            0 if self.postings < _LEVEL_BASE else int(math.log(self.postings / _LEVEL_BASE, 4)) + 1
+        )
 
 
 class IncrementalBM25:
@@ -109,7 +113,8 @@ class IncrementalBM25:
         self.n_docs = 0  # document numbers handed out (live and dead)
         self.n_live = 0
         self.total_len = 0
-        self.dl = np.zeros(0, dtype=np.int32)
+        self.dl = np.zeros(0, dtype=np.float32)
+        """Document lengths; +inf for deleted documents, so they score 0 without a check."""
         self.alive = np.zeros(0, dtype=bool)
         self.gid = np.zeros(0, dtype=np.int32)
         self.fptr = np.zeros(1, dtype=np.int64)  # forward index: terms of d at fptr[d]:fptr[d+1]
@@ -181,7 +186,7 @@ class IncrementalBM25:
         self.changes += 1
 
     def _reserve(self, docs: int, terms: int) -> None:
-        self.dl = _grow(self.dl, docs)
+        self.dl = _grow(self.dl, docs, fill=np.inf)
         self.alive = _grow(self.alive, docs)
         self.gid = _grow(self.gid, docs)
         self.fptr = _grow(self.fptr, docs + 1)
@@ -199,7 +204,8 @@ class IncrementalBM25:
         fptr, fterms = self.fptr, self.fterms
         terms = np.concatenate([fterms[fptr[d] : fptr[d + 1]] for d in docs])
         self.df[: len(self.terms)] -= np.bincount(terms, minlength=len(self.terms))
-        self.total_len -= int(self.dl[arr].sum())
+        self.total_len -= int(self.dl[arr].sum(dtype=np.float64))
+        self.dl[arr] = np.inf
         self.n_live -= len(docs)
         self.changes += 1
         return [int(g) for g in self.gid[arr]]
@@ -321,7 +327,7 @@ class IncrementalBM25:
         self._reserve(n, v)
         self.fptr[: n + 1] = doc_indptr
         self.fterms = terms.astype(np.int32)
-        self.dl[:n] = np.bincount(docs, weights=tf, minlength=n).astype(np.int32)
+        self.dl[:n] = np.bincount(docs, weights=tf, minlength=n)
         self.alive[:n] = True
         self.gid[:n] = np.asarray(gids, dtype=np.int32)
         self.df[:v] = np.bincount(terms, minlength=v)
@@ -362,8 +368,9 @@ class IncrementalBM25:
         return float(cached[1][0])
 
     def scores(self, token_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``(document numbers, scores)`` of the live documents matching any query term
-        (duplicate query terms count as many times as they occur)."""
+        """``(document numbers, scores)`` of the documents matching any query term, either
+        as the matches only or as a dense vector over all document numbers (``docs`` is then
+        empty); deleted documents score 0. A query term counts as often as it occurs."""
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
         if not token_ids or self.n_live == 0:
             return empty
@@ -372,7 +379,9 @@ class IncrementalBM25:
         uniq, mult = uniq[live_terms], mult[live_terms]
         if not len(uniq):
             return empty
-        weights = self._idf(uniq) * mult
+        weights: np.ndarray = self._idf(uniq) * mult.astype(np.float64)
+        if self.variant == "okapi":
+            weights *= self.k1 + 1.0
         docs, tfs, w, sizes = [], [], [], []
         for seg in self.segments:
             m = seg.matrix
@@ -388,20 +397,42 @@ class IncrementalBM25:
         if not docs:
             return empty
         d = np.concatenate(docs)
-        tf = np.concatenate(tfs).astype(np.float64)
-        wt = np.repeat(np.asarray(w), sizes)
-        keep = self.alive[d]
-        if not keep.all():
-            d, tf, wt = d[keep], tf[keep], wt[keep]
+        tf = np.concatenate(tfs)
         k1, b = self.k1, self.b
         avgdl = self.total_len / self.n_live
-        norm = k1 * (1.0 - b) + (k1 * b / avgdl) * self.dl[d] if avgdl > 0 else k1 * (1.0 - b)
-        contrib = wt * tf / (tf + norm)
-        if self.variant == "okapi":
-            contrib *= k1 + 1.0
+        x = self.dl[d]  # float32 throughout: bm25s scores in float32 too
+        x *= np.float32(k1 * b / avgdl if avgdl > 0 else 0.0)
+        x += np.float32(k1 * (1.0 - b))
+        x += tf
+        np.divide(tf, x, out=x)
+        x *= np.repeat(np.asarray(w, dtype=np.float32), sizes)
         if 4 * len(d) < self.n_docs:  # few matches: accumulate over the matching documents only
             rows, inverse = np.unique(d, return_inverse=True)
-            return rows, np.bincount(inverse, contrib, minlength=len(rows))
-        dense = np.bincount(d, contrib, minlength=self.n_docs)
-        rows = np.flatnonzero(dense)
-        return rows, dense[rows]
+            return rows, np.bincount(inverse, x, minlength=len(rows))
+        return empty[0], np.bincount(d, x, minlength=self.n_docs)
+
+    def top(
+        self,
+        token_ids: Sequence[int],
+        k: int,
+        keep: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best documents with a positive score, best first (ties: lower document
+        number first); ``keep`` maps candidate document numbers to a mask of those allowed."""
+        docs, scores = self.scores(token_ids)
+        if not len(docs) and len(scores):  # dense
+            if keep is None and k < len(scores):
+                docs = np.argpartition(-scores, k - 1)[:k]
+            else:
+                docs = np.flatnonzero(scores)
+            scores = scores[docs]
+        positive = scores > 0
+        docs, scores = docs[positive], scores[positive]
+        if keep is not None and len(docs):
+            allowed = keep(docs)
+            docs, scores = docs[allowed], scores[allowed]
+        if len(docs) > k:
+            best = np.argpartition(-scores, k - 1)[:k]
+            docs, scores = docs[best], scores[best]
+        order = np.lexsort((docs, -scores))
+        return docs[order], scores[order]

@@ -34,6 +34,7 @@ _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _SUBWORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
+_SNAKE = re.compile(r"\b\w+_\w+\b")
 _CJK_SPLIT = re.compile(_CJK.pattern + "|" + _CJK.pattern.replace("[", "[^", 1) + "+")
 
 _STOPWORDS = frozenset(
@@ -87,22 +88,22 @@ def tokenize(text: str) -> list[str]:
     stop words.
     """
     tokens: list[str] = []
-    for match in _WORD.finditer(text):
-        word = match.group()
-        if _CJK.search(word):
+    append, stop = tokens.append, _STOPWORDS
+    cjk = _CJK.search(text) is not None
+    for word in _WORD.findall(text):
+        if cjk and _CJK.search(word):
             tokens.extend(p.lower() for p in _CJK_SPLIT.findall(word))
             continue
         lowered = word.lower()
-        if lowered in _STOPWORDS:
+        if lowered in stop:
             continue
-        tokens.append(lowered)
-        if word.isascii() and not word.islower() and not word.isupper():
+        append(lowered)
+        if lowered != word and word.isascii() and not word.isupper():  # mixed case
             parts = _SUBWORD.findall(word)
             if len(parts) > 1:
                 tokens.extend(p.lower() for p in parts)
-    # snake_case: `[^\W_]+` already split on underscores; keep the joined identifier too.
-    for ident in re.finditer(r"\b\w+_\w+\b", text):
-        tokens.append(ident.group().lower())
+    if "_" in text:  # snake_case: `[^\W_]+` split on underscores; keep the identifier too
+        tokens.extend(ident.lower() for ident in _SNAKE.findall(text))
     return tokens
 
 
@@ -336,22 +337,13 @@ class BM25Index:
             return []
         with self._rw.read():
             bm = self._bm25
-            docs, scores = bm.scores(bm.term_ids(q, grow=False))
-            positive = scores > 0
-            docs, scores = docs[positive], scores[positive]
-            if allowed is not None and len(docs):
-                docs, scores = self._allowed(docs, scores, allowed)
-            if len(docs) > k:
-                top = np.argpartition(-scores, k - 1)[:k]
-                docs, scores = docs[top], scores[top]
-            order = np.lexsort((docs, -scores))
+            keep = None if allowed is None else (lambda docs: self._allowed(docs, allowed))
+            docs, scores = bm.top(bm.term_ids(q, grow=False), k, keep)
             keys = bm.keys
-            return [(keys[d], s) for d, s in zip(docs[order].tolist(), scores[order].tolist())]  # type: ignore[misc]
+            return [(keys[d], s) for d, s in zip(docs.tolist(), scores.tolist())]  # type: ignore[misc]
 
-    def _allowed(
-        self, docs: np.ndarray, scores: np.ndarray, allowed: Callable[[dict[str, Any]], bool]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Keep the documents whose group ``allowed`` accepts (one call per group)."""
+    def _allowed(self, docs: np.ndarray, allowed: Callable[[dict[str, Any]], bool]) -> np.ndarray:
+        """Which of ``docs`` have a group ``allowed`` accepts (one call per group)."""
         gids = self._bm25.gid[docs]
         uniq, inverse = np.unique(gids, return_inverse=True)
         groups, names = self._groups, self._group_keys
@@ -360,8 +352,7 @@ class BM25Index:
             dtype=bool,
             count=len(uniq),
         )
-        keep = verdict[inverse]
-        return docs[keep], scores[keep]
+        return verdict[inverse]
 
     # ------------------------------------------------------------------ persistence
 
