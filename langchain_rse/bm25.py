@@ -130,6 +130,17 @@ class IncrementalBM25:
     def __len__(self) -> int:
         return self.n_live
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in NumPy/SciPy arrays (postings, per-document and per-term arrays;
+        capacity included). The keys, their dict and the vocabulary are Python objects."""
+        arrays = [self.df, self.dl, self.alive, self.gid, self.fptr, self.fterms]
+        total = sum(a.nbytes for a in arrays)
+        for seg in self.segments:
+            m = seg.matrix
+            total += m.data.nbytes + m.indices.nbytes + m.indptr.nbytes
+        return total
+
     def term_ids(self, tokens: Sequence[str], grow: bool) -> list[int]:
         """Token ids (new terms get one when ``grow``, else unknown tokens are dropped)."""
         vocab = self.vocab

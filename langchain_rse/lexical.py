@@ -295,6 +295,11 @@ class BM25Index:
             merger.join()
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the index's arrays (see :attr:`IncrementalBM25.nbytes`)."""
+        return self._bm25.nbytes
+
+    @property
     def segments(self) -> int:
         """Number of segments searched (for diagnostics)."""
         return len(self._bm25.segments)
