@@ -134,7 +134,7 @@ class IncrementalBM25:
     def nbytes(self) -> int:
         """Bytes held in NumPy/SciPy arrays (postings, per-document and per-term arrays;
         capacity included). The keys, their dict and the vocabulary are Python objects."""
-        arrays = [self.df, self.dl, self.alive, self.gid, self.fptr, self.fterms]
+        arrays: list[np.ndarray] = [self.df, self.dl, self.alive, self.gid, self.fptr, self.fterms]
         total = sum(a.nbytes for a in arrays)
         for seg in self.segments:
             m = seg.matrix

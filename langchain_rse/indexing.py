@@ -146,23 +146,30 @@ class Writer:
                 self._seen = current
 
     def _reload_lexical(self) -> None:
+        """Bring the lexical index in line with the record store's current versions:
+        remove the versions no longer current, add the new ones (cost: the change, plus
+        one read of every pointer)."""
         started = time.perf_counter()
         ids = [k for k in self.records.store.yield_keys() if k.startswith("doc/")]
         raw = self.records.store.mget(ids) if ids else []
         pointers = [DocRecord.from_bytes(r) for r in raw if r is not None]
-        texts: dict[str, str] = {}
+        current = {group_of(chunk_key(p.doc_id, p.version, 0)): p for p in pointers if p.spans}
+        indexed = self.lexical.live_groups()
+        removed = self.lexical.delete_groups(indexed - current.keys())
+        new = [p for g, p in current.items() if g not in indexed]
+        keys: list[str] = []
+        texts: list[str] = []
         groups: dict[str, dict[str, Any]] = {}
-        for record, body in zip(pointers, self._bodies(pointers)):
+        for record, body in zip(new, self._bodies(new)):
             if body is None:
-                continue  # replaced while we read: the next generation reloads it
+                continue  # replaced while we read: the next generation brings it
             for i, (start, end) in enumerate(record.spans):
-                texts[chunk_key(record.doc_id, record.version, i)] = index_text(
-                    body.contexts[i], body.text[start:end]
-                )
+                keys.append(chunk_key(record.doc_id, record.version, i))
+                texts.append(index_text(body.contexts[i], body.text[start:end]))
             groups[group_of(chunk_key(record.doc_id, record.version, 0))] = record.metadata
-        self.lexical.set_texts(texts, groups)
-        logger.info("reloaded the lexical index after another worker's writes: %d documents, "
-                    "%d chunks in %.2f s", len(pointers), len(texts),
+        self.lexical.add(keys, texts, groups)
+        logger.info("lexical index caught up with another worker's writes: %d chunks removed, "
+                    "%d added (%d documents) in %.2f s", removed, len(keys), len(groups),
                     time.perf_counter() - started)  # fmt: skip
 
     def _bodies(self, pointers: Sequence[DocRecord]) -> list[DocBody | None]:

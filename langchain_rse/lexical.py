@@ -216,6 +216,30 @@ class BM25Index:
                 self._groups.pop(group_of(chunk_id), None)
             self._maybe_compact()
 
+    def delete_groups(self, groups: Iterable[str]) -> int:
+        """Remove every chunk of these groups (document versions); returns how many."""
+        with self._rw.write():
+            bm = self._bm25
+            gids = [self._gid[g] for g in groups if g in self._gid]
+            if not gids:
+                return 0
+            n = bm.n_docs
+            docs = np.flatnonzero(np.isin(bm.gid[:n], gids) & bm.alive[:n])
+            keys = [bm.keys[d] for d in docs.tolist()]
+            bm.delete([k for k in keys if k is not None])
+            for g in groups:
+                self._groups.pop(g, None)
+            self._maybe_compact()
+            return len(keys)
+
+    def live_groups(self) -> set[str]:
+        """The groups that have chunks in the index."""
+        with self._rw.read():
+            bm = self._bm25
+            n = bm.n_docs
+            gids = np.unique(bm.gid[:n][bm.alive[:n]])
+            return {self._group_keys[g] for g in gids.tolist()}
+
     def _maybe_compact(self) -> None:
         bm = self._bm25
         if bm.needs_compaction(self.compact_min):
