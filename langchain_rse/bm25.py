@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Literal
 
 import numpy as np
@@ -144,16 +145,19 @@ class IncrementalBM25:
     def term_ids(self, tokens: Sequence[str], grow: bool) -> list[int]:
         """Token ids (new terms get one when ``grow``, else unknown tokens are dropped)."""
         vocab = self.vocab
+        ids = list(map(vocab.get, tokens))
         if not grow:
-            return [i for i in map(vocab.get, tokens) if i is not None]
-        out = []
-        for token in tokens:
-            i = vocab.get(token)
-            if i is None:
-                i = vocab[token] = len(self.terms)
-                self.terms.append(token)
-            out.append(i)
-        return out
+            return [i for i in ids if i is not None] if None in ids else ids  # type: ignore[return-value]
+        if None in ids:  # new terms (rare once the vocabulary has settled)
+            for at, i in enumerate(ids):
+                if i is None:
+                    token = tokens[at]
+                    i = vocab.get(token)
+                    if i is None:
+                        i = vocab[token] = len(self.terms)
+                        self.terms.append(token)
+                    ids[at] = i
+        return ids  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ writes
 
@@ -167,9 +171,7 @@ class IncrementalBM25:
         if n == 0:
             return
         lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=n)
-        flat = np.fromiter(
-            (i for t in token_ids for i in t), dtype=np.int64, count=int(lengths.sum())
-        )
+        flat = np.fromiter(chain.from_iterable(token_ids), dtype=np.int64, count=int(lengths.sum()))
         v = max(len(self.terms), 1)
         local = np.repeat(np.arange(n, dtype=np.int64), lengths)
         pairs, tf = np.unique(local * v + flat, return_counts=True)  # one entry per (doc, term)
