@@ -79,6 +79,24 @@ _STOPWORDS = frozenset(
 )
 
 
+_WORD_TOKENS: dict[str, tuple[str, ...]] = {}
+"""What each word (a ``_WORD`` match) becomes: words repeat, so most are looked up."""
+_WORD_CACHE_MAX = 500_000
+
+
+def _word_tokens(word: str) -> tuple[str, ...]:
+    if _CJK.search(word):
+        return tuple(p.lower() for p in _CJK_SPLIT.findall(word))
+    lowered = word.lower()
+    if lowered in _STOPWORDS:
+        return ()
+    if lowered != word and word.isascii() and not word.isupper():  # mixed case
+        parts = _SUBWORD.findall(word)
+        if len(parts) > 1:
+            return (lowered, *(p.lower() for p in parts))
+    return (lowered,)
+
+
 def tokenize(text: str) -> list[str]:
     """Lowercased tokens for BM25.
 
@@ -88,20 +106,14 @@ def tokenize(text: str) -> list[str]:
     stop words.
     """
     tokens: list[str] = []
-    append, stop = tokens.append, _STOPWORDS
-    cjk = _CJK.search(text) is not None
+    cache = _WORD_TOKENS
     for word in _WORD.findall(text):
-        if cjk and _CJK.search(word):
-            tokens.extend(p.lower() for p in _CJK_SPLIT.findall(word))
-            continue
-        lowered = word.lower()
-        if lowered in stop:
-            continue
-        append(lowered)
-        if lowered != word and word.isascii() and not word.isupper():  # mixed case
-            parts = _SUBWORD.findall(word)
-            if len(parts) > 1:
-                tokens.extend(p.lower() for p in parts)
+        found = cache.get(word)
+        if found is None:
+            found = _word_tokens(word)
+            if len(cache) < _WORD_CACHE_MAX:
+                cache[word] = found
+        tokens.extend(found)
     if "_" in text:  # snake_case: `[^\W_]+` split on underscores; keep the identifier too
         tokens.extend(ident.lower() for ident in _SNAKE.findall(text))
     return tokens
