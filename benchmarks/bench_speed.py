@@ -61,12 +61,17 @@ LIBRARY = snapshot_library() if __name__ == "__main__" else ""
 from speed_corpus import DIM  # noqa: E402
 from speed_query import FLAT, IVF, MEMORY, Latency, Settings, SizeResult, run_size  # noqa: E402
 from speed_rse import RSETiming, run_rse_bench  # noqa: E402
+from speed_writes import WRITE_HEADERS, write_rows  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = Path(__file__).resolve().parent / ".cache" / "speed_results.pkl"
 NOTES_MARKER = "<!-- notes -->"
 TARGET_SPEEDUP = 50.0
+TARGET_IVF_SPEEDUP = 100.0
 TARGET_RSE_MS = 5.0
+TARGET_WRITE_MS = 50.0
+TARGET_BYTES_PER_CHUNK = 2048
+TARGET_IVF_1M_MS = 50.0
 
 
 # ---------------------------------------------------------------------- formatting
@@ -182,6 +187,8 @@ def build_table(results: list[SizeResult]) -> str:
                 f"{b.rss_total / 2**20:,.0f}",
                 f"{b.rss_total / b.chunks:,.0f}",
                 f"{b.faiss_bytes / b.chunks:,.0f}",
+                f"{(b.rss_total - b.faiss_bytes) / b.chunks:,.0f}",
+                f"{b.lexical_bytes / b.chunks:,.0f} ({b.lexical_segments} seg.)",
                 f"{b.chunk_store_bytes / b.chunks:,.0f}",
                 f"{b.peak_build / 2**30:,.2f}",
                 "-" if b.ivf_s is None else f"{b.ivf_s:,.1f}",
@@ -196,12 +203,14 @@ def build_table(results: list[SizeResult]) -> str:
             "add_documents s",
             "of which embedding (excluded) s",
             "of which FAISS add s",
-            "first query (lazy BM25 build) s",
+            "first query s",
             "chunks/s excl. embedding",
             "RSS delta MiB",
             "RSS bytes/chunk",
             "of which FAISS vectors",
-            "of which chunk store JSON",
+            "beyond the vectors",
+            "of which BM25 arrays",
+            "of which record store JSON",
             "process peak RSS after build GiB",
             "FAISS-IVF copy build s",
             "LangChain BM25Retriever build s",
@@ -209,6 +218,11 @@ def build_table(results: list[SizeResult]) -> str:
         ],
         rows,
     )
+
+
+def writes_table(results: list[SizeResult]) -> str:
+    rows = [row for r in results if r.writes for row in write_rows(r.size, r.writes)]
+    return table(WRITE_HEADERS, rows)
 
 
 def series(results: list[SizeResult]) -> dict[str, tuple[list[int], list[float], list[float]]]:
@@ -340,6 +354,44 @@ def targets(results: list[SizeResult], rse: list[RSETiming]) -> list[str]:
                     f"faster than the LangChain ensemble on the same store: {wall:,.1f}x (median "
                     f"wall), {cpu:,.1f}x (median CPU) -> {verdict}"
                 )
+        for lat in (ours.get(("segments", IVF)),):
+            if lat is not None and IVF in ens:
+                wall = ens[IVF].median / lat.median
+                cpu = ens[IVF].cpu_median / lat.cpu_median
+                verdict = "PASS" if min(wall, cpu) >= TARGET_IVF_SPEEDUP else "FAIL"
+                lines.append(
+                    f"- query path at N={r.size:,} (segments, {IVF}) >= {TARGET_IVF_SPEEDUP:.0f}x "
+                    f"faster than the ensemble on the same store: {wall:,.1f}x (wall), "
+                    f"{cpu:,.1f}x (CPU) -> {verdict}"
+                )
+        if r.writes:
+            add = float(np.median(r.writes.add_seen_ms))
+            gone = float(np.median(r.writes.delete_gone_ms))
+            verdict = "PASS" if max(add, gone) <= TARGET_WRITE_MS else "FAIL"
+            lines.append(
+                f"- add / delete one document at N={r.size:,} until the next query sees it "
+                f"<= {TARGET_WRITE_MS:g} ms: {add:,.1f} / {gone:,.1f} ms median (retriever over "
+                f"FAISS-Flat; BM25Index alone {np.median(r.writes.bm25_add_seen_ms):,.1f} / "
+                f"{np.median(r.writes.bm25_delete_gone_ms):,.1f} ms) -> {verdict}"
+            )
+    for r in results:
+        if r.size in (100_000, 1_000_000):
+            b = r.build
+            beyond = (b.rss_total - b.faiss_bytes) / b.chunks
+            verdict = "PASS" if beyond <= TARGET_BYTES_PER_CHUNK else "FAIL"
+            lines.append(
+                f"- resident memory beyond the vectors at N={r.size:,} <= "
+                f"{TARGET_BYTES_PER_CHUNK:,} B/chunk: {beyond:,.0f} B/chunk (BM25 arrays "
+                f"{b.lexical_bytes / b.chunks:,.0f}) -> {verdict}"
+            )
+        ivf = [lat for lat in r.latencies if lat.family == "ours" and lat.store == IVF]
+        if r.size == 1_000_000 and ivf:
+            p50 = max(lat.median for lat in ivf)
+            verdict = "PASS" if p50 < TARGET_IVF_1M_MS else "FAIL"
+            lines.append(
+                f"- p50 at N=1,000,000 with {IVF} < {TARGET_IVF_1M_MS:g} ms: {p50:,.1f} ms "
+                f"(the slower of segments/chunks mode) -> {verdict}"
+            )
     for t in rse:
         if t.n == 20_000:
             verdict = "PASS" if t.cpu_median_ms < TARGET_RSE_MS else "FAIL"
@@ -440,6 +492,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--brute-cap", type=float, default=60.0, help="seconds allowed to one brute-force run"
     )
     p.add_argument("--faiss-threads", type=int, default=1)
+    p.add_argument("--write-repeats", type=int, default=10, help="add/delete timings per size")
     p.add_argument("--max-rss-gb", type=float, default=8.0, help="skip sizes projected above this")
     p.add_argument("--quick", action="store_true", help="small sizes, few queries (< 1 min)")
     p.add_argument("--write", action="store_true", help="write results files even with --quick")
@@ -450,6 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.sizes, args.rse_sizes = [2_000, 5_000], [2_000, 20_000]
         args.queries, args.warmup, args.budget, args.brute_cap = 10, 1, 5.0, 5.0
+        args.write_repeats = 3
         args.inmemory_max, args.profile_size = 2_000, 5_000
     return args
 
@@ -498,6 +552,7 @@ def collect(args: argparse.Namespace, command: str) -> Run:
             inmemory_max=args.inmemory_max,
             faiss_threads=args.faiss_threads,
             profile=size == args.profile_size,
+            write_repeats=args.write_repeats,
         )
         need = projected_rss(size, results, settings)
         if need is not None and need > args.max_rss_gb * 2**30:
@@ -535,6 +590,8 @@ def render(run: Run) -> str:
         latency_table(results),
         "## Index build and memory (RSERetriever over FAISS; embedding excluded)",
         build_table(results),
+        "## Read-your-writes: add or delete one document, then query (FAISS-Flat)",
+        writes_table(results),
         "## Growth with N (log-log fits of median latency: time ~ N^exponent)",
         scaling_table(results),
         "## RSE segment search alone (`best_segments`)",

@@ -121,6 +121,8 @@ class Writer:
     index; rebuilt from the records after a load)."""
     _seen: bytes | None = field(default=None, init=False)
     """The generation the in-process indexes reflect (None: unknown)."""
+    _lead_versions: dict[str, str] = field(default_factory=dict, init=False)
+    """The document version each reloaded lead reflects."""
 
     # ------------------------------------------------------------ many workers
 
@@ -150,8 +152,10 @@ class Writer:
                 self._seen = current
 
     def reload_local(self, lexical: bool = True) -> None:
-        """Rebuild the in-process indexes (BM25 unless a lexical store is used, or
-        ``lexical=False``; the leads when routing uses them) from the record store."""
+        """Bring the in-process indexes in line with the record store's current versions:
+        the BM25 index (unless a lexical store is used, or ``lexical=False``) and the
+        document leads (when routing uses them) drop what is no longer current and add
+        what is new (cost: the change, plus one read of every pointer)."""
         lexical = lexical and self.lexical_store is None
         if not lexical and self.leads is None:
             return
@@ -159,25 +163,44 @@ class Writer:
         ids = [k for k in self.records.store.yield_keys() if k.startswith("doc/")]
         raw = self.records.store.mget(ids) if ids else []
         pointers = [DocRecord.from_bytes(r) for r in raw if r is not None]
-        texts: dict[str, str] = {}
+        current = {group_of(chunk_key(p.doc_id, p.version, 0)): p for p in pointers if p.spans}
+        new: dict[str, DocRecord] = {}
+        removed = 0
+        if lexical:
+            indexed = self.lexical.live_groups()
+            removed = self.lexical.delete_groups(indexed - current.keys())
+            new.update((g, p) for g, p in current.items() if g not in indexed)
+        if self.leads is not None:
+            seen = self._lead_versions
+            gone = [d for d in seen if d not in {p.doc_id for p in pointers}]
+            self.leads.delete(gone)
+            for d in gone:
+                seen.pop(d)
+            new.update((g, p) for g, p in current.items() if seen.get(p.doc_id) != p.version)
+        keys: list[str] = []
+        texts: list[str] = []
         groups: dict[str, dict[str, Any]] = {}
         sources: list[Document] = []
-        for record, body in zip(pointers, self._bodies(pointers)):
+        versions: dict[str, str] = {}
+        for record, body in zip(new.values(), self._bodies(list(new.values()))):
             if body is None:
-                continue  # replaced while we read: the next generation reloads it
+                continue  # replaced while we read: the next generation brings it
             sources.append(Document(page_content=body.text, id=record.doc_id,
                                     metadata=record.metadata))  # fmt: skip
+            versions[record.doc_id] = record.version
+            if not lexical or group_of(chunk_key(record.doc_id, record.version, 0)) in indexed:
+                continue
             for i, (start, end) in enumerate(record.spans):
-                texts[chunk_key(record.doc_id, record.version, i)] = index_text(
-                    body.contexts[i], body.text[start:end]
-                )
+                keys.append(chunk_key(record.doc_id, record.version, i))
+                texts.append(index_text(body.contexts[i], body.text[start:end]))
             groups[group_of(chunk_key(record.doc_id, record.version, 0))] = record.metadata
         if lexical:
-            self.lexical.set_texts(texts, groups)
+            self.lexical.add(keys, texts, groups)
         if self.leads is not None:
-            self.leads.set_sources(sources)
-        logger.info("reloaded the in-process indexes from the record store: %d documents, "
-                    "%d chunks in %.2f s", len(sources), len(texts),
+            self.leads.add_sources(sources)
+            self._lead_versions.update(versions)
+        logger.info("in-process indexes caught up with the record store: %d chunks removed, "
+                    "%d added (%d documents) in %.2f s", removed, len(keys), len(sources),
                     time.perf_counter() - started)  # fmt: skip
 
     def _bodies(self, pointers: Sequence[DocRecord]) -> list[DocBody | None]:
@@ -265,6 +288,8 @@ class Writer:
                 sources = [Document(page_content=p.body.text, id=p.record.doc_id,
                                     metadata=p.record.metadata) for p in todo]  # fmt: skip
                 router.sync_leads(sources, removals)
+                if router.retriever is self.leads:
+                    self._lead_versions.update((p.record.doc_id, p.record.version) for p in todo)
 
     def _write_chunks(self, prepared: Sequence[Prepared], batch_size: int) -> None:
         docs: list[Document] = []

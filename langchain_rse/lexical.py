@@ -1,11 +1,13 @@
 """The in-process lexical branch: a code- and prose-aware tokenizer and a BM25 index.
 
-The index keeps each chunk's tokens and builds the sparse BM25 matrix lazily, on the
-first query after a change, so a batch of additions or deletions costs one rebuild.
+The index is incremental (:mod:`langchain_rse.bm25`): every addition and deletion is
+visible to the next search, with statistics exactly those of an index built from scratch.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -13,9 +15,18 @@ from typing import Any, Literal
 
 import numpy as np
 
+from langchain_rse.bm25 import IncrementalBM25, Segment
+from langchain_rse.locks import ReadWriteLock
+
 __all__ = ["BM25Index", "LexicalHit", "tokenize"]
 
+logger = logging.getLogger(__name__)
+
 LexicalEngine = Literal["bm25s", "rank_bm25"]
+_VARIANT = {"bm25s": "lucene", "rank_bm25": "okapi"}
+SAVE_FORMAT = 2
+"""Version of :meth:`BM25Index.export_state`'s layout (1: token lists in JSON)."""
+_BULK = 20_000  # documents per segment when a whole index is loaded
 
 # Words, numbers and runs of CJK ideographs / kana / hangul (split per character below).
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
@@ -23,6 +34,7 @@ _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _SUBWORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
+_SNAKE = re.compile(r"\b\w+_\w+\b")
 _CJK_SPLIT = re.compile(_CJK.pattern + "|" + _CJK.pattern.replace("[", "[^", 1) + "+")
 
 _STOPWORDS = frozenset(
@@ -67,6 +79,24 @@ _STOPWORDS = frozenset(
 )
 
 
+_WORD_TOKENS: dict[str, tuple[str, ...]] = {}
+"""What each word (a ``_WORD`` match) becomes: words repeat, so most are looked up."""
+_WORD_CACHE_MAX = 500_000
+
+
+def _word_tokens(word: str) -> tuple[str, ...]:
+    if _CJK.search(word):
+        return tuple(p.lower() for p in _CJK_SPLIT.findall(word))
+    lowered = word.lower()
+    if lowered in _STOPWORDS:
+        return ()
+    if lowered != word and word.isascii() and not word.isupper():  # mixed case
+        parts = _SUBWORD.findall(word)
+        if len(parts) > 1:
+            return (lowered, *(p.lower() for p in parts))
+    return (lowered,)
+
+
 def tokenize(text: str) -> list[str]:
     """Lowercased tokens for BM25.
 
@@ -76,22 +106,16 @@ def tokenize(text: str) -> list[str]:
     stop words.
     """
     tokens: list[str] = []
-    for match in _WORD.finditer(text):
-        word = match.group()
-        if _CJK.search(word):
-            tokens.extend(p.lower() for p in _CJK_SPLIT.findall(word))
-            continue
-        lowered = word.lower()
-        if lowered in _STOPWORDS:
-            continue
-        tokens.append(lowered)
-        if word.isascii() and not word.islower() and not word.isupper():
-            parts = _SUBWORD.findall(word)
-            if len(parts) > 1:
-                tokens.extend(p.lower() for p in parts)
-    # snake_case: `[^\W_]+` already split on underscores; keep the joined identifier too.
-    for ident in re.finditer(r"\b\w+_\w+\b", text):
-        tokens.append(ident.group().lower())
+    cache = _WORD_TOKENS
+    for word in _WORD.findall(text):
+        found = cache.get(word)
+        if found is None:
+            found = _word_tokens(word)
+            if len(cache) < _WORD_CACHE_MAX:
+                cache[word] = found
+        tokens.extend(found)
+    if "_" in text:  # snake_case: `[^\W_]+` split on underscores; keep the identifier too
+        tokens.extend(ident.lower() for ident in _SNAKE.findall(text))
     return tokens
 
 
@@ -106,16 +130,19 @@ def group_of(chunk_id: str) -> str:
 
 
 class BM25Index:
-    """BM25 over chunk texts, keyed by chunk id.
+    """BM25 over chunk texts, keyed by chunk id; incremental, with read-your-writes.
 
-    ``engine="bm25s"`` (default) scores with a sparse matrix; ``engine="rank_bm25"``
-    uses the reference ``rank_bm25.BM25Okapi`` (much slower, for comparison).
+    ``engine="bm25s"`` (default) scores like ``bm25s.BM25()`` (Lucene's BM25);
+    ``engine="rank_bm25"`` like ``rank_bm25.BM25Okapi`` (Robertson's IDF, negative IDFs
+    floored at ``epsilon`` times the average). Both are computed here, over immutable
+    segments of term frequencies plus tombstones, with the corpus statistics (documents,
+    average length, document frequencies) kept exact after every change: a search always
+    sees every write that returned before it, and scores what an index built from scratch
+    over the same chunks would (see :mod:`langchain_rse.bm25`). Adding or deleting a chunk
+    costs time proportional to its length; segments merge in the writing call when small,
+    on a background thread when large (``background_merges=False``: always in the call).
 
-    The scoring model is rebuilt after changes, on the next search. Up to
-    ``sync_rebuild_max`` chunks that rebuild happens in the searching call, so a search
-    always sees the latest writes; above it, searches keep using the previous model
-    while one background thread rebuilds, so a stream of writes never stalls queries
-    (new chunks become searchable when the rebuild lands; :meth:`refresh` waits for it).
+    Searches run concurrently; writes are exclusive (a writer-preferring lock).
     """
 
     def __init__(
@@ -123,28 +150,43 @@ class BM25Index:
         engine: LexicalEngine = "bm25s",
         k1: float = 1.5,
         b: float = 0.75,
-        sync_rebuild_max: int = 2_000,
+        *,
+        epsilon: float = 0.25,
+        merge_factor: int = 4,
+        sync_merge_postings: int = 2_000_000,
+        max_segment_postings: int = 8_000_000,
+        background_merges: bool = True,
+        compact_min: int = 50_000,
     ) -> None:
-        if engine not in ("bm25s", "rank_bm25"):
+        if engine not in _VARIANT:
             raise ValueError(f"unknown lexical engine {engine!r}; use 'bm25s' or 'rank_bm25'")
         self.engine: LexicalEngine = engine
         self.k1 = k1
         self.b = b
-        self.sync_rebuild_max = sync_rebuild_max
-        self._tokens: dict[str, list[str]] = {}
+        self.background_merges = background_merges
+        self.compact_min = compact_min
+        """Renumber the index when at least this many, and more than half, of the
+        document numbers are deleted ones."""
+        self._bm25 = IncrementalBM25(
+            k1, b, _VARIANT[engine], epsilon, merge_factor,  # type: ignore[arg-type]
+            sync_merge_postings, max_segment_postings,
+        )  # fmt: skip
         self._groups: dict[str, dict[str, Any]] = {}
         """Metadata per group (a document version): what filters are checked against."""
-        self._lock = threading.RLock()
-        self._generation = 0  # bumped by every change
-        self._built: tuple[int, list[str], Any] | None = None  # (generation, ids, model)
-        self._rebuilding: threading.Thread | None = None
-        self._rebuild_lock = threading.Lock()  # one rebuild at a time
+        self._gid: dict[str, int] = {}
+        self._group_keys: list[str] = []
+        self._rw = ReadWriteLock()
+        self._merger: threading.Thread | None = None
+        self.merge_errors = 0
+        """Background merges that failed (logged; the segments stay unmerged, still exact)."""
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        return len(self._bm25)
 
     def __repr__(self) -> str:
         return f"BM25Index(engine={self.engine!r}, chunks={len(self)})"
+
+    # ------------------------------------------------------------------ writes
 
     def add(
         self,
@@ -153,32 +195,69 @@ class BM25Index:
         groups: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
         """Add (or replace) chunks; ``groups``: metadata per group (see :func:`group_of`)
-        that :meth:`search`'s ``allowed`` is asked about."""
+        that :meth:`search`'s ``allowed`` is asked about. Visible to the next search."""
         if len(ids) != len(texts):
             raise ValueError("ids and texts must have the same length")
-        tokens = [tokenize(t) for t in texts]
-        with self._lock:
-            self._tokens.update(zip(ids, tokens))
+        tokens = dict(zip(ids, map(tokenize, texts)))  # outside the lock; last duplicate wins
+        with self._rw.write():
             self._groups.update(groups or {})
-            self._generation += 1
+            self._add_locked(list(tokens), list(tokens.values()))
+
+    def _add_locked(self, ids: list[str], tokens: list[list[str]]) -> None:
+        bm = self._bm25
+        gids = [self._group_id(group_of(i)) for i in ids]
+        term_ids = [bm.term_ids(t, grow=True) for t in tokens]
+        bm.add(ids, term_ids, gids)
+        self._merge_now()
+        self._maybe_compact()
+
+    def _group_id(self, group: str) -> int:
+        g = self._gid.get(group)
+        if g is None:
+            g = self._gid[group] = len(self._group_keys)
+            self._group_keys.append(group)
+        return g
 
     def delete(self, ids: Iterable[str]) -> None:
-        """Remove chunks (and the metadata of their groups); unknown ids are ignored."""
-        with self._lock:
+        """Remove chunks (and the metadata of their groups); unknown ids are ignored.
+        Visible to the next search."""
+        ids = list(ids)
+        with self._rw.write():
+            self._bm25.delete(ids)
             for chunk_id in ids:
-                self._tokens.pop(chunk_id, None)
                 self._groups.pop(group_of(chunk_id), None)
-            self._generation += 1
+            self._maybe_compact()
 
-    def groups(self) -> dict[str, dict[str, Any]]:
-        """A copy of the metadata per group (for saving)."""
-        with self._lock:
-            return dict(self._groups)
+    def delete_groups(self, groups: Iterable[str]) -> int:
+        """Remove every chunk of these groups (document versions); returns how many."""
+        with self._rw.write():
+            bm = self._bm25
+            gids = [self._gid[g] for g in groups if g in self._gid]
+            if not gids:
+                return 0
+            n = bm.n_docs
+            docs = np.flatnonzero(np.isin(bm.gid[:n], gids) & bm.alive[:n])
+            keys = [bm.keys[d] for d in docs.tolist()]
+            bm.delete([k for k in keys if k is not None])
+            for g in groups:
+                self._groups.pop(g, None)
+            self._maybe_compact()
+            return len(keys)
 
-    def tokens(self) -> dict[str, list[str]]:
-        """A copy of the stored tokens per chunk id (for saving)."""
-        with self._lock:
-            return dict(self._tokens)
+    def live_groups(self) -> set[str]:
+        """The groups that have chunks in the index."""
+        with self._rw.read():
+            bm = self._bm25
+            n = bm.n_docs
+            gids = np.unique(bm.gid[:n][bm.alive[:n]])
+            return {self._group_keys[g] for g in gids.tolist()}
+
+    def _maybe_compact(self) -> None:
+        bm = self._bm25
+        if bm.needs_compaction(self.compact_min):
+            dead = bm.n_docs - bm.n_live
+            bm.compact()
+            logger.info("BM25 index renumbered: %d deleted chunks dropped", dead)
 
     def set_texts(
         self, texts: Mapping[str, str], groups: dict[str, dict[str, Any]] | None = None
@@ -187,97 +266,179 @@ class BM25Index:
         self.set_tokens({key: tokenize(text) for key, text in texts.items()}, groups)
 
     def set_tokens(
-        self, tokens: dict[str, list[str]], groups: dict[str, dict[str, Any]] | None = None
+        self, tokens: Mapping[str, list[str]], groups: dict[str, dict[str, Any]] | None = None
     ) -> None:
         """Replace the whole index with pre-tokenized chunks (for loading)."""
-        with self._lock:
-            self._tokens = dict(tokens)
-            self._groups = dict(groups or {})
-            self._generation += 1
+        ids = list(tokens)
+        with self._rw.write():
+            self._reset(groups)
+            for at in range(0, len(ids), _BULK):
+                part = ids[at : at + _BULK]
+                bm = self._bm25
+                gids = [self._group_id(group_of(i)) for i in part]
+                bm.add(part, [bm.term_ids(tokens[i], grow=True) for i in part], gids)
+                bm.merge()
 
-    def _fit(self, ids: list[str], corpus: list[list[str]]) -> Any:
-        if not ids:
-            return None
-        if self.engine == "bm25s":
-            import bm25s
+    def _reset(self, groups: dict[str, dict[str, Any]] | None) -> None:
+        self._bm25.reset()
+        self._groups = dict(groups or {})
+        self._gid, self._group_keys = {}, []
 
-            model = bm25s.BM25(k1=self.k1, b=self.b)
-            model.index(corpus, show_progress=False)
-            return model
+    # ------------------------------------------------------------------ merges
+
+    def _merge_now(self) -> None:
+        """The merges the policy asks for after a write (under the lock). A failure is
+        logged and counted, never raised: the write itself is complete, and unmerged
+        segments score exactly the same."""
         try:
-            from rank_bm25 import BM25Okapi
-        except ImportError as exc:  # pragma: no cover - depends on extras
-            raise ImportError(
-                "engine='rank_bm25' needs `pip install \"langchain-rse[rank-bm25]\"`"
-            ) from exc
-        return BM25Okapi([c or [""] for c in corpus], k1=self.k1, b=self.b)
+            self._bm25.merge(self._schedule if self.background_merges else None)
+        except Exception:
+            self.merge_errors += 1
+            logger.exception("BM25 segment merge failed; the segments stay unmerged "
+                             "(scores are unaffected)")  # fmt: skip
 
-    def _rebuild(self) -> None:
-        """Fit a model on a snapshot of the tokens; install it unless it is already older."""
-        with self._lock:
-            generation = self._generation
-            ids = list(self._tokens)
-            corpus = [self._tokens[i] for i in ids]
-        model = self._fit(ids, corpus)  # outside the lock: writers and readers go on
-        with self._lock:
-            if self._built is None or self._built[0] < generation:
-                self._built = (generation, ids, model)
+    def _schedule(self, run: list[Segment]) -> bool:
+        """Start a background merge of ``run`` unless one is running (called under the lock)."""
+        if self._merger is not None and self._merger.is_alive():
+            return False
+        epoch = self._bm25.epoch
+        self._merger = threading.Thread(
+            target=self._merge, args=(run, epoch), name="bm25-merge", daemon=True
+        )
+        self._merger.start()
+        return True
+
+    def _merge(self, run: list[Segment], epoch: int) -> None:
+        bm = self._bm25
+        try:
+            merged = bm.merged(run)  # outside the lock: searches and writes go on
+        except Exception:
+            logger.exception("background BM25 merge of %d segments failed; they stay "
+                             "unmerged (scores are unaffected)", len(run))  # fmt: skip
+            with self._rw.write():
+                bm.busy.difference_update(id(s) for s in run)
+                self.merge_errors += 1
+            return
+        with self._rw.write():
+            bm.install(run, merged, epoch)
+            self._merger = None
+            self._merge_now()  # what the merge made possible
 
     def refresh(self) -> None:
-        """Make every write so far searchable now (waits for or runs the rebuild)."""
-        with self._rebuild_lock:
-            if self._built is None or self._built[0] != self._generation:
-                self._rebuild()
+        """Wait for background merges to finish (every write is searchable already; this
+        only settles the segment layout, e.g. before measuring)."""
+        while (merger := self._merger) is not None and merger.is_alive():
+            merger.join()
 
-    def _mask(self, ids: list[str], allowed: Callable[[dict[str, Any]], bool]) -> Any:
-        """1 for chunks whose group ``allowed`` accepts, else 0 (one call per group)."""
-        verdict: dict[str, float] = {}
-        groups = self._groups
-        out = np.empty(len(ids))
-        for i, chunk_id in enumerate(ids):
-            g = group_of(chunk_id)
-            v = verdict.get(g)
-            if v is None:
-                v = verdict[g] = float(allowed(groups.get(g, {})))
-            out[i] = v
-        return out
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the index's arrays (see :attr:`IncrementalBM25.nbytes`)."""
+        return self._bm25.nbytes
 
-    def _model(self) -> tuple[list[str], Any]:
-        built = self._built
-        if built is not None and built[0] == self._generation:
-            return built[1], built[2]
-        if built is None or len(self._tokens) <= self.sync_rebuild_max:
-            self.refresh()
-        else:
-            with self._lock:
-                if self._rebuilding is None or not self._rebuilding.is_alive():
-                    self._rebuilding = threading.Thread(
-                        target=self.refresh, name="bm25-rebuild", daemon=True
-                    )
-                    self._rebuilding.start()
-        built = self._built
-        assert built is not None
-        return built[1], built[2]
+    @property
+    def segments(self) -> int:
+        """Number of segments searched (for diagnostics)."""
+        return len(self._bm25.segments)
+
+    # ------------------------------------------------------------------ reads
+
+    def keys(self) -> list[str]:
+        """The chunk ids indexed."""
+        with self._rw.read():
+            return list(self._bm25.doc_of)
+
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """A copy of the metadata per group (for saving)."""
+        with self._rw.read():
+            return dict(self._groups)
+
+    def tokens(self) -> dict[str, list[str]]:
+        """Each chunk's tokens as a bag (term repeated by its frequency; the original order
+        is not kept: BM25 does not use it)."""
+        keys, vocab, indptr, terms, tf, _ = self._export()
+        words = [vocab[t] for t in terms.tolist()]
+        counts = tf.tolist()
+        return {
+            key: [w for i in range(indptr[d], indptr[d + 1]) for w in [words[i]] * counts[i]]
+            for d, key in enumerate(keys)
+        }
+
+    def _export(self) -> tuple[list[str], list[str], np.ndarray, np.ndarray, np.ndarray, Any]:
+        with self._rw.read():
+            return self._bm25.export()
 
     def search(
         self, query: str, k: int, allowed: Callable[[dict[str, Any]], bool] | None = None
     ) -> list[LexicalHit]:
-        """The ``k`` best chunks with a positive BM25 score, best first; with ``allowed``,
-        only chunks whose group metadata it accepts (scored before the top ``k`` is cut,
-        so a selective filter still gets ``k`` results)."""
-        ids, model = self._model()
+        """The ``k`` best chunks with a positive BM25 score, best first (ties: the earlier
+        added first); with ``allowed``, only chunks whose group metadata it accepts
+        (checked before the top ``k`` is cut, so a selective filter still gets ``k``)."""
         q = tokenize(query)
-        if model is None or not q or k <= 0:
+        if not q or k <= 0:
             return []
-        if self.engine == "bm25s":
-            vocab = model.vocab_dict
-            q = [t for t in q if t in vocab]
-            if not q:
-                return []
-        scores = np.asarray(model.get_scores(q), dtype=np.float64)
-        if allowed is not None:
-            scores = scores * self._mask(ids, allowed)
-        k = min(k, len(ids))
-        top = np.argpartition(-scores, k - 1)[:k]
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return [(ids[i], float(scores[i])) for i in top if scores[i] > 0]
+        with self._rw.read():
+            bm = self._bm25
+            keep = None if allowed is None else (lambda docs: self._allowed(docs, allowed))
+            docs, scores = bm.top(bm.term_ids(q, grow=False), k, keep)
+            keys = bm.keys
+            return [(keys[d], s) for d, s in zip(docs.tolist(), scores.tolist())]  # type: ignore[misc]
+
+    def _allowed(self, docs: np.ndarray, allowed: Callable[[dict[str, Any]], bool]) -> np.ndarray:
+        """Which of ``docs`` have a group ``allowed`` accepts (one call per group)."""
+        gids = self._bm25.gid[docs]
+        uniq, inverse = np.unique(gids, return_inverse=True)
+        groups, names = self._groups, self._group_keys
+        verdict = np.fromiter(
+            (bool(allowed(groups.get(names[g], {}))) for g in uniq.tolist()),
+            dtype=bool,
+            count=len(uniq),
+        )
+        return verdict[inverse]
+
+    # ------------------------------------------------------------------ persistence
+
+    def export_state(self) -> tuple[dict[str, Any], bytes]:
+        """The index as ``(JSON-able header, .npz bytes)``: keys, vocabulary and groups in
+        the header; per chunk its term ids and frequencies (doc-major CSR) in the arrays."""
+        keys, vocab, indptr, terms, tf, _ = self._export()
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, doc_indptr=indptr, terms=terms, tf=tf)
+        header = {"format": SAVE_FORMAT, "keys": keys, "vocab": vocab, "groups": self.groups()}
+        return header, buffer.getvalue()
+
+    def load_state(self, header: Mapping[str, Any], arrays: bytes) -> None:
+        """Replace the index with one :meth:`export_state` wrote; ``ValueError`` when the
+        two parts are malformed or disagree."""
+        try:
+            with np.load(io.BytesIO(arrays), allow_pickle=False) as data:
+                indptr, terms, tf = (np.asarray(data[n]) for n in ("doc_indptr", "terms", "tf"))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ValueError(f"the BM25 arrays cannot be read: {exc}") from None
+        if header.get("format") != SAVE_FORMAT:
+            raise ValueError(
+                f"BM25 save format {header.get('format')!r} is not supported "
+                f"(this version reads {SAVE_FORMAT}, and the JSON token lists of 1)"
+            )
+        keys, vocab = header.get("keys"), header.get("vocab")
+        if not isinstance(keys, list) or not isinstance(vocab, list):
+            raise ValueError("the BM25 header lacks its keys or vocabulary")
+        if not all(isinstance(x, str) for x in keys) or not all(isinstance(x, str) for x in vocab):
+            raise ValueError("BM25 keys and terms must be strings")
+        ok = (
+            indptr.ndim == terms.ndim == tf.ndim == 1
+            and all(a.dtype.kind in "iu" for a in (indptr, terms, tf))
+            and len(indptr) == len(keys) + 1
+            and len(terms) == len(tf)
+            and (len(indptr) == 0 or (indptr[0] == 0 and indptr[-1] == len(terms)))
+            and bool(np.all(np.diff(indptr) >= 0))
+            and (not len(terms) or (int(terms.min()) >= 0 and int(terms.max()) < len(vocab)))
+            and (not len(tf) or int(tf.min()) > 0)
+        )
+        if not ok:
+            raise ValueError("the BM25 arrays are inconsistent with their header")
+        groups = header.get("groups") or {}
+        with self._rw.write():
+            self._reset(groups)
+            gids = [self._group_id(group_of(k)) for k in keys]
+            self._bm25.load(keys, vocab, indptr.astype(np.int64), terms.astype(np.int64),
+                            tf.astype(np.int64), gids)  # fmt: skip

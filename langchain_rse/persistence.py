@@ -3,7 +3,8 @@
 Layout of an index directory::
 
     rse_index.json            manifest: format name and version, settings, file list
-    lexical.<gen>.json        BM25 tokens per chunk key
+    lexical.<gen>.json        BM25 chunk keys, vocabulary and group metadata
+    lexical_tf.<gen>.npz      BM25 term ids and frequencies per chunk (NumPy, no pickle)
     docstore.<gen>.jsonl      chunk-store records (only when the chunk store is in memory)
     vectors.<gen>.json        vector-store documents (+ vectors for InMemoryVectorStore)
     vectors.<gen>.faiss       FAISS index (when the vector store is FAISS)
@@ -49,7 +50,7 @@ FORMAT_VERSION = 1
 MANIFEST = "rse_index.json"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 _OWN_FILE = re.compile(
-    r"^(\.?(lexical|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..+\.tmp)?"
+    r"^(\.?(lexical|lexical_tf|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..+\.tmp)?"
     r"|\.rse_index\.json\..+\.tmp)$"
 )
 """Data files of a generation, and the temporary files they are written through."""
@@ -330,18 +331,9 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
     from langchain_core.stores import InMemoryByteStore
 
     writer = IndexWriter(path)
-    tokens = retriever._lexical.tokens()
-    writer.add_bytes(
-        "lexical",
-        "json",
-        _json_bytes(
-            {
-                "keys": list(tokens),
-                "tokens": list(tokens.values()),
-                "groups": retriever._lexical.groups(),
-            }
-        ),
-    )
+    header, arrays = retriever._lexical.export_state()
+    writer.add_bytes("lexical", "json", _json_bytes(header))
+    writer.add_bytes("lexical_tf", "npz", arrays)
     docstore_kind = "external"
     if isinstance(retriever.docstore, InMemoryByteStore):
         docstore_kind = "embedded"
@@ -376,10 +368,10 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
                 "class": type(retriever.lexical_store or retriever._lexical).__name__,
             },
             "vectorstore": save_vectorstore(retriever.vectorstore, writer),
-            "stats": {"chunks": len(tokens)},
+            "stats": {"chunks": len(header["keys"])},
         }
     )
-    return len(tokens)
+    return len(header["keys"])
 
 
 def load_index(
@@ -445,6 +437,17 @@ def load_index(
         )
     lexical = load_checked_json(directory, manifest, "lexical")
     retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
+    if not isinstance(lexical, dict):
+        raise IndexFormatError("the lexical index file is malformed")
+    if lexical.get("format") is not None:  # token ids and frequencies in an .npz
+        try:
+            retriever._lexical.load_state(lexical, read_checked(directory, manifest, "lexical_tf"))
+        except ValueError as exc:
+            raise IndexFormatError(f"the lexical index cannot be loaded: {exc}") from None
+        return retriever
+    # Saved by earlier versions: token lists in JSON (tokenized again here).
+    if not isinstance(lexical.get("keys"), list) or not isinstance(lexical.get("tokens"), list):
+        raise IndexFormatError("the lexical index file has neither arrays nor token lists")
     groups = lexical.get("groups")
     if groups is None:  # saved by 0.1: the metadata filters check comes from the records
         from langchain_rse.lexical import group_of

@@ -261,6 +261,7 @@ class RSERetriever(DocumentIndex):
         if isinstance(leads, LeadIndex):
             leads._before_search = self._writer.sync_local
             if not len(leads):  # a new lead index over an existing index: fill it
+                self._writer._lead_versions.clear()
                 self._writer.reload_local(lexical=False)
 
     def _search(self) -> SearchBranches:

@@ -56,14 +56,3 @@ def test_rank_bm25_engine_agrees_on_the_top_hit() -> None:
     assert slow.search("alpha", 1)[0][0] == fast.search("alpha", 1)[0][0] == "e"
     with pytest.raises(ValueError, match="unknown lexical engine"):
         BM25Index(engine="lucene")  # type: ignore[arg-type]
-
-
-def test_large_indexes_rebuild_in_the_background() -> None:
-    index = BM25Index(sync_rebuild_max=0)  # every rebuild after the first is in the background
-    index.add(["a"], ["first document"])
-    assert index.search("first", 1)[0][0] == "a"  # the first build is synchronous
-    index.add(["b"], ["second document"])
-    stale = index.search("second", 1)  # served by the previous model, or the new one
-    assert stale in ([], [("b", pytest.approx(stale[0][1]) if stale else 0)])
-    index.refresh()
-    assert index.search("second", 1)[0][0] == "b"

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -79,6 +80,10 @@ def test_saved_files_contain_no_pickle(built, tmp_path) -> None:
             json.loads(data)
         elif f.suffix == ".jsonl":
             [json.loads(line) for line in data.splitlines() if line]
+        elif f.suffix == ".npz":
+            with np.load(f, allow_pickle=False) as arrays:  # raises on object arrays
+                assert {"doc_indptr", "terms", "tf"} <= set(arrays.files)
+                assert all(arrays[n].dtype.kind in "iu" for n in arrays.files)
         else:
             assert f.suffix == ".faiss"
 
@@ -105,7 +110,7 @@ def test_version_and_format_errors(built, tmp_path) -> None:
         RSERetriever.load(tmp_path / "nothing", embedding=HashingEmbeddings())
 
 
-@pytest.mark.parametrize("role", ["lexical", "docstore", "vectors"])
+@pytest.mark.parametrize("role", ["lexical", "lexical_tf", "docstore", "vectors"])
 def test_corrupted_or_truncated_file(built, tmp_path, role) -> None:
     built.save(tmp_path / "idx")
     manifest = json.loads((tmp_path / "idx" / MANIFEST).read_text())
@@ -113,6 +118,58 @@ def test_corrupted_or_truncated_file(built, tmp_path, role) -> None:
     target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
     with pytest.raises(IndexFormatError, match="corrupted or truncated"):
         RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+
+
+def _rewrite(directory: Path, role: str, data: bytes) -> None:
+    """Replace a saved file's bytes and its checksum (a well-formed but different save)."""
+    import hashlib
+
+    manifest = json.loads((directory / MANIFEST).read_text())
+    (directory / manifest["files"][role]["name"]).write_bytes(data)
+    manifest["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_an_index_saved_with_token_lists_still_loads(built, tmp_path) -> None:
+    """Saves before the incremental BM25 index kept token lists in JSON, no arrays."""
+    idx = tmp_path / "idx"
+    built.save(idx)
+    lexical = built._lexical
+    old = {"keys": lexical.keys(), "tokens": list(lexical.tokens().values()),
+           "groups": lexical.groups()}  # fmt: skip
+    _rewrite(idx, "lexical", json.dumps(old).encode())
+    manifest = json.loads((idx / MANIFEST).read_text())
+    del manifest["files"]["lexical_tf"]
+    (idx / MANIFEST).write_text(json.dumps(manifest))
+    loaded = RSERetriever.load(idx, embedding=HashingEmbeddings())
+    assert snapshot(loaded) == snapshot(built)
+    for q in QUERIES:
+        got, want = dict(loaded._lexical.search(q, 50)), dict(lexical.search(q, 50))
+        assert got.keys() == want.keys() and len(got) > 3
+        assert np.allclose([got[k] for k in want], list(want.values()))
+
+
+@pytest.mark.parametrize("damage", ["term out of range", "unknown format", "object array"])
+def test_malformed_lexical_arrays_are_a_format_error(built, tmp_path, damage) -> None:
+    import io
+
+    idx = tmp_path / "idx"
+    built.save(idx)
+    header, arrays = built._lexical.export_state()
+    with np.load(io.BytesIO(arrays)) as data:
+        parts = {n: data[n] for n in data.files}
+    if damage == "term out of range":
+        parts["terms"] = parts["terms"] + len(header["vocab"])
+    elif damage == "object array":
+        parts["terms"] = np.array([object()] * 2, dtype=object)
+    else:
+        header = {**header, "format": 99}
+    buffer = io.BytesIO()
+    np.savez(buffer, **parts)
+    _rewrite(idx, "lexical_tf", buffer.getvalue())
+    _rewrite(idx, "lexical", json.dumps(header).encode())
+    with pytest.raises(IndexFormatError, match="lexical index cannot be loaded"):
+        RSERetriever.load(idx, embedding=HashingEmbeddings())
 
 
 def test_manifest_cannot_point_outside_the_directory(built, tmp_path) -> None:

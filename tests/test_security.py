@@ -183,16 +183,21 @@ def build(
 
 
 def check_saved_files(directory: Path) -> list[Path]:
-    """Every file is JSON/JSONL or a FAISS index: no pickle anywhere."""
+    """Every file is JSON/JSONL, a NumPy .npz of plain arrays or a FAISS index: no pickle."""
     files = sorted(p for p in directory.rglob("*") if p.is_file())
     manifest = json.loads((directory / MANIFEST).read_text())
     assert {p.name for p in files} == {MANIFEST} | {f["name"] for f in manifest["files"].values()}
     for path in files:
         data = path.read_bytes()
         assert not data.startswith(b"\x80"), f"{path.name} starts like a pickle"
-        assert path.suffix in (".json", ".jsonl", ".faiss"), path.name
+        assert path.suffix in (".json", ".jsonl", ".npz", ".faiss"), path.name
         if path.suffix == ".json":
             json.loads(data)
+        elif path.suffix == ".npz":
+            import numpy as np
+
+            with np.load(path, allow_pickle=False) as arrays:  # object arrays would raise
+                assert all(arrays[name].dtype.kind in "iu" for name in arrays.files)
         elif path.suffix == ".jsonl":
             assert all(json.loads(line) for line in data.splitlines() if line)
         else:

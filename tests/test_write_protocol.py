@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -330,7 +331,7 @@ def test_re_adding_unchanged_documents_in_a_new_process_makes_no_model_calls(tmp
 # ------------------- in-process BM25 over shared stores: it notices other workers' writes
 
 
-def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers) -> None:
+def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers, caplog) -> None:
     import chromadb
     from langchain_chroma import Chroma
     from langchain_community.storage import RedisStore
@@ -356,12 +357,18 @@ def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers)
         assert out.returncode == 0, out.stderr[-2000:]
 
     assert all(d.metadata["doc_id"] != "from-the-other-worker" for d in r.invoke("zyxwvut"))
+    before = len(r._lexical)
     other_worker("add")
-    found = r.invoke("zyxwvut")  # the generation changed: the BM25 index reloads
+    with caplog.at_level(logging.INFO, logger="langchain_rse.indexing"):
+        found = r.invoke("zyxwvut")  # the generation changed: the BM25 index catches up
     assert found[0].metadata["doc_id"] == "from-the-other-worker"
     assert found[0].metadata["lexical_rank"] == 1  # 1-based: the best BM25 hit
+    added = len(r._lexical) - before
+    # only the other worker's document was read and indexed, not the whole corpus again
+    assert f"0 chunks removed, {added} added (1 documents)" in caplog.text and added > 0
     other_worker("delete")
     assert all(d.metadata["doc_id"] != "from-the-other-worker" for d in r.invoke("zyxwvut"))
+    assert len(r._lexical) == before
     # our own writes stay visible without a reload, and the other worker's survive them
     other_worker("add")
     r.add_documents([Document("An escrow agreement with a qwertzuiop clause.", id="ours")])

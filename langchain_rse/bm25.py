@@ -1,0 +1,451 @@
+"""Incremental BM25: exact global statistics after every change, at a cost proportional to it.
+
+The index is a list of immutable *segments* (Lucene's design): each holds the postings of a
+contiguous range of document numbers as a term-major ``scipy.sparse.csr_array`` of term
+frequencies (row = term id, column = document number). An addition writes one new small
+segment; a deletion only clears the document's ``alive`` flag (a tombstone) and takes its
+terms out of the global statistics. The statistics — live documents ``N``, total length
+(for ``avgdl``) and the document frequency of every term — are kept global and exact, so a
+query scores every segment with the same IDF and length normalisation: the scores equal
+those of an index built from scratch, and a write is visible to the very next query.
+
+Segments are merged like a binary counter (the last ``merge_factor`` segments of one size
+class become one); a merge drops the postings of deleted documents. Small merges run in the
+writing call, large ones on a background thread (searches go on meanwhile: a merge changes
+how postings are stored, never a score). When deleted document numbers outnumber live ones,
+the whole index is renumbered (:meth:`IncrementalBM25.compact`), so the per-document arrays
+stay proportional to the live corpus.
+
+This class is not thread-safe; :class:`langchain_rse.lexical.BM25Index` wraps it in a
+readers-writer lock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Literal
+
+import numpy as np
+from scipy import sparse
+
+__all__ = ["IncrementalBM25", "Segment", "Variant"]
+
+Variant = Literal["lucene", "okapi"]
+"""``"lucene"``: bm25s's default scoring; ``"okapi"``: ``rank_bm25.BM25Okapi``'s."""
+
+_LEVEL_BASE = 1 << 14
+"""Postings of the smallest size class of the merge policy."""
+
+
+def _grow(array: np.ndarray, size: int, fill: float = 0) -> np.ndarray:
+    """``array`` with room for at least ``size`` entries (capacity doubles)."""
+    if size <= len(array):
+        return array
+    out = np.full(max(size, 2 * len(array), 16), fill, dtype=array.dtype)
+    out[: len(array)] = array
+    return out
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Postings of documents ``lo <= d < hi`` (term-major: ``matrix[t]`` lists term ``t``)."""
+
+    lo: int
+    hi: int
+    matrix: sparse.csr_array
+
+    @property
+    def postings(self) -> int:
+        return int(self.matrix.nnz)
+
+    @property
+    def level(self) -> int:
+        """The merge policy's size class."""
+        # Level L holds [base * 4**(L-1), base * 4**L) postings (level 0: under base), so
+        # four segments of one level merge into one of the next level (or stay at 0).
+        return (
+            0 if self.postings < _LEVEL_BASE else int(math.log(self.postings / _LEVEL_BASE, 4)) + 1
+        )
+
+
+class IncrementalBM25:
+    """BM25 over documents given as token-id bags; see the module docstring.
+
+    Documents are addressed by an opaque ``int`` *group id* (metadata lives with the caller)
+    and a string key. Token strings are mapped to ids here (``vocab``).
+    """
+
+    def __init__(
+        self,
+        k1: float = 1.5,
+        b: float = 0.75,
+        variant: Variant = "lucene",
+        epsilon: float = 0.25,
+        merge_factor: int = 4,
+        sync_merge_postings: int = 2_000_000,
+        max_segment_postings: int = 8_000_000,
+    ) -> None:
+        if variant not in ("lucene", "okapi"):
+            raise ValueError(f"unknown BM25 variant {variant!r}")
+        if merge_factor < 2:
+            raise ValueError("merge_factor must be at least 2")
+        self.k1, self.b, self.variant, self.epsilon = k1, b, variant, epsilon
+        self.merge_factor = merge_factor
+        self.sync_merge_postings = sync_merge_postings
+        """Merges up to this many postings run in the writing call; larger ones are
+        handed to the ``background`` callable given to :meth:`add`."""
+        self.max_segment_postings = max_segment_postings
+        """No merge makes a segment larger (bounds a merge's time and memory)."""
+        self.epoch = 0
+        self.vocab: dict[str, int] = {}
+        self.terms: list[str] = []
+        self.df = np.zeros(0, dtype=np.int64)
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+
+    def reset(self) -> None:
+        """Forget every document (the vocabulary's statistics too)."""
+        self.vocab, self.terms = {}, []
+        self.df = np.zeros(0, dtype=np.int64)
+        self.n_docs = 0  # document numbers handed out (live and dead)
+        self.n_live = 0
+        self.total_len = 0
+        self.dl = np.zeros(0, dtype=np.float32)
+        """Document lengths; +inf for deleted documents, so they score 0 without a check."""
+        self.alive = np.zeros(0, dtype=bool)
+        self.gid = np.zeros(0, dtype=np.int32)
+        self.fptr = np.zeros(1, dtype=np.int64)  # forward index: terms of d at fptr[d]:fptr[d+1]
+        self.fterms = np.zeros(0, dtype=np.int32)
+        self.keys: list[str | None] = []
+        self.doc_of: dict[str, int] = {}
+        self.segments: list[Segment] = []
+        self.busy: set[int] = set()  # ids of segments a background merge is reading
+        self.epoch += 1  # merges started before a reset are discarded
+        self._idf_cache: tuple[int, np.ndarray] | None = None
+        self.changes = 0
+
+    def __len__(self) -> int:
+        return self.n_live
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in NumPy/SciPy arrays (postings, per-document and per-term arrays;
+        capacity included). The keys, their dict and the vocabulary are Python objects."""
+        arrays: list[np.ndarray] = [self.df, self.dl, self.alive, self.gid, self.fptr, self.fterms]
+        total = sum(a.nbytes for a in arrays)
+        for seg in self.segments:
+            m = seg.matrix
+            total += m.data.nbytes + m.indices.nbytes + m.indptr.nbytes
+        return total
+
+    def term_ids(self, tokens: Sequence[str], grow: bool) -> list[int]:
+        """Token ids (new terms get one when ``grow``, else unknown tokens are dropped)."""
+        vocab = self.vocab
+        ids = list(map(vocab.get, tokens))
+        if not grow:
+            return [i for i in ids if i is not None] if None in ids else ids  # type: ignore[return-value]
+        if None in ids:  # new terms (rare once the vocabulary has settled)
+            for at, i in enumerate(ids):
+                if i is None:
+                    token = tokens[at]
+                    i = vocab.get(token)
+                    if i is None:
+                        i = vocab[token] = len(self.terms)
+                        self.terms.append(token)
+                    ids[at] = i
+        return ids  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ writes
+
+    def add(self, keys: Sequence[str], token_ids: Sequence[Sequence[int]], gids: Sequence[int]
+            ) -> None:  # fmt: skip
+        """Add documents (keys already present are replaced) as one new segment (call
+        :meth:`merge` next)."""
+        self.df = _grow(self.df, len(self.terms))  # terms given ids since the last add
+        self.delete([k for k in keys if k in self.doc_of])
+        n = len(keys)
+        if n == 0:
+            return
+        lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=n)
+        flat = np.fromiter(chain.from_iterable(token_ids), dtype=np.int64, count=int(lengths.sum()))
+        v = max(len(self.terms), 1)
+        local = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        pairs, tf = np.unique(local * v + flat, return_counts=True)  # one entry per (doc, term)
+        docs, terms = np.divmod(pairs, v)
+        lo = self.n_docs
+        hi = lo + n
+        self._reserve(hi, len(self.terms))
+        counts = np.bincount(docs, minlength=n)
+        self.fterms = _grow(self.fterms, int(self.fptr[lo]) + len(terms))
+        self.fterms[self.fptr[lo] : self.fptr[lo] + len(terms)] = terms
+        self.fptr[lo + 1 : hi + 1] = self.fptr[lo] + np.cumsum(counts)
+        self.dl[lo:hi] = lengths
+        self.alive[lo:hi] = True
+        self.gid[lo:hi] = gids
+        self.df[: len(self.terms)] += np.bincount(terms, minlength=len(self.terms))
+        for d, key in enumerate(keys, lo):
+            self.doc_of[key] = d
+        self.keys.extend(keys)
+        self.n_docs, self.n_live = hi, self.n_live + n
+        self.total_len += int(lengths.sum())
+        matrix = sparse.csr_array(
+            (tf.astype(np.float32), (terms, docs + lo)), shape=(len(self.terms), hi)
+        )
+        self.segments.append(Segment(lo, hi, matrix))
+        self.changes += 1
+
+    def _reserve(self, docs: int, terms: int) -> None:
+        self.dl = _grow(self.dl, docs, fill=np.inf)
+        self.alive = _grow(self.alive, docs)
+        self.gid = _grow(self.gid, docs)
+        self.fptr = _grow(self.fptr, docs + 1)
+        self.df = _grow(self.df, terms)
+
+    def delete(self, keys: Sequence[str]) -> list[int]:
+        """Tombstone these documents (unknown keys are ignored); returns their group ids."""
+        docs = [d for d in map(self.doc_of.pop, keys, [None] * len(keys)) if d is not None]
+        if not docs:
+            return []
+        for d in docs:
+            self.keys[d] = None
+        arr = np.asarray(docs, dtype=np.int64)
+        self.alive[arr] = False
+        fptr, fterms = self.fptr, self.fterms
+        terms = np.concatenate([fterms[fptr[d] : fptr[d + 1]] for d in docs])
+        self.df[: len(self.terms)] -= np.bincount(terms, minlength=len(self.terms))
+        self.total_len -= int(self.dl[arr].sum(dtype=np.float64))
+        self.dl[arr] = np.inf
+        self.n_live -= len(docs)
+        self.changes += 1
+        return [int(g) for g in self.gid[arr]]
+
+    def needs_compaction(self, minimum: int = 50_000) -> bool:
+        """Dead document numbers outnumber live ones (and at least ``minimum`` of them)."""
+        dead = self.n_docs - self.n_live
+        return dead >= minimum and dead > self.n_live
+
+    # ------------------------------------------------------------------ merges
+
+    def merge_candidate(self) -> list[Segment] | None:
+        """The newest run of ``merge_factor`` adjacent segments of one size class, none of
+        them busy, that stays within ``max_segment_postings``; None if there is none."""
+        f = self.merge_factor
+        segs = self.segments
+        for i in range(len(segs) - f, -1, -1):
+            run = segs[i : i + f]
+            if (len({s.level for s in run}) == 1
+                    and not any(id(s) in self.busy for s in run)
+                    and sum(s.postings for s in run) <= self.max_segment_postings):  # fmt: skip
+                return run
+        return None
+
+    def merge(self, background: Callable[[list[Segment]], bool] | None = None) -> None:
+        """Run the merges the policy asks for: small ones now, a large one via
+        ``background`` (which returns whether it took the run; without it, all now)."""
+        while (run := self.merge_candidate()) is not None:
+            if background is not None and sum(s.postings for s in run) > self.sync_merge_postings:
+                if background(run):
+                    self.busy.update(id(s) for s in run)
+                return
+            self.install(run, self.merged(run), self.epoch)
+
+    def merged(self, run: Sequence[Segment]) -> Segment:
+        """One segment holding the live postings of ``run`` (reads only immutable arrays and
+        a snapshot of ``alive``: safe outside the lock)."""
+        lo, hi = run[0].lo, run[-1].hi
+        alive = self.alive[lo:hi].copy()
+        terms, docs, tf = [], [], []
+        for s in run:
+            m = s.matrix
+            t = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr))
+            keep = alive[m.indices - lo]
+            terms.append(t[keep])
+            docs.append(m.indices[keep])
+            tf.append(m.data[keep])
+        shape = (max(s.matrix.shape[0] for s in run), hi)
+        matrix = sparse.csr_array(
+            (np.concatenate(tf), (np.concatenate(terms), np.concatenate(docs))), shape=shape
+        )
+        return Segment(lo, hi, matrix)
+
+    def install(self, run: Sequence[Segment], merged: Segment, epoch: int) -> bool:
+        """Replace ``run`` by ``merged`` unless the index was renumbered since (then discard)."""
+        for s in run:
+            self.busy.discard(id(s))
+        if epoch != self.epoch:
+            return False
+        ids = [id(s) for s in self.segments]
+        at = ids.index(id(run[0]))
+        assert ids[at : at + len(run)] == [id(s) for s in run], "merge of non-adjacent segments"
+        self.segments[at : at + len(run)] = [merged]
+        return True
+
+    # ------------------------------------------------------------------ bulk
+
+    def export(self) -> tuple[list[str], list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Live documents as ``(keys, vocab, doc_indptr, terms, tf, gids)`` (doc-major CSR,
+        terms renumbered densely over the terms still in use)."""
+        live = np.flatnonzero(self.alive[: self.n_docs])
+        keys = [self.keys[d] or "" for d in live.tolist()]
+        used = np.flatnonzero(self.df[: len(self.terms)] > 0)
+        remap = np.full(len(self.terms), -1, dtype=np.int64)
+        remap[used] = np.arange(len(used))
+        rows: list[np.ndarray] = []
+        cols: list[np.ndarray] = []
+        vals: list[np.ndarray] = []
+        for s in self.segments:
+            m = s.matrix
+            t = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr))
+            keep = self.alive[m.indices]
+            rows.append(m.indices[keep])
+            cols.append(remap[t[keep]])
+            vals.append(m.data[keep])
+        newdoc = np.full(self.n_docs, -1, dtype=np.int64)
+        newdoc[live] = np.arange(len(live))
+        r = newdoc[np.concatenate(rows)] if rows else np.zeros(0, dtype=np.int64)
+        c = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
+        v = np.concatenate(vals) if vals else np.zeros(0, dtype=np.float32)
+        doc_major = sparse.csr_array((v, (r, c)), shape=(len(live), len(used)))
+        doc_major.sort_indices()
+        vocab = [self.terms[t] for t in used.tolist()]
+        return (keys, vocab, doc_major.indptr.astype(np.int64), doc_major.indices.astype(np.int32),
+                doc_major.data.astype(np.int32), self.gid[live].copy())  # fmt: skip
+
+    def load(
+        self,
+        keys: Sequence[str],
+        vocab: Sequence[str],
+        doc_indptr: np.ndarray,
+        terms: np.ndarray,
+        tf: np.ndarray,
+        gids: Sequence[int] | np.ndarray,
+    ) -> None:
+        """Replace everything with these documents (the format :meth:`export` writes)."""
+        self.reset()
+        self.terms = list(vocab)
+        self.vocab = {t: i for i, t in enumerate(self.terms)}
+        if len(self.vocab) != len(self.terms):
+            raise ValueError("the vocabulary has duplicate terms")
+        n, v = len(keys), len(self.terms)
+        self.doc_of = {k: d for d, k in enumerate(keys)}
+        if len(self.doc_of) != n:
+            raise ValueError("duplicate document keys")
+        self.keys = list(keys)
+        counts = np.diff(doc_indptr)
+        docs = np.repeat(np.arange(n, dtype=np.int64), counts)
+        self._reserve(n, v)
+        self.fptr[: n + 1] = doc_indptr
+        self.fterms = terms.astype(np.int32)
+        self.dl[:n] = np.bincount(docs, weights=tf, minlength=n)
+        self.alive[:n] = True
+        self.gid[:n] = np.asarray(gids, dtype=np.int32)
+        self.df[:v] = np.bincount(terms, minlength=v)
+        self.n_docs = self.n_live = n
+        self.total_len = int(tf.sum())
+        if n:
+            matrix = sparse.csr_array((tf.astype(np.float32), (terms, docs)), shape=(v, n))
+            self.segments = [Segment(0, n, matrix)]
+        self.changes += 1
+
+    def compact(self) -> None:
+        """Renumber documents and terms over the live ones (drops every tombstone)."""
+        self.load(*self.export())
+
+    # ------------------------------------------------------------------ scoring
+
+    def _idf(self, terms: np.ndarray) -> np.ndarray:
+        n = self.n_live
+        df = self.df[terms].astype(np.float64)
+        if self.variant == "lucene":
+            return np.log1p((n - df + 0.5) / (df + 0.5))
+        idf = np.log(n - df + 0.5) - np.log(df + 0.5)
+        if (idf < 0).any():  # BM25Okapi floors negative IDFs at epsilon x the average IDF
+            idf[idf < 0] = self.epsilon * self._average_idf()
+        return idf
+
+    def _average_idf(self) -> float:
+        cached = self._idf_cache
+        if cached is None or cached[0] != self.changes:
+            df = self.df[: len(self.terms)]
+            df = df[df > 0].astype(np.float64)
+            mean = (
+                float(np.mean(np.log(self.n_live - df + 0.5) - np.log(df + 0.5)))
+                if len(df)
+                else 0.0
+            )
+            cached = self._idf_cache = (self.changes, np.array([mean]))
+        return float(cached[1][0])
+
+    def scores(self, token_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(document numbers, scores)`` of the documents matching any query term, either
+        as the matches only or as a dense vector over all document numbers (``docs`` is then
+        empty); deleted documents score 0. A query term counts as often as it occurs."""
+        empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
+        if not token_ids or self.n_live == 0:
+            return empty
+        uniq, mult = np.unique(np.asarray(token_ids, dtype=np.int64), return_counts=True)
+        live_terms = self.df[uniq] > 0
+        uniq, mult = uniq[live_terms], mult[live_terms]
+        if not len(uniq):
+            return empty
+        weights: np.ndarray = self._idf(uniq) * mult.astype(np.float64)
+        if self.variant == "okapi":
+            weights *= self.k1 + 1.0
+        docs, tfs, w, sizes = [], [], [], []
+        for seg in self.segments:
+            m = seg.matrix
+            present = uniq < m.shape[0]
+            terms = uniq[present]
+            starts, ends = m.indptr[terms], m.indptr[terms + 1]
+            for s, e, wt in zip(starts.tolist(), ends.tolist(), weights[present].tolist()):
+                if e > s:
+                    docs.append(m.indices[s:e])
+                    tfs.append(m.data[s:e])
+                    w.append(wt)
+                    sizes.append(e - s)
+        if not docs:
+            return empty
+        d = np.concatenate(docs)
+        tf = np.concatenate(tfs)
+        k1, b = self.k1, self.b
+        avgdl = self.total_len / self.n_live
+        x = self.dl[d]  # float32 throughout: bm25s scores in float32 too
+        x *= np.float32(k1 * b / avgdl if avgdl > 0 else 0.0)
+        x += np.float32(k1 * (1.0 - b))
+        x += tf
+        np.divide(tf, x, out=x)
+        x *= np.repeat(np.asarray(w, dtype=np.float32), sizes)
+        if 4 * len(d) < self.n_docs:  # few matches: accumulate over the matching documents only
+            rows, inverse = np.unique(d, return_inverse=True)
+            return rows, np.bincount(inverse, x, minlength=len(rows))
+        return empty[0], np.bincount(d, x, minlength=self.n_docs)
+
+    def top(
+        self,
+        token_ids: Sequence[int],
+        k: int,
+        keep: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best documents with a positive score, best first (ties: lower document
+        number first); ``keep`` maps candidate document numbers to a mask of those allowed."""
+        docs, scores = self.scores(token_ids)
+        if not len(docs) and len(scores):  # dense
+            if keep is None and k < len(scores):
+                docs = np.argpartition(-scores, k - 1)[:k]
+            else:
+                docs = np.flatnonzero(scores)
+            scores = scores[docs]
+        positive = scores > 0
+        docs, scores = docs[positive], scores[positive]
+        if keep is not None and len(docs):
+            allowed = keep(docs)
+            docs, scores = docs[allowed], scores[allowed]
+        if len(docs) > k:
+            best = np.argpartition(-scores, k - 1)[:k]
+            docs, scores = docs[best], scores[best]
+        order = np.lexsort((docs, -scores))
+        return docs[order], scores[order]

@@ -1,0 +1,217 @@
+"""The incremental BM25 index: read-your-writes, and scores equal to a fresh build.
+
+The oracles are independent implementations: ``bm25s.BM25`` (the ``bm25s`` engine's
+formula) and ``rank_bm25.BM25Okapi`` (the ``rank_bm25`` engine's), fitted from scratch
+on the live chunks after every step, next to a fresh ``BM25Index`` over the same texts.
+Small merge and compaction thresholds put every step on one side or the other of them.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from langchain_rse.lexical import BM25Index, tokenize
+
+WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ro") for b in ("ta", "vi", "zo", "qu")]
+"""24 words; the first ones are drawn far more often (common and rare terms)."""
+
+SMALL = {"merge_factor": 2, "sync_merge_postings": 40, "max_segment_postings": 400,
+         "compact_min": 8}  # fmt: skip
+"""Thresholds a few dozen chunks cross: merges in the call and in the background, a
+size cap, and renumbering."""
+
+
+def text(rng: random.Random) -> str:
+    n = rng.randint(0, 12)
+    return " ".join(WORDS[min(int(rng.expovariate(0.25)), len(WORDS) - 1)] for _ in range(n))
+
+
+def oracle_scores(engine: str, corpus: dict[str, str], query: str) -> dict[str, float]:
+    """Positive scores of a BM25 fitted from scratch on ``corpus``."""
+    keys = list(corpus)
+    tokens = [tokenize(corpus[k]) for k in keys]
+    q = tokenize(query)
+    if not keys or not q:
+        return {}
+    if engine == "bm25s":
+        import bm25s
+
+        model = bm25s.BM25(k1=1.5, b=0.75)
+        model.index(tokens, show_progress=False)
+        q = [t for t in q if t in model.vocab_dict]
+        scores = np.asarray(model.get_scores(q), dtype=np.float64) if q else np.zeros(len(keys))
+    else:
+        from rank_bm25 import BM25Okapi
+
+        if not any(tokens):
+            return {}
+        scores = np.asarray(BM25Okapi(tokens, k1=1.5, b=0.75).get_scores(q))
+    return {k: float(s) for k, s in zip(keys, scores) if s > 0}
+
+
+def assert_same(index: BM25Index, engine: str, corpus: dict[str, str], queries: list[str]) -> None:
+    fresh = BM25Index(engine=engine)  # type: ignore[arg-type]
+    fresh.set_texts(corpus)
+    assert len(index) == len(corpus) == len(fresh)
+    for q in queries:
+        got = dict(index.search(q, len(corpus) + 1))
+        want = oracle_scores(engine, corpus, q)
+        assert got.keys() == want.keys(), q
+        assert np.allclose([got[k] for k in want], list(want.values()), rtol=1e-5), q
+        again = dict(fresh.search(q, len(corpus) + 1))
+        assert again.keys() == got.keys() and np.allclose(
+            [again[k] for k in got], list(got.values())
+        )
+
+
+QUERIES = ["kata", "kata lota", "rovi roqu kata", "peqo nuzo", "kata kata mivi", "unknown"]
+
+
+@pytest.mark.parametrize("engine", ["bm25s", "rank_bm25"])
+@pytest.mark.parametrize("thresholds", ["small", "default"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_scores_equal_a_fresh_index_after_random_adds_and_deletes(engine, thresholds, seed) -> None:
+    if engine == "rank_bm25":
+        pytest.importorskip("rank_bm25")
+    rng = random.Random(seed)
+    index = BM25Index(engine=engine, **(SMALL if thresholds == "small" else {}))
+    corpus: dict[str, str] = {}
+    for step in range(60):
+        action = rng.random()
+        if action < 0.55 or not corpus:  # add a batch, some of it replacing chunks
+            n = rng.choice([1, 1, 2, 5, 12])
+            keys = [f"d{rng.randint(0, 80)}\x1f{rng.randint(0, 3)}" for _ in range(n)]
+            texts = [text(rng) for _ in keys]
+            index.add(keys, texts)
+            corpus.update(zip(keys, texts))
+        else:  # delete some known and some unknown chunks
+            keys = rng.sample(sorted(corpus), min(len(corpus), rng.choice([1, 3, 9])))
+            index.delete([*keys, "never\x1fadded"])
+            for k in keys:
+                corpus.pop(k)
+        if step % 6 == 5:
+            assert_same(index, engine, corpus, QUERIES)
+    index.refresh()
+    assert_same(index, engine, corpus, QUERIES)
+
+
+@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize("size", [0, 1, 7, 30, 120])
+def test_read_your_writes_on_both_sides_of_the_thresholds(size, background) -> None:
+    """Add then query, delete then query — with the index just below or above the merge,
+    size-cap and renumbering thresholds, merges possibly still running."""
+    rng = random.Random(size)
+    index = BM25Index(background_merges=background, **SMALL)
+    corpus = {f"c{i}\x1f0": text(rng) for i in range(size)}
+    for key, value in corpus.items():  # one chunk per call: every threshold is crossed
+        index.add([key], [value])
+    index.add(["new\x1f0"], ["kata zzunique"])
+    assert index.search("zzunique", 5)[0][0] == "new\x1f0"  # the very next query sees it
+    corpus["new\x1f0"] = "kata zzunique"
+    assert_same(index, "bm25s", corpus, ["kata", "zzunique"])
+    index.delete(["new\x1f0"])
+    assert index.search("zzunique", 5) == []
+    del corpus["new\x1f0"]
+    assert_same(index, "bm25s", corpus, ["kata"])
+    for key in list(corpus)[: max(0, size - 2)]:  # delete past the renumbering threshold
+        index.delete([key])
+        del corpus[key]
+        assert all(k != key for k, _ in index.search(" ".join(WORDS), size + 1))
+    assert_same(index, "bm25s", corpus, QUERIES)
+
+
+def test_merges_and_renumbering_actually_happen() -> None:
+    index = BM25Index(background_merges=False, **SMALL)
+    for i in range(40):
+        index.add([f"c{i}\x1f0"], ["kata lota mivi"])
+    assert 1 <= index.segments < 40  # merged
+    bm = index._bm25
+    index.delete([f"c{i}\x1f0" for i in range(30)])
+    assert bm.n_docs == len(index) == 10  # renumbered: the tombstones are gone
+    assert bm.needs_compaction(8) is False
+
+
+def test_replacing_a_chunk_and_duplicate_ids_in_one_call() -> None:
+    index = BM25Index()
+    index.add(["a", "a", "b"], ["kata", "lota lota", "kata"])
+    assert dict(index.search("lota", 5)).keys() == {"a"} and len(index) == 2
+    index.add(["a"], ["mivi"])
+    assert index.search("lota", 5) == [] and index.search("mivi", 5)[0][0] == "a"
+    assert sorted(index.tokens()["a"]) == ["mivi"] and len(index) == 2
+
+
+def test_filters_are_checked_once_per_group() -> None:
+    index = BM25Index()
+    index.add(["x\x1f1\x1f0", "x\x1f1\x1f1", "y\x1f1\x1f0"], ["kata", "kata lota", "kata"],
+              groups={"x\x1f1": {"t": "x"}, "y\x1f1": {"t": "y"}})  # fmt: skip
+    calls: list[dict] = []
+
+    def allowed(metadata: dict) -> bool:
+        calls.append(metadata)
+        return metadata.get("t") == "x"
+
+    hits = index.search("kata", 1, allowed)
+    assert [k for k, _ in hits] == ["x\x1f1\x1f1"] or [k for k, _ in hits] == ["x\x1f1\x1f0"]
+    assert len(calls) == 2  # two groups, however many chunks
+    index.delete(["y\x1f1\x1f0"])
+    assert "y\x1f1" not in index.groups()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_failed_merge_leaves_the_index_exact(monkeypatch, background) -> None:
+    index = BM25Index(background_merges=background, **SMALL)
+    bm = index._bm25
+
+    def broken(run):  # the merge's own work fails (e.g. out of memory)
+        raise MemoryError("no room to merge")
+
+    monkeypatch.setattr(bm, "merged", broken)
+    corpus = {f"c{i}\x1f0": "kata lota " * (i % 5 + 1) for i in range(30)}
+    for k, v in corpus.items():
+        index.add([k], [v])
+        index.refresh()
+    assert index.merge_errors > 0 and not bm.busy
+    assert_same(index, "bm25s", corpus, ["kata", "lota"])
+
+
+def test_concurrent_readers_see_every_write_that_returned() -> None:
+    index = BM25Index(**SMALL)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not done.is_set():
+                for key, score in index.search("kata lota", 50):
+                    assert score > 0 and key.startswith("w")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    readers = [threading.Thread(target=reader) for _ in range(3)]
+    for t in readers:
+        t.start()
+    rng = random.Random(3)
+    corpus: dict[str, str] = {}
+    try:
+        for i in range(150):
+            key = f"w{i % 40}\x1f0"
+            if rng.random() < 0.3 and key in corpus:
+                index.delete([key])
+                del corpus[key]
+                assert key not in dict(index.search("kata lota zzz", 100))
+            else:
+                value = text(rng) + " zzz"
+                index.add([key], [value])
+                corpus[key] = value
+                assert key in dict(index.search("zzz", 100))  # read-your-writes
+    finally:
+        done.set()
+        for t in readers:
+            t.join()
+    assert not errors
+    index.refresh()
+    assert_same(index, "bm25s", corpus, QUERIES)
