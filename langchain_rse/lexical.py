@@ -6,6 +6,7 @@ first query after a change, so a batch of additions or deletions costs one rebui
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -201,6 +202,11 @@ class BM25Index:
         if self.engine == "bm25s":
             import bm25s
 
+            # bm25s sets its own logger to DEBUG on import, so every fit printed
+            # "Building index from tokens" through the application's handlers.
+            bm25s_logger = logging.getLogger("bm25s")
+            if bm25s_logger.level == logging.DEBUG:
+                bm25s_logger.setLevel(logging.WARNING)
             model = bm25s.BM25(k1=self.k1, b=self.b)
             model.index(corpus, show_progress=False)
             return model
