@@ -145,11 +145,10 @@ def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
     return cached_embeddings(model, store), lambda: cache_size(store, model)
 
 
-def _open_for_indexing(args: argparse.Namespace, index_dir: Path) -> Any:
+def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any) -> Any:
     from langchain_rse.persistence import MANIFEST, default_vectorstore, read_manifest
     from langchain_rse.retriever import RSERetriever
 
-    enricher = _make_enricher(args.llm, index_dir)
     embedding, cached = _local_embeddings(index_dir)
     if (index_dir / MANIFEST).is_file():
         if read_manifest(index_dir)["embedding"]["class"] != "LocalEmbeddings":
@@ -170,7 +169,7 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path) -> Any:
     return retriever, cached
 
 
-def _read_document(path: Path, retriever: Any) -> tuple[Document, list[str]]:
+def _read_document(path: Path, max_chars: int) -> tuple[Document, list[str]]:
     """The file as a source document, and notes for the user; ``ValueError`` with the
     reason when it cannot be indexed (unreadable, unsupported, too long, binary)."""
     from langchain_rse.pages import PAGE_OFFSETS
@@ -182,11 +181,11 @@ def _read_document(path: Path, retriever: Any) -> tuple[Document, list[str]]:
     if loaded.page_offsets is not None:
         metadata[PAGE_OFFSETS] = loaded.page_offsets
     doc = Document(loaded.text, id=key, metadata=metadata)
-    if len(doc.page_content) > retriever.max_document_chars:
+    if len(doc.page_content) > max_chars:
         raise ValueError(f"{len(doc.page_content):,} characters, over --max-document-chars "
-                         f"{retriever.max_document_chars:,}")  # fmt: skip
+                         f"{max_chars:,}")  # fmt: skip
     try:
-        validate_documents([doc], None, retriever.max_document_chars)
+        validate_documents([doc], None, max_chars)
     except TypeError as exc:
         raise ValueError(str(exc)) from None
     return doc, loaded.notes
@@ -199,7 +198,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     files = list(iter_files(args.paths))
     if not files:
         raise CLIError(f"no files under {' '.join(args.paths)}")
-    retriever, cached = _open_for_indexing(args, index_dir)
+    enricher = _make_enricher(args.llm, index_dir)  # a bad --llm fails before any reading
     record = _load_files_record(index_dir)
     todo: list[Document] = []
     skipped: list[tuple[Path, str]] = []
@@ -213,7 +212,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             unchanged += 1
             continue
         try:
-            doc, notes = _read_document(path, retriever)
+            doc, notes = _read_document(path, args.max_document_chars)
         except (OSError, ValueError) as exc:
             skipped.append((path, str(exc)))
             continue
@@ -228,14 +227,15 @@ def cmd_index(args: argparse.Namespace) -> int:
         for key in record
         if not Path(key).exists() and any(Path(key).is_relative_to(r) for r in roots)
     ]
-    if gone:
-        retriever.delete(gone)
-        for key in gone:
-            record.pop(key)
     for path, reason in skipped:
         print(f"skipped {path}: {reason}", file=sys.stderr)
     if not todo and not unchanged and not gone:
         raise CLIError(f"nothing could be indexed: {len(skipped)} file(s) skipped (see above)")
+    retriever, cached = _open_for_indexing(args, index_dir, enricher)
+    if gone:
+        retriever.delete(gone)
+        for key in gone:
+            record.pop(key)
     cached_before = cached()
     if todo:
         retriever.add_documents(todo)
