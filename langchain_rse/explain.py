@@ -97,6 +97,7 @@ class Explanation:
             if d.text is None:
                 continue
             parts.append(f"<section><h2>{html.escape(d.name)}</h2>{_html_strip(d)}")
+            parts.append(f"<ul class='results'>{_html_results(d, self.results)}</ul>")
             parts.append(f"<div class='text'>{_html_text(d, self.results)}</div></section>")
         others = [d.name for d in self.documents if d.text is None]
         if others:
@@ -114,6 +115,19 @@ def _html_strip(d: DocumentExplanation) -> str:
         tip = f"chunk {i}: " + (f"relevance {rel:.3f}" if rel is not None else "not a candidate")
         bars.append(f"<span class='{cls}' style='height:{height}px' title='{tip}'></span>")
     return f"<div class='strip'>{''.join(bars)}</div>"
+
+
+def _html_results(d: DocumentExplanation, results: list[Document]) -> str:
+    items = []
+    for num, start, end in d.segments:
+        m = results[num - 1].metadata
+        pages = ""
+        if "page_start" in m:
+            pages = f", pages {m['page_start']}-{m['page_end']}"
+        chars = f"characters {m['start_index']}-{m['end_index']}"
+        items.append(f"<li>result {num}: chunks {start}-{end - 1}, {chars}{pages}, "
+                     f"score {m['score']:.3f}</li>")  # fmt: skip
+    return "".join(items)
 
 
 def _html_text(d: DocumentExplanation, results: list[Document]) -> str:
