@@ -45,9 +45,10 @@ class Progress:
         total: int,
         unit: str = "chunk",
         show: bool | None = None,
-        interval: float = LOG_INTERVAL_S,
+        interval: float | None = None,
     ) -> None:
-        self.desc, self.total, self.unit, self.interval = desc, total, unit, interval
+        self.desc, self.total, self.unit = desc, total, unit
+        self.interval = LOG_INTERVAL_S if interval is None else interval
         self.mode = progress_mode(show) if total > 0 else "off"
         self.done = 0
         self._started = self._last_log = time.monotonic()
