@@ -1,6 +1,7 @@
 """langchain-rse: contextual hybrid retrieval with Relevant Segment Extraction for LangChain."""
 
 from langchain_rse.chunking import Chunk, document_leads, split_text
+from langchain_rse.embedding_cache import cached_embeddings
 from langchain_rse.enrichment import (
     BaseEnricher,
     ChunkContext,
@@ -9,8 +10,10 @@ from langchain_rse.enrichment import (
     NoEnricher,
 )
 from langchain_rse.expansion import QueryExpander
+from langchain_rse.explain import DocumentExplanation, Explanation
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index, tokenize
+from langchain_rse.pages import combine_pages
 from langchain_rse.rerank import (
     BaseReranker,
     CohereReranker,
@@ -33,8 +36,10 @@ __all__ = [
     "CohereReranker",
     "CompressorReranker",
     "ContextualEnricher",
+    "DocumentExplanation",
     "DocumentRouter",
     "EmbeddingReranker",
+    "Explanation",
     "HeaderEnricher",
     "NoEnricher",
     "QueryExpander",
@@ -43,6 +48,8 @@ __all__ = [
     "RerankError",
     "RerankResult",
     "best_segments",
+    "cached_embeddings",
+    "combine_pages",
     "document_leads",
     "fuse",
     "split_text",

@@ -384,8 +384,11 @@ class RSERetriever(DocumentIndex):
 
         A document whose id is already indexed is replaced everywhere (an unchanged
         one is skipped); empty documents are skipped with a warning (and an indexed
-        version of them removed). Documents are enriched, then written to the
-        vector store, the lexical index and the record store.
+        version of them removed). All documents are validated and split first; then, a
+        group of about ``WRITE_GROUP_CHUNKS`` chunks at a time, enriched and written to
+        the vector store (``index_batch_size`` chunks per call), the lexical index and the
+        record store — so contexts, index texts and vectors are held for one group only.
+        Progress is reported per stage (see ``show_progress``).
         """
         with self._writer.lock:
             plan = self._plan(documents, ids)
