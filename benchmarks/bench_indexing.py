@@ -13,6 +13,7 @@ measured float32 matrix-multiply peak (numpy/OpenBLAS).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -136,42 +137,71 @@ def run(
     }  # fmt: skip
 
 
+CONFIGS: dict[str, tuple[dict[str, Any], int, bool, dict[str, str]]] = {
+    # name: (LocalEmbeddings settings, index_batch_size, embedding cache, environment)
+    "before (0.1 command: batch 32, all threads, 256 chunks per store call, no cache)": (
+        {"batch_size": 32}, 256, False, {}),
+    "after (the command now: + embedding cache, 64 chunks per store call)": (
+        {"batch_size": 32}, 64, True, {}),
+    "after, OMP_WAIT_POLICY=PASSIVE": ({"batch_size": 32}, 64, True,
+                                       {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "after, 1 engine thread": ({"batch_size": 32, "num_threads": 1}, 64, True, {}),
+    "after, batch 128": ({"batch_size": 128}, 64, True, {}),
+}  # fmt: skip
+
+
+def one(name: str, contracts: int) -> dict[str, Any]:
+    """Index the contracts with configuration ``name`` in this process."""
+    settings, batch, cache, _ = CONFIGS[name]
+    root = require_data("cuad", "contracts")
+    files = sorted(p for p in root.iterdir() if p.suffix == ".txt")[:contracts]
+    docs = [Document(p.read_text(encoding="utf-8", errors="replace"), id=p.name,
+                     metadata={"source": p.name, "title": p.stem}) for p in files]  # fmt: skip
+    emb = LocalEmbeddings(**settings)
+    emb.embed_documents(["warm up the model"])
+    cpu = os.times()
+    with tempfile.TemporaryDirectory() as tmp:
+        row = run(docs, name, emb, batch, cache, tmp)
+    after = os.times()
+    row["cpu"] = (after.user - cpu.user) + (after.system - cpu.system)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--contracts", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=1, help="runs of each configuration")
+    parser.add_argument(
+        "--configs",
+        default=",".join(str(i) for i in range(len(CONFIGS))),
+        help="comma-separated indices into CONFIGS, run in this order",
+    )
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # child: run one configuration
     args = parser.parse_args()
-    root = require_data("cuad", "contracts")
-    files = sorted(p for p in root.iterdir() if p.suffix == ".txt")[: args.contracts]
-    docs = [Document(p.read_text(encoding="utf-8", errors="replace"), id=p.name,
-                     metadata={"source": p.name, "title": p.stem}) for p in files]  # fmt: skip
-    log(f"{len(docs)} contracts, {sum(len(d.page_content) for d in docs):,} characters, "
-        f"{os.cpu_count()} CPUs")  # fmt: skip
-    configs = [
-        ("before: batch 32, all threads, 256 per store call",
-         LocalEmbeddings(batch_size=32), 256, False),
-        ("after: batch 128, all threads, 64 per store call",
-         LocalEmbeddings(batch_size=128), 64, False),
-        ("after + embedding cache (the command)",
-         LocalEmbeddings(batch_size=128), 64, True),
-        ("batch 128, 1 thread", LocalEmbeddings(batch_size=128, num_threads=1), 64, False),
-    ]  # fmt: skip
-    LocalEmbeddings().embed_documents(["warm up the model"])
+    if args.one is not None:
+        print(json.dumps(one(args.one, args.contracts)))
+        return
+    names = list(CONFIGS)
     rows = []
-    tmp = tempfile.mkdtemp(prefix="bench-indexing-")
-    for r in range(args.rounds):
-        for name, emb, batch, cache in configs:
-            row = run(docs, name, emb, batch, cache, os.path.join(tmp, str(r)))
-            log(f"round {r + 1} {name}: {row['chunks'] / row['total']:.2f} chunks/s")
-            rows.append(row)
+    for index in args.configs.split(","):
+        name = names[int(index)]
+        env = {**os.environ, **CONFIGS[name][3]}
+        cmd = [sys.executable, __file__, "--contracts", str(args.contracts), "--one", name]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        x = rows[-1]
+        log(f"{name}: {x['chunks'] / x['total']:.2f} chunks/s, CPU {x['cpu']:.0f} s")
     peaks = {t: matmul_peak(t) for t in (1, os.cpu_count() or 1)}
-    print("| configuration | chunks | split s | enrich s | embed s | write s | save s | total s "
-          "| chunks/s | embed GFLOP/s |")  # fmt: skip
+    x = rows[0]
+    print(f"{args.contracts} CUAD contracts, {x['chars']:,} characters, {x['chunks']} chunks; "
+          f"{os.cpu_count()} CPUs\n")  # fmt: skip
+    print("| configuration | split s | enrich s | embed s | write s | save s | total s "
+          "| chunks/s | CPU s/chunk | embed GFLOP/s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
-        print(f"| {x['name']} | {x['chunks']} | {x['split']:.2f} | {x['enrich']:.2f} | "
+        print(f"| {x['name']} | {x['split']:.2f} | {x['enrich']:.2f} | "
               f"{x['embed']:.1f} | {x['write']:.2f} | {x['save']:.2f} | {x['total']:.1f} | "
-              f"{x['chunks'] / x['total']:.2f} | {x['embed_gflops']:.1f} |")  # fmt: skip
+              f"{x['chunks'] / x['total']:.2f} | {x['cpu'] / x['chunks']:.2f} | "
+              f"{x['embed_gflops']:.1f} |")  # fmt: skip
     x = rows[0]
     print(
         f"\ntokens per chunk (model input): {x['tokens']:.0f}; FLOPs per chunk: "
