@@ -189,7 +189,7 @@ def main() -> None:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         x = rows[-1]
-        log(f"{name}: {x['chunks'] / x['total']:.2f} chunks/s, CPU {x['cpu']:.0f} s")
+        log(f"{name}: {x['chunks'] / x['total']:.2f} chunks/s, CPU {x['cpu']:.0f} s; {x}")
     peaks = {t: matmul_peak(t) for t in (1, os.cpu_count() or 1)}
     x = rows[0]
     print(f"{args.contracts} CUAD contracts, {x['chars']:,} characters, {x['chunks']} chunks; "
