@@ -53,5 +53,11 @@ def main(docs_dir: str, index_dir: str) -> None:
               "(fallback: fused ranking)" if m.get("rerank_fallback") else "")  # fmt: skip
 
 
+USAGE = """usage: python examples/production.py DOCS_DIR INDEX_DIR
+indexes the .txt/.md files of DOCS_DIR into INDEX_DIR (needs OPENAI_API_KEY and COHERE_API_KEY)"""
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if len(sys.argv) != 3:
+        print(USAGE, file=sys.stderr)
+        sys.exit(2)
+    main(sys.argv[1], sys.argv[2])

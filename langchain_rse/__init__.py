@@ -2,6 +2,7 @@
 
 from langchain_rse.chunking import Chunk, document_leads, split_text
 from langchain_rse.documents import LeadIndex
+from langchain_rse.embedding_cache import cached_embeddings
 from langchain_rse.enrichment import (
     BaseEnricher,
     ChunkContext,
@@ -10,8 +11,10 @@ from langchain_rse.enrichment import (
     NoEnricher,
 )
 from langchain_rse.expansion import QueryExpander
+from langchain_rse.explain import DocumentExplanation, Explanation
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index, tokenize
+from langchain_rse.pages import combine_pages
 from langchain_rse.rerank import (
     BaseReranker,
     CohereReranker,
@@ -34,8 +37,10 @@ __all__ = [
     "CohereReranker",
     "CompressorReranker",
     "ContextualEnricher",
+    "DocumentExplanation",
     "DocumentRouter",
     "EmbeddingReranker",
+    "Explanation",
     "HeaderEnricher",
     "LeadIndex",
     "NoEnricher",
@@ -45,6 +50,8 @@ __all__ = [
     "RerankError",
     "RerankResult",
     "best_segments",
+    "cached_embeddings",
+    "combine_pages",
     "document_leads",
     "fuse",
     "split_text",

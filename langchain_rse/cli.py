@@ -6,26 +6,31 @@ Examples::
     langchain-rse index ./contracts --index ./idx
     langchain-rse query ./idx "Who may terminate for convenience?" -k 3
     langchain-rse query ./idx "governing law" --json
+    langchain-rse query ./idx "governing law" --explain --html why.html
     langchain-rse info ./idx
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from langchain_core.documents import Document
 
+from langchain_rse.loaders import SUFFIXES, folder_files, read_file
+
 __all__ = ["main"]
 
-SUFFIXES = (".txt", ".md", ".pdf")
 FILES_RECORD = "cli_files.json"
 """Per-file size and modification time, so re-indexing reads only new or changed files."""
 
@@ -40,47 +45,30 @@ class CLIError(Exception):
 
 
 def iter_files(paths: Sequence[str]) -> Iterator[Path]:
-    """Supported files under ``paths`` (files or folders, recursively), sorted, unique."""
+    """Files under ``paths`` (files or folders, recursively; hidden files and folders
+    inside a folder are left out), sorted, unique — supported or not: the caller reports
+    the ones it cannot read."""
     seen: set[Path] = set()
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise CLIError(f"no such file or folder: {raw}")
-        found = (
-            sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
-            if path.is_dir()
-            else [path]
-        )
-        for p in found:
+        for p in folder_files(path) if path.is_dir() else [path]:
             resolved = p.resolve()
             if resolved not in seen:
                 seen.add(resolved)
                 yield resolved
 
 
-def read_file(path: Path) -> str:
-    """Text of a .txt/.md/.pdf file; ``ValueError`` with a reason when it cannot be used."""
-    suffix = path.suffix.lower()
-    if suffix == ".pdf":
-        try:
-            from pypdf import PdfReader
-        except ImportError as exc:  # pragma: no cover - depends on extras
-            raise ValueError('PDF support needs `pip install "langchain-rse[local]"`') from exc
-        try:
-            reader = PdfReader(str(path))
-            text = "\n\n".join(page.extract_text() or "" for page in reader.pages)
-        except Exception as exc:  # pypdf raises many types for damaged files
-            raise ValueError(f"unreadable PDF ({type(exc).__name__}: {exc})") from None
-    elif suffix in (".txt", ".md"):
-        data = path.read_bytes()
-        if b"\x00" in data[:8192]:
-            raise ValueError("looks like a binary file (NUL bytes)")
-        text = data.decode("utf-8", errors="replace")
-    else:
-        raise ValueError(f"unsupported file type {suffix!r} (use {', '.join(SUFFIXES)})")
-    if not text.strip():
-        raise ValueError("no text to index")
-    return text
+def positive_int(value: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
 
 
 # ---------------------------------------------------------------- building pieces
@@ -145,32 +133,76 @@ def _load_files_record(index_dir: Path) -> dict[str, dict[str, Any]]:
 # ---------------------------------------------------------------- commands
 
 
-def cmd_index(args: argparse.Namespace) -> int:
-    from langchain_rse.persistence import MANIFEST, atomic_write
+def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
+    """The bundled model, its document vectors cached in the index directory (so a run
+    killed half-way resumes without embedding the finished chunks again), and a function
+    counting the vectors in that cache."""
+    from langchain_rse.byte_store import FileByteStore
+    from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR, cache_size, cached_embeddings
+    from langchain_rse.embeddings import LocalEmbeddings
+
+    model, store = LocalEmbeddings(), FileByteStore(index_dir / EMBEDDING_CACHE_DIR)
+    return cached_embeddings(model, store), lambda: cache_size(store, model)
+
+
+def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any) -> Any:
+    from langchain_rse.persistence import MANIFEST, default_vectorstore, read_manifest
     from langchain_rse.retriever import RSERetriever
+
+    embedding, cached = _local_embeddings(index_dir)
+    if (index_dir / MANIFEST).is_file():
+        if read_manifest(index_dir)["embedding"]["class"] != "LocalEmbeddings":
+            raise CLIError(f"{index_dir} was not built with the bundled embedding model; "
+                           "update it from Python with its own embedding")  # fmt: skip
+        retriever = RSERetriever.load(index_dir, embedding=embedding, enricher=enricher,
+                                      max_document_chars=args.max_document_chars)  # fmt: skip
+    else:
+        retriever = RSERetriever(
+            vectorstore=default_vectorstore(embedding),
+            enricher=enricher,
+            chunk_size=args.chunk_size,
+            max_document_chars=args.max_document_chars,
+            index_batch_size=64,  # progress (and the embedding cache) move in small steps
+        )
+    if args.no_progress:
+        retriever.show_progress = False
+    return retriever, cached
+
+
+def _read_document(path: Path, max_chars: int) -> tuple[Document, list[str]]:
+    """The file as a source document, and notes for the user; ``ValueError`` with the
+    reason when it cannot be indexed (unreadable, unsupported, too long, binary)."""
+    from langchain_rse.pages import PAGE_OFFSETS
+    from langchain_rse.validation import validate_documents
+
+    loaded = read_file(path)
+    key = str(path)
+    metadata: dict[str, Any] = {"source": key, "title": path.stem, "file": path.name}
+    if loaded.page_offsets is not None:
+        metadata[PAGE_OFFSETS] = loaded.page_offsets
+    doc = Document(loaded.text, id=key, metadata=metadata)
+    if len(doc.page_content) > max_chars:
+        raise ValueError(f"{len(doc.page_content):,} characters, over --max-document-chars "
+                         f"{max_chars:,}")  # fmt: skip
+    try:
+        validate_documents([doc], None, max_chars)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    return doc, loaded.notes
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from langchain_rse.persistence import atomic_write
 
     index_dir = Path(args.index)
     files = list(iter_files(args.paths))
     if not files:
-        raise CLIError(f"no {'/'.join(SUFFIXES)} files under {' '.join(args.paths)}")
-    enricher = _make_enricher(args.llm, index_dir)
-    if (index_dir / MANIFEST).is_file():
-        retriever = RSERetriever.load(index_dir, enricher=enricher)
-    else:
-        from langchain_rse.embeddings import LocalEmbeddings
-        from langchain_rse.persistence import default_vectorstore
-
-        retriever = RSERetriever(
-            vectorstore=default_vectorstore(LocalEmbeddings()),
-            enricher=enricher,
-            chunk_size=args.chunk_size,
-        )
-    if args.no_progress:
-        retriever.show_progress = False
-
+        raise CLIError(f"no files under {' '.join(args.paths)}")
+    enricher = _make_enricher(args.llm, index_dir)  # a bad --llm fails before any reading
     record = _load_files_record(index_dir)
     todo: list[Document] = []
-    unchanged = skipped = 0
+    skipped: list[tuple[Path, str]] = []
+    unchanged = 0
     for path in files:
         stat = path.stat()
         key = str(path)
@@ -180,14 +212,13 @@ def cmd_index(args: argparse.Namespace) -> int:
             unchanged += 1
             continue
         try:
-            text = read_file(path)
+            doc, notes = _read_document(path, args.max_document_chars)
         except (OSError, ValueError) as exc:
-            print(f"skipped {path}: {exc}", file=sys.stderr)
-            skipped += 1
+            skipped.append((path, str(exc)))
             continue
-        todo.append(
-            Document(text, id=key, metadata={"source": key, "title": path.stem, "file": path.name})
-        )
+        for note in notes:
+            print(f"note: {path}: {note}", file=sys.stderr)
+        todo.append(doc)
         record[key] = {"stamp": stamp}
     # Files under the given folders that have disappeared are removed from the index.
     roots = [Path(p).resolve() for p in args.paths]
@@ -196,48 +227,63 @@ def cmd_index(args: argparse.Namespace) -> int:
         for key in record
         if not Path(key).exists() and any(Path(key).is_relative_to(r) for r in roots)
     ]
+    for path, reason in skipped:
+        print(f"skipped {path}: {reason}", file=sys.stderr)
+    if not todo and not unchanged and not gone:
+        raise CLIError(f"nothing could be indexed: {len(skipped)} file(s) skipped (see above)")
+    retriever, cached = _open_for_indexing(args, index_dir, enricher)
     if gone:
         retriever.delete(gone)
         for key in gone:
             record.pop(key)
+    cached_before = cached()
     if todo:
         retriever.add_documents(todo)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         for doc, meta in zip(todo, retriever._records.pointers([str(d.id) for d in todo])):
             if meta is not None:  # LLM contexts that fell back are retried next run
-                record[str(doc.id)]["fallbacks"] = meta.fallbacks
+                record[str(doc.id)].update(
+                    fallbacks=meta.fallbacks, chunks=len(meta.spans), indexed_at=now
+                )
     retriever.save(index_dir)
     atomic_write(index_dir / FILES_RECORD, json.dumps(record, indent=1).encode())
+    embedded = cached() - cached_before
+    chunks = sum(record[str(d.id)].get("chunks", 0) for d in todo)
     print(
-        f"indexed {len(todo)} file(s), {unchanged} unchanged, {skipped} skipped, "
-        f"{len(gone)} removed; index at {index_dir}"
+        f"indexed {len(todo)} file(s), {unchanged} unchanged, {len(skipped)} skipped, "
+        f"{len(gone)} removed; {embedded} of their {chunks} chunk(s) newly embedded "
+        f"(the others were cached); index at {index_dir}"
     )
     return 0
 
 
-def _print_results(docs: list[Document], as_json: bool) -> None:
+def _result_json(d: Document) -> dict[str, Any]:
+    m = d.metadata
+    out = {"source": m.get("source"), "doc_id": m["doc_id"], "start_index": m["start_index"],
+           "end_index": m["end_index"], "chunk_start": m["chunk_start"],
+           "chunk_end": m["chunk_end"], "score": m["score"]}  # fmt: skip
+    for key in ("page_start", "page_end"):
+        if key in m:
+            out[key] = m[key]
+    out["text"] = d.page_content
+    return out
+
+
+def _print_results(docs: list[Document], as_json: bool, name_key: str = "source") -> None:
     if as_json:
-        out = [
-            {
-                "source": d.metadata.get("source"),
-                "doc_id": d.metadata["doc_id"],
-                "start_index": d.metadata["start_index"],
-                "end_index": d.metadata["end_index"],
-                "chunk_start": d.metadata["chunk_start"],
-                "chunk_end": d.metadata["chunk_end"],
-                "score": d.metadata["score"],
-                "text": d.page_content,
-            }
-            for d in docs
-        ]
-        print(json.dumps(out, ensure_ascii=False, indent=2))
+        print(json.dumps([_result_json(d) for d in docs], ensure_ascii=False, indent=2))
         return
     if not docs:
         print("no relevant segments found")
     for n, d in enumerate(docs, start=1):
         m = d.metadata
+        pages = ""
+        if "page_start" in m:
+            first, last = m["page_start"], m["page_end"]
+            pages = f"  page {first}" if first == last else f"  pages {first}-{last}"
         print(
-            f"[{n}] {m.get('source', m['doc_id'])}  chars {m['start_index']}-{m['end_index']}"
-            f"  score {m['score']:.3f}"
+            f"[{n}] {m.get(name_key, m['doc_id'])}{pages}  chars {m['start_index']}-"
+            f"{m['end_index']}  score {m['score']:.3f}"
         )
         print(d.page_content.strip())
         print()
@@ -258,11 +304,23 @@ def cmd_query(args: argparse.Namespace) -> int:
         if embeddings is None:
             raise CLIError("--reranker embedding needs a vector store with an embedding model")
         retriever.reranker = EmbeddingReranker(embeddings=embeddings)
+    explain = getattr(args, "explain", False) or getattr(args, "html", None)
     try:
-        docs = retriever.invoke(args.question, k=args.k)
+        if explain:
+            explanation = retriever.explain(args.question, k=args.k)
+            docs = explanation.results
+        else:
+            docs = retriever.invoke(args.question, k=args.k)
     except (ValueError, TypeError) as exc:
         raise CLIError(str(exc)) from None
-    _print_results(docs, args.json)
+    if getattr(args, "html", None):
+        from langchain_rse.persistence import atomic_write
+
+        atomic_write(Path(args.html), explanation.to_html().encode("utf-8", "surrogatepass"))
+        print(f"wrote {args.html}", file=sys.stderr)
+    if getattr(args, "explain", False) and not args.json:
+        print(explanation.to_text(), end="\n\n")
+    _print_results(docs, args.json, getattr(args, "name_key", "source"))
     return 0
 
 
@@ -275,6 +333,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         raise CLIError(str(exc)) from None
     record = _load_files_record(index_dir)
+    files = [
+        {"file": key, "chunks": entry.get("chunks"), "indexed_at": entry.get("indexed_at")}
+        for key, entry in sorted(record.items())
+    ]
     info = {
         "index": str(index_dir),
         "format_version": manifest["format_version"],
@@ -292,14 +354,32 @@ def cmd_info(args: argparse.Namespace) -> int:
         "settings": manifest["config"],
     }
     if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        for key, value in info.items():
-            print(f"{key:16} {value}")
+        print(json.dumps({**info, "file_list": files}, indent=2))
+        return 0
+    for key, value in info.items():
+        print(f"{key:16} {value}")
+    if files:
+        print("\nchunks  indexed (UTC)         file")
+        for f in files:
+            chunks = "?" if f["chunks"] is None else f["chunks"]
+            print(f"{chunks:>6}  {f['indexed_at'] or '?':20}  {f['file']}")
     return 0
 
 
 DEMO_QUESTION = "How much notice does the customer need to terminate for convenience?"
+
+
+DEMO_NEXT = """\
+score: the segment's value in RSE: the summed relevance of its chunks (each between 0
+and 1) minus a penalty per chunk, so a longer run of relevant chunks scores higher and
+results are ranked by it. It compares results of one query, not across queries.
+
+try next:
+  langchain-rse demo "Which law governs the agreement?"
+  langchain-rse index ./your-folder --index ./idx     (.txt .md .pdf .html .docx)
+  langchain-rse query ./idx "your question" --explain   (why each segment was chosen)
+  langchain-rse query ./idx "your question" --html why.html
+"""
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -311,21 +391,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for doc in load_sample_documents():
             (folder / doc.metadata["source"]).write_text(doc.page_content, encoding="utf-8")
         index_dir = Path(tmp) / "index"
-        print(f"indexing the bundled sample corpus ({len(os.listdir(folder))} documents)...")
-        cmd_index(
-            argparse.Namespace(
-                paths=[str(folder)], index=str(index_dir), llm=None, chunk_size=600,
-                no_progress=True,
-            )
+        names = sorted(os.listdir(folder))
+        print(f"indexing the bundled sample corpus ({len(names)} documents: {', '.join(names)})")
+        index_args = argparse.Namespace(
+            paths=[str(folder)], index=str(index_dir), llm=None, chunk_size=600,
+            no_progress=True, max_document_chars=20_000_000,
         )  # fmt: skip
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):  # its summary names the temporary folder
+            cmd_index(index_args)
         question = args.question or DEMO_QUESTION
         print(f"\nquestion: {question}\n")
-        return cmd_query(
+        code = cmd_query(
             argparse.Namespace(
                 index=str(index_dir), question=question, k=args.k, json=False,
-                mode="segments", reranker=None,
+                mode="segments", reranker=None, explain=False, html=None, name_key="file",
             )
         )  # fmt: skip
+    print(DEMO_NEXT, end="")
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -334,20 +418,29 @@ def build_parser() -> argparse.ArgumentParser:
         description="Index documents and retrieve exact relevant segments (offline by default).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    # -v after the subcommand too (SUPPRESS: a subcommand without it keeps the top-level one)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log progress details")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("index", help="index .txt, .md and .pdf files and folders")
-    p.add_argument("paths", nargs="+", metavar="PATH")
+    p = sub.add_parser("index", parents=[common],
+                       help=f"index {' '.join(SUFFIXES)} files and folders")  # fmt: skip
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="files or folders (recursively; hidden files are left out)")  # fmt: skip
     p.add_argument("--index", required=True, metavar="DIR", help="index directory")
     p.add_argument("--llm", metavar="openai:MODEL", help="LLM contextual enrichment (needs key)")
-    p.add_argument("--chunk-size", type=int, default=600, help="characters per chunk")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--chunk-size", type=positive_int, default=600, help="characters per chunk")
+    p.add_argument("--max-document-chars", type=positive_int, default=20_000_000, metavar="N",
+                   help="skip and report longer files (default 20,000,000)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (or, off a terminal, no progress log lines)")  # fmt: skip
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("query", help="print the best segments for a question")
+    p = sub.add_parser("query", parents=[common], help="print the best segments for a question")
     p.add_argument("index", metavar="DIR")
     p.add_argument("question")
-    p.add_argument("-k", type=int, default=4, help="maximum number of results")
+    p.add_argument("-k", type=positive_int, default=4, help="maximum number of results (>= 1)")
     p.add_argument("--json", action="store_true", help="JSON output for scripts")
     p.add_argument("--mode", choices=["segments", "chunks"], default="segments")
     p.add_argument(
@@ -356,16 +449,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="rerank with Cohere (needs COHERE_API_KEY) or offline by embedding similarity; "
         "either uses the 'reranked' RSE preset",
     )
+    p.add_argument("--explain", action="store_true",
+                   help="show each document's chunk relevance and chosen segments")  # fmt: skip
+    p.add_argument("--html", metavar="FILE",
+                   help="write a page with the segments highlighted in context")  # fmt: skip
     p.set_defaults(func=cmd_query)
 
-    p = sub.add_parser("info", help="describe an index")
+    p = sub.add_parser("info", parents=[common], help="describe an index and list its files")
     p.add_argument("index", metavar="DIR")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("demo", help="index the bundled sample corpus and answer a question")
+    p = sub.add_parser("demo", parents=[common],
+                       help="index the bundled sample corpus and answer a question")  # fmt: skip
     p.add_argument("question", nargs="?", help=f"default: {DEMO_QUESTION!r}")
-    p.add_argument("-k", type=int, default=2)
+    p.add_argument("-k", type=positive_int, default=2)
     p.set_defaults(func=cmd_demo)
     return parser
 
@@ -381,8 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:
-        logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets DEBUG on itself
+    if not getattr(args, "no_progress", False):  # progress log lines when not on a terminal
+        logging.getLogger("langchain_rse.progress").setLevel(logging.INFO)
     try:
         return int(args.func(args))
     except CLIError as exc:

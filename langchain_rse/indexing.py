@@ -20,7 +20,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from langchain_rse.records import (
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.validation import validate_documents
 
-__all__ = ["Plan", "Prepared", "Writer"]
+__all__ = ["Plan", "Prepared", "Todo", "Writer"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,26 @@ class Plan:
     todo: list[Todo] = field(default_factory=list)
     removals: list[str] = field(default_factory=list)
     """Documents that became empty: their indexed version is removed."""
+
+    @property
+    def chunks(self) -> int:
+        """Chunks to enrich and write."""
+        return sum(len(t.chunks) for t in self.todo)
+
+    def groups(self, max_chunks: int) -> Iterator[list[Todo]]:
+        """The documents to do in groups of about ``max_chunks`` chunks (whole documents;
+        at least one group, possibly empty), so only one group's contexts, index texts and
+        vectors are in memory at a time."""
+        group: list[Todo] = []
+        size = 0
+        for todo in self.todo:
+            if group and size + len(todo.chunks) > max_chunks:
+                yield group
+                group, size = [], 0
+            group.append(todo)
+            size += len(todo.chunks)
+        if group or not self.todo:
+            yield group
 
 
 @dataclass
@@ -246,10 +266,12 @@ class Writer:
         removals: Sequence[str] = (),
         router: DocumentRouter | None = None,
         batch_size: int = 256,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         """Write new versions (skipping any another writer already wrote), swap their
         pointers, remove what they replaced, and remove ``removals``; keep ``router``'s
-        leads in step."""
+        leads in step. ``progress`` is told the number of chunks of each batch written
+        to the vector store (the stage that embeds them)."""
         with self.lock:
             ids = [p.record.doc_id for p in prepared]
             planned = self.records.pointers(ids)
@@ -260,7 +282,9 @@ class Writer:
                 logger.debug("%d documents were written meanwhile", len(prepared) - len(todo))
             self.records.put([(version_key(p.record.doc_id, p.record.version),
                                p.record.version_record()) for p in todo])  # fmt: skip
-            self._write_chunks(todo, batch_size)
+            self._write_chunks(todo, batch_size, progress)
+            if progress is not None and len(todo) < len(prepared):
+                progress(sum(len(p.chunks) for p in prepared) - sum(len(p.chunks) for p in todo))
             self.records.put([(body_key(p.record.doc_id, p.record.version), p.body) for p in todo])
             ids = [p.record.doc_id for p in todo]
             before = self.records.pointers(ids)
@@ -291,7 +315,12 @@ class Writer:
                 if router.retriever is self.leads:
                     self._lead_versions.update((p.record.doc_id, p.record.version) for p in todo)
 
-    def _write_chunks(self, prepared: Sequence[Prepared], batch_size: int) -> None:
+    def _write_chunks(
+        self,
+        prepared: Sequence[Prepared],
+        batch_size: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         docs: list[Document] = []
         keys: list[str] = []
 
@@ -302,6 +331,8 @@ class Writer:
                     self.vectorstore.add_documents(docs, ids=ids)
                 if self.lexical_store is not None:
                     self.lexical_store.add_documents(docs, ids=ids)
+                if progress is not None:
+                    progress(len(docs))
                 docs.clear()
 
         texts: list[str] = []

@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 from langchain_rse.components import describe_component, restore_components
+from langchain_rse.embedding_cache import underlying
 
 logger = logging.getLogger(__name__)
 
@@ -342,7 +343,8 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
             for key, value in retriever.docstore.store.items()
         )
         writer.add_bytes("docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
-    embeddings = getattr(retriever.vectorstore, "embeddings", None)
+    # A cache wrapper (cached_embeddings) is described by the model it caches.
+    embeddings = underlying(getattr(retriever.vectorstore, "embeddings", None))
     components = {name: describe_component(getattr(retriever, name)) for name in COMPONENTS}
     router_spec = components["router"]
     if router_spec is not None:

@@ -21,6 +21,7 @@ from langchain_rse.chunking import chunk_uuid, parse_chunk_key
 from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import FusedHit, FusionMethod, fuse
+from langchain_rse.pages import PAGE_OFFSETS, page_range
 from langchain_rse.records import DocBody, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
@@ -34,7 +35,15 @@ from langchain_rse.segments import (
 )
 from langchain_rse.validation import query_set
 
-__all__ = ["Candidate", "QuerySettings", "StaleRead", "adrive", "drive", "run_pipeline"]
+__all__ = [
+    "Candidate",
+    "QuerySettings",
+    "StaleRead",
+    "Trace",
+    "adrive",
+    "drive",
+    "run_pipeline",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +82,20 @@ class QuerySettings:
     strict_rerank: bool
     filter: Filter | None = None
     """Checked on every candidate's document metadata, whatever the stores returned."""
+    trace: bool = False
+    """Also yield ``("trace", Trace)`` before returning (for ``RSERetriever.explain``)."""
 
     @classmethod
     def of(
-        cls, r: Any, query: str, k: int, mode: Any, queries: Any, expansions: list[str], f: Any
+        cls,
+        r: Any,
+        query: str,
+        k: int,
+        mode: Any,
+        queries: Any,
+        expansions: list[str],
+        f: Any,
+        trace: bool = False,
     ) -> QuerySettings:
         """The settings of one call of retriever ``r`` (its fields, narrowed by the call's
         ``mode``, extra ``queries`` and ``filter``)."""
@@ -96,7 +115,19 @@ class QuerySettings:
             rerank=r.reranker is not None,
             strict_rerank=r.strict_rerank,
             filter=both(parse(r.filter) if r.filter else None, parse(f) if f else None),
+            trace=trace,
         )
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What one retrieval saw: current candidates with their relevance, the documents'
+    records, the selection and the bodies read (at least those of selected documents)."""
+
+    candidates: list[Candidate]
+    metas: dict[str, DocRecord]
+    selection: list[tuple[str, int, int, float]]
+    bodies: dict[str, DocBody]
 
 
 # ---------------------------------------------------------------- stages (pure)
@@ -238,6 +269,9 @@ def results(
         md: dict[str, Any] = dict(meta.metadata)
         md.update(doc_id=doc_id, start_index=first, end_index=last, chunk_start=start,
                   chunk_end=end, score=score)  # fmt: skip
+        offsets = md.pop(PAGE_OFFSETS, None)
+        if offsets:  # a source with pages: the segment's pages, 1-based and inclusive
+            md["page_start"], md["page_end"] = page_range(offsets, first, last)
         if s.mode == "chunks":
             c = by_key[(doc_id, start)]
             md.update(chunk_index=start, fused_score=c.fused.score, dense_rank=c.fused.ranks[0],
@@ -304,6 +338,8 @@ def run_pipeline(
     selection = select(s, cands, metas)
     need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
     bodies.update(zip((m.doc_id for m in need), (yield ("bodies", need))))
+    if s.trace:
+        yield ("trace", Trace(cands, metas, selection, bodies))
     return results(s, cands, metas, bodies, selection, fallback)
 
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Annotated, Any, Literal
 
 from langchain_core.callbacks import (
@@ -37,18 +36,25 @@ from pydantic import (
     PrivateAttr,
     model_validator,
 )
-from tqdm.auto import tqdm
 
 from langchain_rse import pipeline
 from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, make_splitter
 from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
+from langchain_rse.explain import (
+    Explanation,
+    async_append,
+    build_explanation,
+    current_traces,
+    tracing,
+)
 from langchain_rse.filters import Filter
 from langchain_rse.fusion import FusionMethod
-from langchain_rse.indexing import Plan, Prepared, Writer
+from langchain_rse.indexing import Plan, Prepared, Todo, Writer
 from langchain_rse.lexical import BM25Index, LexicalEngine
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.persistence import load_index, save_index
+from langchain_rse.progress import Progress
 from langchain_rse.records import RecordStore, splitter_fingerprint
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, as_router
@@ -67,6 +73,8 @@ __all__ = ["RSERetriever"]
 logger = logging.getLogger(__name__)
 
 _INVOKE_ARGS = ("k", "mode", "queries", "filter")
+WRITE_GROUP_CHUNKS = 2048
+"""Chunks enriched and written together by ``add_documents`` (memory: one group at a time)."""
 
 
 class RSERetriever(DocumentIndex):
@@ -218,7 +226,9 @@ class RSERetriever(DocumentIndex):
     index_batch_size: int = 256
     """Chunks written to the vector store per call."""
     show_progress: bool | None = None
-    """Progress bar while indexing; ``None`` shows it only on a terminal."""
+    """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
+    ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a
+    log line every few seconds (logger ``langchain_rse.progress``, level INFO)."""
 
     _lexical: BM25Index = PrivateAttr()
     _records: RecordStore = PrivateAttr()
@@ -348,12 +358,17 @@ class RSERetriever(DocumentIndex):
         return self._writer.plan(documents, ids, splitter=splitter, fingerprints=fingerprints,
                                  max_document_chars=self.max_document_chars)  # fmt: skip
 
-    def _progress(self, plan: Plan) -> tqdm:
-        show = self.show_progress if self.show_progress is not None else sys.stderr.isatty()
-        return tqdm(plan.todo, desc="enriching", unit="doc", disable=not show)
+    def _stages(self, plan: Plan) -> tuple[Progress, Progress, Iterator[list[Todo]]]:
+        """Progress of enrichment and of embedding + writing, and the groups of documents
+        enriched and written together (so memory holds one group's texts and vectors)."""
+        total, show = plan.chunks, self.show_progress
+        return (Progress("enriching", total, show=show),
+                Progress("embedding + writing", total, show=show),
+                plan.groups(max(WRITE_GROUP_CHUNKS, self.index_batch_size)))  # fmt: skip
 
-    def _write(self, prepared: list[Prepared], plan: Plan) -> None:
-        self._writer.write(prepared, plan.removals, self.router, self.index_batch_size)
+    def _write(self, prepared: list[Prepared], removals: list[str], progress: Progress) -> None:
+        self._writer.write(prepared, removals, self.router, self.index_batch_size,
+                           progress.update)  # fmt: skip
 
     def add_documents(
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
@@ -362,17 +377,24 @@ class RSERetriever(DocumentIndex):
 
         A document whose id is already indexed is replaced everywhere (an unchanged
         one is skipped); empty documents are skipped with a warning (and an indexed
-        version of them removed). Documents are enriched, then written to the
-        vector store, the lexical index and the record store.
+        version of them removed). All documents are validated and split first; then, a
+        group of about ``WRITE_GROUP_CHUNKS`` chunks at a time, enriched and written to
+        the vector store (``index_batch_size`` chunks per call), the lexical index and the
+        record store — so contexts, index texts and vectors are held for one group only.
+        Progress is reported per stage (see ``show_progress``).
         """
         with self._writer.lock:
             plan = self._plan(documents, ids)
-            prepared = [
-                Prepared.of(t, self.enricher.enrich(t.doc_id, t.doc.page_content,
-                                                    t.doc.metadata, t.chunks), self.enricher)
-                for t in self._progress(plan)
-            ]  # fmt: skip
-            self._write(prepared, plan)
+            enriching, writing, groups = self._stages(plan)
+            with enriching, writing:
+                for n, group in enumerate(groups):
+                    prepared = []
+                    for t in group:
+                        prepared.append(Prepared.of(t, self.enricher.enrich(
+                            t.doc_id, t.doc.page_content, t.doc.metadata, t.chunks),
+                            self.enricher))  # fmt: skip
+                        enriching.update(len(t.chunks))
+                    self._write(prepared, plan.removals if n == 0 else [], writing)
         return plan.doc_ids
 
     async def aadd_documents(
@@ -381,12 +403,18 @@ class RSERetriever(DocumentIndex):
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
         (under the same lock as the sync path, re-checking what another writer wrote)."""
         plan = await asyncio.to_thread(self._plan, documents, ids)
-        prepared = [
-            Prepared.of(t, await self.enricher.aenrich(t.doc_id, t.doc.page_content,
-                                                       t.doc.metadata, t.chunks), self.enricher)
-            for t in self._progress(plan)
-        ]  # fmt: skip
-        await asyncio.to_thread(self._write, prepared, plan)
+        enriching, writing, groups = self._stages(plan)
+        with enriching, writing:
+            for n, group in enumerate(groups):
+                prepared = []
+                for t in group:
+                    prepared.append(Prepared.of(t, await self.enricher.aenrich(
+                        t.doc_id, t.doc.page_content, t.doc.metadata, t.chunks),
+                        self.enricher))  # fmt: skip
+                    enriching.update(len(t.chunks))
+                await asyncio.to_thread(
+                    self._write, prepared, plan.removals if n == 0 else [], writing
+                )
         return plan.doc_ids
 
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
@@ -494,6 +522,8 @@ class RSERetriever(DocumentIndex):
         if self.reranker is not None:
             make = pipeline.arerank_handler if asynchronous else pipeline.rerank_handler
             handlers["rerank"] = make(self.reranker, callbacks)
+        if (traces := current_traces()) is not None:
+            handlers["trace"] = async_append(traces) if asynchronous else traces.append
         return handlers
 
     def _get_relevant_documents(
@@ -514,7 +544,8 @@ class RSERetriever(DocumentIndex):
         config: RunnableConfig = {"callbacks": callbacks}
         expander = self.query_expander
         expansions = expander.expand(query, callbacks=callbacks) if expander else []
-        s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter)
+        s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter,
+                                      trace=current_traces() is not None)  # fmt: skip
         search, router = self._search(), self.router
         routed = router.chosen(router.retriever.invoke(query, config)) if router else None
         requests = [SearchRequest(query=q, filter=s.filter) for q in s.queries]
@@ -541,7 +572,8 @@ class RSERetriever(DocumentIndex):
         config: RunnableConfig = {"callbacks": callbacks}
         expander = self.query_expander
         expansions = await expander.aexpand(query, callbacks=callbacks) if expander else []
-        s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter)
+        s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter,
+                                      trace=current_traces() is not None)  # fmt: skip
         search, router, n = self._search(), self.router, len(s.queries)
         requests = [SearchRequest(query=q, filter=s.filter) for q in s.queries]
         found = await asyncio.gather(
@@ -553,3 +585,20 @@ class RSERetriever(DocumentIndex):
         dense, lexical = found[:n], found[n : 2 * n]
         cands = pipeline.candidates(s, dense, lexical, routed, router)  # type: ignore[arg-type]
         return await pipeline.adrive(s, cands, self._handlers(callbacks, True))
+
+    # ------------------------------------------------------------------ explaining
+
+    def explain(self, query: str, **kwargs: Any) -> Explanation:
+        """Retrieve as :meth:`invoke` does (same keyword arguments) and explain the result:
+        the relevance of every candidate chunk along its document and the segments chosen
+        (see :class:`~langchain_rse.explain.Explanation`; ``to_text()`` for a terminal,
+        ``to_html()`` for a page with the segments highlighted in their documents)."""
+        with tracing() as traces:
+            results = self.invoke(query, **kwargs)
+        return build_explanation(query, results, traces[-1] if traces else None)
+
+    async def aexplain(self, query: str, **kwargs: Any) -> Explanation:
+        """Async :meth:`explain`."""
+        with tracing() as traces:
+            results = await self.ainvoke(query, **kwargs)
+        return build_explanation(query, results, traces[-1] if traces else None)

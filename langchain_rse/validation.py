@@ -12,6 +12,7 @@ from langchain_core.documents import Document
 from langchain_rse.chunking import doc_id_for, make_splitter
 from langchain_rse.filters import parse
 from langchain_rse.fusion import fuse
+from langchain_rse.pages import PAGE_OFFSETS, check_page_offsets
 from langchain_rse.segments import get_preset
 
 __all__ = [
@@ -71,6 +72,8 @@ def validate_documents(
                     f"metadata[{key!r}] of document {doc_id!r} is not JSON-serialisable "
                     f"({type(value).__name__}); convert it to a string or number first"
                 ) from exc
+        if PAGE_OFFSETS in doc.metadata:
+            check_page_offsets(doc.metadata[PAGE_OFFSETS], len(doc.page_content), doc_id)
         doc_ids.append(doc_id)
     if len(set(doc_ids)) != len(doc_ids):
         dup = next(d for d in doc_ids if doc_ids.count(d) > 1)

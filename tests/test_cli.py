@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,17 +11,22 @@ import pytest
 from langchain_rse.cli import main
 
 
-def minimal_pdf(text: str) -> bytes:
-    """A one-page PDF whose page shows ``text`` (written by hand, offsets computed)."""
-    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+def minimal_pdf(*pages: str) -> bytes:
+    """A PDF with one page per text, each showing it (written by hand, offsets computed)."""
+    n = len(pages)
+    kids = " ".join(f"{4 + 2 * i} 0 R" for i in range(n))
     objects = [
         b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-        b"/Resources << /Font << /F1 5 0 R >> >> /Contents 4 0 R >>",
-        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        f"<< /Type /Pages /Kids [{kids}] /Count {n} >>".encode(),
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
+    for i, text in enumerate(pages):
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+        objects.append(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
+            b"/Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>" % (5 + 2 * i)
+        )
+        objects.append(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for n, body in enumerate(objects, start=1):
@@ -68,8 +74,9 @@ def test_index_query_reindex_info(folder: Path, tmp_path: Path, capsys) -> None:
     index = str(tmp_path / "idx")
     code, out, err = run(capsys, "index", str(folder), "--index", index, "--no-progress")
     assert code == 0
-    assert "indexed 3 file(s), 0 unchanged, 2 skipped" in out
+    assert "indexed 3 file(s), 0 unchanged, 3 skipped" in out
     assert "broken.pdf: unreadable PDF" in err and "blob.txt: looks like a binary" in err
+    assert "ignored.csv: unsupported file type '.csv'" in err  # listed, not silently dropped
 
     code, out, _ = run(capsys, "query", index, "hotel reimbursement per night", "-k", "1", "--json")
     hits = json.loads(out)
@@ -79,7 +86,8 @@ def test_index_query_reindex_info(folder: Path, tmp_path: Path, capsys) -> None:
     assert hits[0]["source"].endswith("policy.txt")
 
     code, out, _ = run(capsys, "query", index, "warranty period", "-k", "1", "--json")
-    assert json.loads(out)[0]["source"].endswith("scan.pdf")
+    hit = json.loads(out)[0]
+    assert hit["source"].endswith("scan.pdf") and hit["page_start"] == hit["page_end"] == 1
 
     # the offline reranker re-scores the candidates with the index's own embedding model
     question = ("query", index, "hotel reimbursement per night", "--json")
@@ -110,6 +118,12 @@ def test_index_query_reindex_info(folder: Path, tmp_path: Path, capsys) -> None:
     info = json.loads(out)
     assert info["files"] == 2 and info["chunks"] >= 2
     assert info["embedding"]["class"] == "LocalEmbeddings"
+    listed = {Path(f["file"]).name: f for f in info["file_list"]}
+    assert set(listed) == {"lease.md", "scan.pdf"}
+    assert sum(f["chunks"] for f in listed.values()) == info["chunks"]
+    assert all(f["indexed_at"].endswith("Z") for f in listed.values())
+    code, out, _ = run(capsys, "info", index)  # the table a person reads
+    assert code == 0 and "lease.md" in out and "indexed (UTC)" in out
 
 
 def test_clear_errors(tmp_path: Path, capsys) -> None:
@@ -140,3 +154,5 @@ def test_llm_flag_needs_a_key(folder: Path, tmp_path: Path, capsys, monkeypatch)
 def test_demo_runs_offline(capsys) -> None:
     code, out, _ = run(capsys, "demo")
     assert code == 0 and "service_agreement.md" in out and "120" in out
+    assert "score: " in out and "try next:" in out  # what the numbers mean, what to do next
+    assert tempfile.gettempdir() not in out  # no paths of its temporary folder

@@ -88,7 +88,9 @@ async def test_offline_pipeline_with_the_embedding_reranker() -> None:
     texts = {d.metadata["source"]: d.page_content for d in docs}
     embeddings = HashingEmbeddings()
     reranker = EmbeddingReranker(embeddings=embeddings, calibration="identity", rank_decay=None)
-    retriever = RSERetriever(vectorstore=InMemoryVectorStore(embeddings), reranker=reranker, k=3)
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(embeddings), reranker=reranker, k=3, preset="unrouted"
+    )
     retriever.add_documents(docs)
     query = "termination provisions of the agreement"
 

@@ -1,0 +1,100 @@
+"""Progress of the long indexing stages: a tqdm bar on a terminal, log lines elsewhere.
+
+``show=True`` draws a tqdm bar on stderr; ``show=None`` (the retriever's default) draws one
+when stderr is a terminal and otherwise logs a line on the ``langchain_rse.progress``
+logger (level INFO) every ``interval`` seconds with the same figures — done, total, rate,
+ETA — so a job log shows that indexing is alive; ``show=False`` reports nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from types import TracebackType
+
+from tqdm.auto import tqdm
+
+__all__ = ["Progress", "progress_mode"]
+
+logger = logging.getLogger(__name__)
+
+LOG_INTERVAL_S = 5.0
+"""Seconds between two log lines when stderr is not a terminal."""
+
+
+def progress_mode(show: bool | None) -> str:
+    """``"bar"``, ``"log"`` or ``"off"`` for a ``show_progress`` setting."""
+    if show is None:
+        return "bar" if sys.stderr.isatty() else "log"
+    return "bar" if show else "off"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """One stage's progress, counted in ``unit`` (e.g. chunks) out of ``total``."""
+
+    def __init__(
+        self,
+        desc: str,
+        total: int,
+        unit: str = "chunk",
+        show: bool | None = None,
+        interval: float | None = None,
+    ) -> None:
+        self.desc, self.total, self.unit = desc, total, unit
+        self.interval = LOG_INTERVAL_S if interval is None else interval
+        self.mode = progress_mode(show) if total > 0 else "off"
+        self.done = 0
+        self._started = self._last_log = time.monotonic()
+        self._bar = (
+            tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True)
+            if self.mode == "bar"
+            else None
+        )
+
+    def line(self) -> str:
+        """The figures as one line: ``embedding: 120/480 chunks, 6.1 chunks/s, ETA 0:59``."""
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        rate = self.done / elapsed
+        eta = f"ETA {_duration((self.total - self.done) / rate)}" if rate > 0 else "ETA ?"
+        return (
+            f"{self.desc}: {self.done}/{self.total} {self.unit}s ({self.done / self.total:.0%}),"
+            f" {rate:.1f} {self.unit}s/s, elapsed {_duration(elapsed)}, {eta}"
+        )
+
+    def update(self, n: int) -> None:
+        """Count ``n`` more units done."""
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.mode == "log":
+            now = time.monotonic()
+            if now - self._last_log >= self.interval:
+                self._last_log = now
+                logger.info("%s", self.line())
+
+    def close(self) -> None:
+        """Finish the stage: close the bar, or log the final figures."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        elif self.mode == "log" and self.done:
+            logger.info("%s (done)", self.line())
+            self.mode = "off"
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
