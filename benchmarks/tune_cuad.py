@@ -106,6 +106,9 @@ class Config:
     doc_boost: float = 1.0
     """``route="soft"``: fused scores of the top document's chunks are multiplied by
     ``1 + doc_boost`` (no filter); ``inf`` is the hard filter."""
+    doc_margin: float = 0.0
+    """Route only when the top lead's BM25 score is at least ``1 + doc_margin`` times the
+    second's (``doc_source="bm25"``)."""
     doc_source: Literal["fused", "bm25", "dense"] = "fused"
     """The document ranking: lead BM25 + lead dense fused, or one of them."""
     route_docs: int = 1  # proto
@@ -220,6 +223,7 @@ class Branches:
     """``BM25Index.search(query, k)`` per fetch_k (ties at the cut depend on k)."""
     doc_rank: list[int]  # document-level ranking from the title search (proto)
     doc_ranks: dict[str, list[int]] = field(default_factory=dict)  # by doc_source
+    lead_scores: list[float] = field(default_factory=list)  # BM25 lead scores, best first
 
 
 def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -> list[Branches]:
@@ -257,6 +261,7 @@ def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -
                 at,
                 doc_ranks["fused"],
                 doc_ranks,
+                [float(sc) for _, sc in lex_docs],
             )
         )
     return out
@@ -407,6 +412,9 @@ def _soft_route(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -> 
     """Boost the chunks of the top-ranked document(s) (if the unrouted ranking agrees)."""
     ranking = br.doc_ranks.get(cfg.doc_source, br.doc_rank)
     top = ranking[: cfg.route_docs]
+    sc = br.lead_scores
+    if cfg.doc_margin and (not sc or (len(sc) > 1 and sc[0] < (1 + cfg.doc_margin) * sc[1])):
+        return fused
     if cfg.route_check is not None:
         near = {int(corpus.doc[int(h.id)]) for h in fused[: cfg.route_check]}
         top = [d for d in top if d in near]
@@ -699,6 +707,14 @@ def grid(name: str) -> Iterable[Config]:
                     params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
                                 max_total_chunks=total, merge_touching=True)  # fmt: skip
                     yield Config(params=params, **kw2)
+    if name == "margin":  # the default, with a confidence margin on the lead search
+        for margin in (0.0, 0.1, 0.25, 0.5, 1.0):
+            kw3: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                                   "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                                   "doc_margin": margin}  # fmt: skip
+            yield Config(mode="chunks", **kw3)
+            yield Config(params=_p(dp, max_segment_chunks=2, min_segment_value=0.3,
+                                   merge_touching=True), **kw3)  # fmt: skip
     if name == "merge":  # touching segments returned as one, without routing
         for params in (dp, _p(dp, max_segment_chunks=2, min_segment_value=0.3)):
             for merge in (False, True):

@@ -33,7 +33,7 @@ class LeadIndex(DocumentIndex):
     ``metadata["title"]`` and the first 300 characters), so it stays small next to the chunk
     index (one entry per document, not per chunk) and is rebuilt from the record store
     when another worker changed it. Results carry ``metadata["doc_id"]`` and
-    ``metadata["score"]`` (BM25), best first.
+    ``metadata["bm25_score"]``, best first.
 
     Usage:
         .. code-block:: python
@@ -100,5 +100,5 @@ class LeadIndex(DocumentIndex):
             lead = self._leads.get(doc_id)
             if lead is not None:
                 out.append(Document(page_content=lead.page_content, id=doc_id,
-                                    metadata={**lead.metadata, "score": score}))  # fmt: skip
+                                    metadata={**lead.metadata, "bm25_score": score}))  # fmt: skip
         return out

@@ -18,6 +18,8 @@ from langchain_rse.chunking import document_leads, parse_chunk_key
 
 __all__ = ["DEFAULT_BOOST", "DocumentRouter", "as_router"]
 
+DEFAULT_MARGIN = 0.25
+"""The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
 DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set:
 ``benchmarks/RESULTS.md``)."""
@@ -58,6 +60,11 @@ class DocumentRouter(BaseModel):
     sync: bool = False
     """Keep the router in step with the index: adding, replacing and deleting documents
     upserts and deletes their leads there too (the retriever must be a ``DocumentIndex``)."""
+    margin: float = Field(default=DEFAULT_MARGIN, ge=0)
+    """Route only when the router is sure: where its results carry
+    ``metadata["bm25_score"]`` (the built-in lead index does), the first document's score
+    must be at least ``1 + margin`` times the second's. Similar documents a query does not
+    tell apart (contracts from one template, asked about an order number) are not routed."""
     boost: float = Field(default=math.inf, gt=0)
     """How strongly the chosen documents are favoured: their chunks' fused scores are
     multiplied by ``1 + boost`` (chunks of other documents keep theirs). ``inf``: only
@@ -82,6 +89,13 @@ class DocumentRouter(BaseModel):
 
     def chosen(self, hits: Sequence[Document]) -> set[str] | None:
         """The documents the router chose, or None (no filter) when it found none."""
+        scores = [doc.metadata.get("bm25_score") for doc in hits[:2]]
+        if len(scores) == 2 and all(isinstance(x, (int, float)) for x in scores):
+            first, second = scores
+            if first < (1.0 + self.margin) * second:  # type: ignore[operator]
+                logger.debug("routing skipped: the router's first two documents score "
+                             "%.3g and %.3g", first, second)  # fmt: skip
+                return None
         chosen: list[str] = []
         for doc in hits:
             doc_id = doc.metadata.get("doc_id", doc.id)
@@ -120,7 +134,7 @@ class DocumentRouter(BaseModel):
     def settings(self) -> dict[str, Any]:
         """The saved settings (the retriever itself is saved by its owner)."""
         return {"documents": self.documents, "fetch_k": self.fetch_k, "check_k": self.check_k,
-                "sync": self.sync, "boost": self.boost}  # fmt: skip
+                "sync": self.sync, "boost": self.boost, "margin": self.margin}  # fmt: skip
 
 
 def as_router(value: Any) -> Any:

@@ -362,3 +362,24 @@ def test_built_in_leads_see_another_workers_writes(tmp_path) -> None:
     assert len(leads_b) == 3
     a.delete(["orion.txt"])
     assert "orion.txt" not in {d.id for d in leads_b.invoke(QUERY)}
+
+
+def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
+    # Contracts from one template: every lead reads alike, the query names an order number
+    # that no lead holds. Routing would pick a contract at random; the margin keeps it off.
+    def templated(f: int) -> Document:
+        clauses = "\n\n".join(
+            f"{f}.{c} Clause {c} of contract {f}: the supplier ships order {f * 100 + c} "
+            f"within {c + 2} days."
+            for c in range(30)
+        )
+        return Document(f"CONTRACT {f}\n\n{clauses}\n", id=f"contract{f}.txt")
+
+    retriever = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=100)
+    retriever.add_documents([templated(f) for f in range(4)])
+    query = "when does the supplier ship order 317?"
+    leads = retriever.router.retriever.invoke(query)  # type: ignore[union-attr]
+    assert retriever.router.chosen(leads) is None  # type: ignore[union-attr]
+    assert any("order 317" in d.page_content for d in retriever.invoke(query, mode="chunks"))
+    # without the margin the route is taken (and misses: the lead search cannot tell)
+    assert retriever.router.model_copy(update={"margin": 0.0}).chosen(leads)  # type: ignore[union-attr]
