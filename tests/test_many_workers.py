@@ -67,7 +67,10 @@ from langchain_rse.records import pointer_key
 from test_many_workers import REPLACED, added_text, reader_loop, version_text
 
 cfg, role = json.loads(sys.argv[2]), sys.argv[3]
-r = build(cfg, k=4)
+# Ranked by marker words, a lexical property: RRF 1:1 and no document routing (which can
+# favour a document whose lead matches the query over the replaced ones; ranking is not
+# what this test checks, and the lead reload is tested in test_routing.py).
+r = build(cfg, k=4, weights=(1.0, 1.0), router=None)
 print(json.dumps({"ready": role}), flush=True)
 if role == "reader":
     commands = queue.Queue()
@@ -206,7 +209,7 @@ def engine(request, tmp_path_factory) -> Iterator[dict[str, Any]]:
 
 def test_one_writer_and_three_reader_processes(engine) -> None:
     cfg = new_index(engine)
-    r = build(cfg, k=4)
+    r = build(cfg, k=4, weights=(1.0, 1.0), router=None)
     r.add_documents([*corpus_documents(), *(Document(version_text(d, 0), id=d) for d in REPLACED),
                      Document(added_text(0), id="w0")])  # fmt: skip
     workers = [Worker(cfg, "reader") for _ in range(READERS)]
