@@ -62,13 +62,6 @@ class LeadIndex(DocumentIndex):
         """Index (or replace) the leads of these source documents."""
         self.upsert(document_leads(sources))
 
-    def set_sources(self, sources: Iterable[Document]) -> None:
-        """Replace the whole index with the leads of these source documents (a reload)."""
-        leads = {str(doc.id): doc for doc in document_leads(sources)}
-        with self._lock:
-            self._leads = leads
-            self._bm25.set_texts({i: d.page_content for i, d in leads.items()})
-
     def upsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
         """Add or replace lead documents (their ids are doc ids)."""
         ids = [doc_id_for(d) for d in items]

@@ -157,6 +157,14 @@ class Writer:
         # Another worker wrote since we last looked: our lexical index misses that.
         self._seen = token if before == self._seen else None
 
+    def attach_leads(self, leads: LeadIndex | None) -> None:
+        """Keep ``leads`` (the built-in document index, or None) in step with the records:
+        reloaded with the lexical index, and filled now when it is new and empty."""
+        self.leads = leads
+        if leads is not None and not len(leads):
+            self._lead_versions.clear()
+            self.reload_local(lexical=False)
+
     def sync_local(self) -> None:
         """Before a search of an in-process index (BM25, leads) over a shared record store:
         one read of the generation token, and a reload when another worker wrote."""
@@ -192,7 +200,8 @@ class Writer:
             new.update((g, p) for g, p in current.items() if g not in indexed)
         if self.leads is not None:
             seen = self._lead_versions
-            gone = [d for d in seen if d not in {p.doc_id for p in pointers}]
+            live = {p.doc_id for p in pointers}
+            gone = [d for d in seen if d not in live]
             self.leads.delete(gone)
             for d in gone:
                 seen.pop(d)

@@ -267,12 +267,11 @@ class RSERetriever(DocumentIndex):
     def _bind_router(self) -> None:
         """Keep a built-in lead index in step with this retriever's stores."""
         leads = self.router.retriever if self.router is not None else None
-        self._writer.leads = leads if isinstance(leads, LeadIndex) else None
-        if isinstance(leads, LeadIndex):
+        if not isinstance(leads, LeadIndex):
+            leads = None
+        else:
             leads._before_search = self._writer.sync_local
-            if not len(leads):  # a new lead index over an existing index: fill it
-                self._writer._lead_versions.clear()
-                self._writer.reload_local(lexical=False)
+        self._writer.attach_leads(leads)
 
     def _search(self) -> SearchBranches:
         """The search branches for the current settings (built once per setting: a
