@@ -31,6 +31,7 @@ from langchain_rse.chunking import Chunk
 from langchain_rse.embedding_cache import cached_embeddings
 from langchain_rse.embeddings import LocalEmbeddings
 from langchain_rse.enrichment import BaseEnricher, ChunkContext, HeaderEnricher
+from langchain_rse.indexing import index_steps
 from langchain_rse.persistence import default_vectorstore
 
 LAYERS, D, FFN = 12, 384, 1536
@@ -117,7 +118,7 @@ def run(
                              show_progress=False)  # fmt: skip
     started = time.perf_counter()
     split_started = time.perf_counter()
-    plan = retriever._plan(docs, None)
+    plan = index_steps(retriever, docs, None, False)[1]["plan"](None)
     split = time.perf_counter() - split_started
     retriever.add_documents(docs)
     total_add = time.perf_counter() - started

@@ -11,7 +11,7 @@ highlighted in their document text under the strip.
 from __future__ import annotations
 
 import html
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -208,12 +208,3 @@ def tracing() -> Iterator[list[Trace]]:
 def current_traces() -> list[Trace] | None:
     """The list a retrieval should record its trace in, or ``None`` (not explaining)."""
     return _TRACES.get()
-
-
-def async_append(traces: list[Trace]) -> Callable[[Any], Awaitable[None]]:
-    """An async pipeline handler that records the trace it is given."""
-
-    async def append(trace: Any) -> None:
-        traces.append(trace)
-
-    return append

@@ -16,11 +16,12 @@ A version whose writer was killed, or that slipped between two writers' reads, k
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +29,12 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 
-from langchain_rse.chunking import Chunk, chunk_key, chunk_uuid, split_text
+from langchain_rse.chunking import Chunk, chunk_key, chunk_uuid, make_splitter, split_text
 from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import ChunkContext, index_text
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.locks import ReadWriteLock
+from langchain_rse.progress import Progress
 from langchain_rse.records import (
     DocBody,
     DocRecord,
@@ -42,12 +44,14 @@ from langchain_rse.records import (
     document_version,
     is_version_of,
     pointer_key,
+    splitter_fingerprint,
     version_key,
 )
 from langchain_rse.routing import DocumentRouter
+from langchain_rse.sansio import Handlers, Request
 from langchain_rse.validation import validate_documents
 
-__all__ = ["Plan", "Prepared", "Todo", "Writer"]
+__all__ = ["WRITE_GROUP_CHUNKS", "Plan", "Prepared", "Todo", "Writer", "index_steps", "indexing"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,11 @@ class Todo:
     doc_id: str
     version: str
     chunks: list[Chunk]
+
+    @property
+    def enrich_args(self) -> tuple[str, str, dict[str, Any], list[Chunk]]:
+        """The arguments of ``BaseEnricher.enrich`` / ``aenrich`` for this document."""
+        return self.doc_id, self.doc.page_content, self.doc.metadata, self.chunks
 
 
 @dataclass
@@ -119,6 +128,63 @@ class Prepared:
             fallbacks=sum(ctx.method == "fallback" for ctx in contexts),
         )
         return cls(record, DocBody(text=todo.doc.page_content, contexts=contexts), chunks)
+
+
+def indexing(
+    group_chunks: int, show_progress: bool | None, enricher: Any
+) -> Generator[Request, Any, list[str]]:
+    """``add_documents`` as a sans-I/O generator (driven by :mod:`langchain_rse.sansio`).
+
+    Requests: ``("plan", None)`` → the :class:`Plan`; ``("enrich", todo)`` → the
+    document's contexts; ``("write", (prepared, removals, progress))`` → written. Documents
+    go in groups of about ``group_chunks`` chunks, enriched then written, so memory holds
+    one group's contexts, index texts and vectors; progress is reported per stage.
+    Returns every document's id.
+    """
+    plan: Plan = yield ("plan", None)
+    enriching = Progress("enriching", plan.chunks, show=show_progress)
+    writing = Progress("embedding + writing", plan.chunks, show=show_progress)
+    with enriching, writing:
+        for n, group in enumerate(plan.groups(group_chunks)):
+            prepared = []
+            for todo in group:
+                prepared.append(Prepared.of(todo, (yield ("enrich", todo)), enricher))
+                enriching.update(len(todo.chunks))
+            yield ("write", (prepared, plan.removals if n == 0 else [], writing.update))
+    return plan.doc_ids
+
+
+WRITE_GROUP_CHUNKS = 2048
+"""Chunks enriched and written together by ``add_documents`` (memory: one group at a time)."""
+
+
+def index_steps(
+    r: Any, documents: Sequence[Document], ids: Sequence[str] | None, asynchronous: bool
+) -> tuple[Generator[Request, Any, list[str]], Handlers]:
+    """:func:`indexing` of ``documents`` by retriever ``r``, and its handlers: plan (with
+    ``r``'s splitter and fingerprints), enrich (natively async on the async path) and write
+    (in a thread there, under the writer's lock, re-checking what another writer wrote)."""
+    steps = indexing(max(WRITE_GROUP_CHUNKS, r.index_batch_size), r.show_progress, r.enricher)
+    writer, enricher = r._writer, r.enricher
+
+    def plan(_: Any) -> Plan:
+        splitter = r.splitter or make_splitter(r.chunk_size, r.chunk_overlap)
+        fingerprints = (
+            splitter_fingerprint(r.splitter, r.chunk_size, r.chunk_overlap),
+            enricher.fingerprint(),
+        )
+        return writer.plan(documents, ids, splitter=splitter, fingerprints=fingerprints,
+                           max_document_chars=r.max_document_chars)  # fmt: skip
+
+    def write(arg: tuple[list[Prepared], list[str], Callable[[int], None]]) -> None:
+        writer.write(arg[0], arg[1], r.router, r.index_batch_size, arg[2])
+
+    if not asynchronous:
+        return steps, {"plan": plan, "enrich": lambda t: enricher.enrich(*t.enrich_args),
+                       "write": write}  # fmt: skip
+    return steps, {"plan": lambda a: asyncio.to_thread(plan, a),
+                   "enrich": lambda t: enricher.aenrich(*t.enrich_args),
+                   "write": lambda a: asyncio.to_thread(write, a)}  # fmt: skip
 
 
 @dataclass

@@ -1,9 +1,11 @@
-"""The query path after search, written once as a sans-I/O generator.
+"""The query path, written once as a sans-I/O generator.
 
-:func:`run_pipeline` fuses the branches' hits into candidates, then *yields* each I/O it
-needs — ``("meta", doc_ids)``, ``("bodies", records)``, ``("rerank", (queries, docs))`` —
-and receives the answer; :func:`drive` carries the requests out synchronously and
-:func:`adrive` asynchronously, so both paths share every line of the logic.
+:func:`retrieve` asks for the searches, fuses the branches' hits into candidates, then
+:func:`run_pipeline` *yields* each I/O it needs — ``("meta", doc_ids)``, ``("bodies",
+records)``, ``("rerank", (queries, docs))`` — and receives the answer;
+:func:`langchain_rse.sansio.drive` carries the requests out synchronously and
+:func:`~langchain_rse.sansio.adrive` asynchronously, so both paths share every line of
+the logic.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +27,7 @@ from langchain_rse.pages import PAGE_OFFSETS, page_range
 from langchain_rse.records import DocBody, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
+from langchain_rse.sansio import Request
 from langchain_rse.search import DenseResult, Hit
 from langchain_rse.segments import (
     RSEParams,
@@ -40,8 +43,8 @@ __all__ = [
     "QuerySettings",
     "StaleRead",
     "Trace",
-    "adrive",
-    "drive",
+    "handlers",
+    "retrieve",
     "run_pipeline",
 ]
 
@@ -307,9 +310,6 @@ def _query_ranks(
 # ---------------------------------------------------------------- the generator
 
 
-Request = tuple[str, Any]
-
-
 def run_pipeline(
     s: QuerySettings, cands: list[Candidate]
 ) -> Generator[Request, Any, list[Document]]:
@@ -343,10 +343,7 @@ def run_pipeline(
     return results(s, cands, metas, bodies, selection, fallback)
 
 
-# ---------------------------------------------------------------- drivers
-
-Handlers = dict[str, Callable[[Any], Any]]
-AsyncHandlers = dict[str, Callable[[Any], Awaitable[Any]]]
+# ---------------------------------------------------------------- the whole query
 
 
 def _retrying(s: QuerySettings, cands: list[Candidate]) -> Generator[Request, Any, list[Document]]:
@@ -359,54 +356,46 @@ def _retrying(s: QuerySettings, cands: list[Candidate]) -> Generator[Request, An
     raise RuntimeError("the record store keeps losing documents during this query")
 
 
-def rerank_handler(reranker: Any, callbacks: Any) -> Callable[[Any], Any]:
-    """The ``"rerank"`` handler: each query reranks the candidates (sync)."""
-    return lambda arg: [reranker.rerank(q, arg[1], callbacks=callbacks) for q in arg[0]]
+def retrieve(
+    s: QuerySettings, router: DocumentRouter | None
+) -> Generator[Request, Any, list[Document]]:
+    """Search → fuse → :func:`run_pipeline`: one retrieval after its settings are made.
+    ``("search", s)`` is answered with ``(dense, lexical, routed)``: each query's branch
+    results and the routed documents (``None`` without a route)."""
+    dense, lexical, routed = yield ("search", s)
+    return (yield from _retrying(s, candidates(s, dense, lexical, routed, router)))
 
 
-def arerank_handler(reranker: Any, callbacks: Any) -> Callable[[Any], Awaitable[Any]]:
-    """The ``"rerank"`` handler: the queries rerank the candidates concurrently (async)."""
-
-    async def rerank(arg: Any) -> list[Any]:
-        replies = (reranker.arerank(q, arg[1], callbacks=callbacks) for q in arg[0])
-        return list(await asyncio.gather(*replies))
-
-    return rerank
+THROWN = (RerankError, StaleRead)
+"""Handler errors raised inside the pipeline, which recovers from them (a failed rerank
+falls back to the fused ranking; a stale read reads again)."""
 
 
-async def _run(
-    s: QuerySettings, cands: list[Candidate], handlers: Handlers | AsyncHandlers, awaiting: bool
-) -> list[Document]:
-    """The one driver loop: answer each request with its handler (awaited if ``awaiting``)."""
-    gen, reply, error = _retrying(s, cands), None, None
-    while True:
-        try:
-            kind, arg = gen.throw(error) if error is not None else gen.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        reply, error = None, None
-        try:
-            reply = handlers[kind](arg)
-            if awaiting:
-                reply = await reply
-        except (RerankError, StaleRead) as exc:
-            error = exc
+def handlers(records: Any, reranker: Any, callbacks: Any, traces: Any, asynchronous: bool
+             ) -> dict[str, Callable[[Any], Any]]:  # fmt: skip
+    """The handlers of :func:`run_pipeline`'s requests: record reads, the reranker (when
+    one is configured; several queries rerank concurrently on the async path) and the
+    ``explain`` trace list (when one is being kept)."""
+    out: dict[str, Callable[[Any], Any]] = (
+        {"meta": records.apointers, "bodies": records.abodies}
+        if asynchronous
+        else {"meta": records.pointers, "bodies": records.bodies}
+    )
+    if reranker is not None and asynchronous:
 
+        async def rerank(arg: Any) -> list[Any]:
+            replies = (reranker.arerank(q, arg[1], callbacks=callbacks) for q in arg[0])
+            return list(await asyncio.gather(*replies))
 
-def drive(s: QuerySettings, cands: list[Candidate], handlers: Handlers) -> list[Document]:
-    """Run the pipeline, answering its requests with the synchronous ``handlers`` (the
-    driver coroutine never suspends, so it runs to completion in one step)."""
-    coro = _run(s, cands, handlers, awaiting=False)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    raise RuntimeError("a synchronous pipeline handler suspended")
+        out["rerank"] = rerank
+    elif reranker is not None:
+        out["rerank"] = lambda a: [reranker.rerank(q, a[1], callbacks=callbacks) for q in a[0]]
+    if traces is not None and asynchronous:
 
+        async def append(trace: Any) -> None:
+            traces.append(trace)
 
-async def adrive(
-    s: QuerySettings, cands: list[Candidate], handlers: AsyncHandlers
-) -> list[Document]:
-    """Run the pipeline, answering its requests with the asynchronous ``handlers``."""
-    return await _run(s, cands, handlers, awaiting=True)
+        out["trace"] = append
+    elif traces is not None:
+        out["trace"] = traces.append
+    return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Annotated, Any, Literal
 
 from langchain_core.callbacks import (
@@ -38,31 +38,27 @@ from pydantic import (
 )
 
 from langchain_rse import pipeline
-from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, make_splitter
+from langchain_rse.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
-from langchain_rse.explain import (
-    Explanation,
-    async_append,
-    build_explanation,
-    current_traces,
-    tracing,
-)
+from langchain_rse.explain import Explanation, build_explanation, current_traces, tracing
 from langchain_rse.filters import Filter
 from langchain_rse.fusion import FusionMethod
-from langchain_rse.indexing import Plan, Prepared, Todo, Writer
+from langchain_rse.indexing import Writer, index_steps
 from langchain_rse.lexical import BM25Index, LexicalEngine
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.persistence import load_index, save_index
-from langchain_rse.progress import Progress
-from langchain_rse.records import RecordStore, splitter_fingerprint
+from langchain_rse.records import RecordStore
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, as_router
-from langchain_rse.search import SearchBranches, SearchRequest, is_local
+from langchain_rse.sansio import Handlers, Request, adrive, drive
+from langchain_rse.search import SearchBranches, is_local, ls_params
 from langchain_rse.segments import RSEParams, get_preset
 from langchain_rse.validation import (
+    check_delete_ids,
     check_expander,
     check_filter,
+    check_invoke_args,
     check_k,
     check_settings,
     clean_query,
@@ -71,10 +67,6 @@ from langchain_rse.validation import (
 __all__ = ["RSERetriever"]
 
 logger = logging.getLogger(__name__)
-
-_INVOKE_ARGS = ("k", "mode", "queries", "filter")
-WRITE_GROUP_CHUNKS = 2048
-"""Chunks enriched and written together by ``add_documents`` (memory: one group at a time)."""
 
 
 class RSERetriever(DocumentIndex):
@@ -129,23 +121,12 @@ class RSERetriever(DocumentIndex):
     Use within a chain:
         .. code-block:: python
 
-            from langchain_core.output_parsers import StrOutputParser
             from langchain_core.prompts import ChatPromptTemplate
             from langchain_core.runnables import RunnablePassthrough
 
-            prompt = ChatPromptTemplate.from_template(
-                "Answer from the context.\\n\\n{context}\\n\\nQuestion: {question}"
-            )
-
-            def format_docs(docs):
-                return "\\n\\n".join(d.page_content for d in docs)
-
-            chain = (
-                {"context": retriever | format_docs, "question": RunnablePassthrough()}
-                | prompt
-                | llm
-                | StrOutputParser()
-            )
+            prompt = ChatPromptTemplate.from_template("Context: {context}\\nQuestion: {question}")
+            context = retriever | (lambda docs: "\\n\\n".join(d.page_content for d in docs))
+            chain = {"context": context, "question": RunnablePassthrough()} | prompt | llm
             chain.invoke("Can either party terminate for convenience?")
     """
 
@@ -282,14 +263,8 @@ class RSERetriever(DocumentIndex):
         branches = self._branches.get(key)
         if branches is None:
             branches = self._branches[key] = SearchBranches(
-                self.vectorstore,
-                self._lexical,
-                self.lexical_store,
-                self._writer.vs_lock,
-                k,
-                translator,
-                self._writer.sync_local,
-            )
+                self.vectorstore, self._lexical, self.lexical_store, self._writer.vs_lock, k,
+                translator, self._writer.sync_local)  # fmt: skip
         return branches
 
     @property
@@ -309,15 +284,7 @@ class RSERetriever(DocumentIndex):
         return repr(self)
 
     def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
-        params = super()._get_ls_params(**kwargs)
-        params["ls_vector_store_provider"] = type(self.vectorstore).__name__
-        embeddings = getattr(self.vectorstore, "embeddings", None)
-        if embeddings is not None:
-            params["ls_embedding_provider"] = type(embeddings).__name__
-            model = getattr(embeddings, "model", None) or getattr(embeddings, "model_name", None)
-            if isinstance(model, str):
-                params["ls_embedding_model"] = model
-        return params
+        return {**super()._get_ls_params(**kwargs), **ls_params(self.vectorstore)}  # type: ignore[typeddict-item]
 
     @classmethod
     def from_documents(
@@ -348,27 +315,6 @@ class RSERetriever(DocumentIndex):
 
     # ------------------------------------------------------------------ indexing
 
-    def _plan(self, documents: Sequence[Document], ids: Sequence[str] | None) -> Plan:
-        splitter = self.splitter or make_splitter(self.chunk_size, self.chunk_overlap)
-        fingerprints = (
-            splitter_fingerprint(self.splitter, self.chunk_size, self.chunk_overlap),
-            self.enricher.fingerprint(),
-        )
-        return self._writer.plan(documents, ids, splitter=splitter, fingerprints=fingerprints,
-                                 max_document_chars=self.max_document_chars)  # fmt: skip
-
-    def _stages(self, plan: Plan) -> tuple[Progress, Progress, Iterator[list[Todo]]]:
-        """Progress of enrichment and of embedding + writing, and the groups of documents
-        enriched and written together (so memory holds one group's texts and vectors)."""
-        total, show = plan.chunks, self.show_progress
-        return (Progress("enriching", total, show=show),
-                Progress("embedding + writing", total, show=show),
-                plan.groups(max(WRITE_GROUP_CHUNKS, self.index_batch_size)))  # fmt: skip
-
-    def _write(self, prepared: list[Prepared], removals: list[str], progress: Progress) -> None:
-        self._writer.write(prepared, removals, self.router, self.index_batch_size,
-                           progress.update)  # fmt: skip
-
     def add_documents(
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
     ) -> list[str]:
@@ -383,49 +329,18 @@ class RSERetriever(DocumentIndex):
         Progress is reported per stage (see ``show_progress``).
         """
         with self._writer.lock:
-            plan = self._plan(documents, ids)
-            enriching, writing, groups = self._stages(plan)
-            with enriching, writing:
-                for n, group in enumerate(groups):
-                    prepared = []
-                    for t in group:
-                        prepared.append(Prepared.of(t, self.enricher.enrich(
-                            t.doc_id, t.doc.page_content, t.doc.metadata, t.chunks),
-                            self.enricher))  # fmt: skip
-                        enriching.update(len(t.chunks))
-                    self._write(prepared, plan.removals if n == 0 else [], writing)
-        return plan.doc_ids
+            return drive(*index_steps(self, documents, ids, False))  # type: ignore[no-any-return]
 
     async def aadd_documents(
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
     ) -> list[str]:
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
         (under the same lock as the sync path, re-checking what another writer wrote)."""
-        plan = await asyncio.to_thread(self._plan, documents, ids)
-        enriching, writing, groups = self._stages(plan)
-        with enriching, writing:
-            for n, group in enumerate(groups):
-                prepared = []
-                for t in group:
-                    prepared.append(Prepared.of(t, await self.enricher.aenrich(
-                        t.doc_id, t.doc.page_content, t.doc.metadata, t.chunks),
-                        self.enricher))  # fmt: skip
-                    enriching.update(len(t.chunks))
-                await asyncio.to_thread(
-                    self._write, prepared, plan.removals if n == 0 else [], writing
-                )
-        return plan.doc_ids
+        return await adrive(*index_steps(self, documents, ids, True))  # type: ignore[no-any-return]
 
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
         """Remove documents (by doc id) from the vector store, lexical index and record store."""
-        if ids is None:
-            raise ValueError(
-                "delete needs a list of document ids (deleting everything is not "
-                "supported; create a new retriever instead)"
-            )
-        if isinstance(ids, str):
-            raise TypeError("delete expects a list of document ids, not a string")
-        found = self._writer.delete(list(ids), self.router)
+        found = self._writer.delete(check_delete_ids(ids), self.router)
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
     async def adelete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
@@ -503,27 +418,38 @@ class RSERetriever(DocumentIndex):
 
     # ------------------------------------------------------------------ querying
 
-    def _check_call(self, query: Any, k: Any, unknown: dict[str, Any]) -> tuple[str, int]:
-        if unknown:
-            raise TypeError(
-                f"RSERetriever got unexpected argument(s) {', '.join(sorted(unknown))}; "
-                f"it accepts {', '.join(_INVOKE_ARGS)} (and config)"
-            )
-        return clean_query(query, self.max_query_chars), check_k(self.k if k is None else k)
+    def _retrieval(self, query: Any, k: Any, mode: Any, queries: Any, filter: Any,
+                   unknown: dict[str, Any]) -> Generator[Request, Any, list[Document]]:  # fmt: skip
+        """Check the call (at once), then one retrieval as a sans-I/O generator:
+        ``("expand", query)`` when a query expander is set, then
+        :func:`~langchain_rse.pipeline.retrieve`."""
+        check_invoke_args(unknown)
+        query, k = clean_query(query, self.max_query_chars), check_k(self.k if k is None else k)
 
-    def _handlers(self, callbacks: Any, asynchronous: bool) -> pipeline.Handlers:
-        """The pipeline's I/O: record reads and (when configured) the reranker."""
-        records = self._records
+        def steps() -> Generator[Request, Any, list[Document]]:
+            if k == 0:
+                return []
+            expansions = (yield ("expand", query)) if self.query_expander is not None else []
+            s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter,
+                                          trace=current_traces() is not None)  # fmt: skip
+            return (yield from pipeline.retrieve(s, self.router))
+
+        return steps()
+
+    def _handlers(self, callbacks: Any, asynchronous: bool) -> Handlers:
+        """The I/O of one retrieval: expansion, the searches (child runs under
+        ``callbacks``), record reads and the reranker."""
+        config: RunnableConfig = {"callbacks": callbacks}
+        search, router, expander = self._search(), self.router, self.query_expander
+        out = pipeline.handlers(self._records, self.reranker, callbacks, current_traces(),
+                                asynchronous)  # fmt: skip
         if asynchronous:
-            handlers: pipeline.Handlers = {"meta": records.apointers, "bodies": records.abodies}
+            out["search"] = lambda s: search.arun(s.queries, s.filter, router, config)
+            out["expand"] = lambda q: expander.aexpand(q, callbacks=callbacks)
         else:
-            handlers = {"meta": records.pointers, "bodies": records.bodies}
-        if self.reranker is not None:
-            make = pipeline.arerank_handler if asynchronous else pipeline.rerank_handler
-            handlers["rerank"] = make(self.reranker, callbacks)
-        if (traces := current_traces()) is not None:
-            handlers["trace"] = async_append(traces) if asynchronous else traces.append
-        return handlers
+            out["search"] = lambda s: search.run(s.queries, s.filter, router, config)
+            out["expand"] = lambda q: expander.expand(q, callbacks=callbacks)
+        return out
 
     def _get_relevant_documents(
         self,
@@ -536,22 +462,9 @@ class RSERetriever(DocumentIndex):
         filter: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        query, k = self._check_call(query, k, kwargs)
-        if k == 0:
-            return []
-        callbacks = run_manager.get_child()
-        config: RunnableConfig = {"callbacks": callbacks}
-        expander = self.query_expander
-        expansions = expander.expand(query, callbacks=callbacks) if expander else []
-        s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter,
-                                      trace=current_traces() is not None)  # fmt: skip
-        search, router = self._search(), self.router
-        routed = router.chosen(router.retriever.invoke(query, config)) if router else None
-        requests = [SearchRequest(query=q, filter=s.filter) for q in s.queries]
-        dense = [search.dense_runnable.invoke(r, config) for r in requests]
-        lexical = [search.lexical_runnable.invoke(r, config) for r in requests]
-        cands = pipeline.candidates(s, dense, lexical, routed, router)
-        return pipeline.drive(s, cands, self._handlers(callbacks, False))
+        steps = self._retrieval(query, k, mode, queries, filter, kwargs)
+        handlers = self._handlers(run_manager.get_child(), False)
+        return drive(steps, handlers, pipeline.THROWN)  # type: ignore[no-any-return]
 
     async def _aget_relevant_documents(
         self,
@@ -564,26 +477,9 @@ class RSERetriever(DocumentIndex):
         filter: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        query, k = self._check_call(query, k, kwargs)
-        if k == 0:
-            return []
-        callbacks = run_manager.get_child()
-        config: RunnableConfig = {"callbacks": callbacks}
-        expander = self.query_expander
-        expansions = await expander.aexpand(query, callbacks=callbacks) if expander else []
-        s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter,
-                                      trace=current_traces() is not None)  # fmt: skip
-        search, router, n = self._search(), self.router, len(s.queries)
-        requests = [SearchRequest(query=q, filter=s.filter) for q in s.queries]
-        found = await asyncio.gather(
-            *(search.dense_runnable.ainvoke(r, config) for r in requests),
-            *(search.lexical_runnable.ainvoke(r, config) for r in requests),
-            *([router.retriever.ainvoke(query, config)] if router else []),
-        )
-        routed = router.chosen(found[2 * n]) if router else None  # type: ignore[arg-type]
-        dense, lexical = found[:n], found[n : 2 * n]
-        cands = pipeline.candidates(s, dense, lexical, routed, router)  # type: ignore[arg-type]
-        return await pipeline.adrive(s, cands, self._handlers(callbacks, True))
+        steps = self._retrieval(query, k, mode, queries, filter, kwargs)
+        handlers = self._handlers(run_manager.get_child(), True)
+        return await adrive(steps, handlers, pipeline.THROWN)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ explaining
 

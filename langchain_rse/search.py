@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from langchain_core.documents import Document
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from langchain_rse.chunking import chunk_key
@@ -23,7 +23,7 @@ from langchain_rse.filters import Filter, Translator, matches, search_kwargs
 from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
 
-__all__ = ["Hit", "SearchBranches", "SearchRequest", "is_local", "key_of", "sync_only"]
+__all__ = ["Hit", "SearchBranches", "SearchRequest", "is_local", "key_of", "ls_params", "sync_only"]
 
 Hit = tuple[str, "float | None"]
 """``(chunk key, score)``; the score is None when the store gives none."""
@@ -51,8 +51,21 @@ def _keyed(hits: list[tuple[Document, float | None]]) -> tuple[list[Hit], dict[s
         key = key_of(doc)
         if key is not None:  # not ours (a shared vector store) otherwise
             out.append((key, score))
-            texts[key] = doc.page_content
+            if doc.page_content:  # a ChunkDocstore keeps no text: read from the records
+                texts[key] = doc.page_content
     return out, texts
+
+
+def ls_params(vectorstore: VectorStore) -> dict[str, str]:
+    """LangSmith's retriever parameters that describe ``vectorstore`` and its embeddings."""
+    params = {"ls_vector_store_provider": type(vectorstore).__name__}
+    embeddings = getattr(vectorstore, "embeddings", None)
+    if embeddings is not None:
+        params["ls_embedding_provider"] = type(embeddings).__name__
+        model = getattr(embeddings, "model", None) or getattr(embeddings, "model_name", None)
+        if isinstance(model, str):
+            params["ls_embedding_model"] = model
+    return params
 
 
 def sync_only(vectorstore: VectorStore) -> bool:
@@ -69,6 +82,10 @@ class DenseResult:
     hits: list[Hit]
     texts: dict[str, str] = field(default_factory=dict)
     """Enriched index text of each hit, when the store returned it (saves a read)."""
+
+
+Found = tuple[list[DenseResult], list[list[Hit]], "set[str] | None"]
+"""Each query's dense and lexical results, and the routed documents (None: no route)."""
 
 
 class SearchRequest(TypedDict):
@@ -135,6 +152,31 @@ class SearchBranches:
         except NotImplementedError:
             hits = [(d, None) for d in await vs.asimilarity_search(query, k=k, **kw)]
         return DenseResult(*_keyed(hits))
+
+    def run(
+        self, queries: list[str], f: Filter | None, router: Any, config: RunnableConfig
+    ) -> Found:
+        """Both branches for every query, and ``router``'s documents for the first (the
+        original) query, one after the other, each a child run under ``config``."""
+        requests = [SearchRequest(query=q, filter=f) for q in queries]
+        dense = [self.dense_runnable.invoke(r, config) for r in requests]
+        lexical = [self.lexical_runnable.invoke(r, config) for r in requests]
+        routed = router.chosen(router.retriever.invoke(queries[0], config)) if router else None
+        return dense, lexical, routed
+
+    async def arun(
+        self, queries: list[str], f: Filter | None, router: Any, config: RunnableConfig
+    ) -> Found:
+        """Async :meth:`run`: every search at once."""
+        requests = [SearchRequest(query=q, filter=f) for q in queries]
+        n = len(requests)
+        found = await asyncio.gather(
+            *(self.dense_runnable.ainvoke(r, config) for r in requests),
+            *(self.lexical_runnable.ainvoke(r, config) for r in requests),
+            *([router.retriever.ainvoke(queries[0], config)] if router else []),
+        )
+        routed = router.chosen(found[2 * n]) if router else None
+        return list(found[:n]), list(found[n : 2 * n]), routed
 
     def lexical_search(self, request: SearchRequest) -> list[Hit]:
         f, query = request["filter"], request["query"]

@@ -16,7 +16,10 @@ from langchain_rse.pages import PAGE_OFFSETS, check_page_offsets
 from langchain_rse.segments import get_preset
 
 __all__ = [
+    "INVOKE_ARGS",
+    "check_delete_ids",
     "check_expander",
+    "check_invoke_args",
     "check_filter",
     "check_k",
     "check_settings",
@@ -158,3 +161,28 @@ def check_expander(value: Any) -> Any:
             + type(value).__name__
         )
     return value
+
+
+INVOKE_ARGS = ("k", "mode", "queries", "filter")
+"""The keyword arguments ``invoke`` accepts besides ``config``."""
+
+
+def check_invoke_args(unknown: dict[str, Any]) -> None:
+    """``TypeError`` naming unknown ``invoke`` keywords (``top_k=`` is not ``k=``)."""
+    if unknown:
+        raise TypeError(
+            f"RSERetriever got unexpected argument(s) {', '.join(sorted(unknown))}; "
+            f"it accepts {', '.join(INVOKE_ARGS)} (and config)"
+        )
+
+
+def check_delete_ids(ids: Any) -> list[str]:
+    """The document ids of a ``delete`` call: a list, never None (everything) or a string."""
+    if ids is None:
+        raise ValueError(
+            "delete needs a list of document ids (deleting everything is not "
+            "supported; create a new retriever instead)"
+        )
+    if isinstance(ids, str):
+        raise TypeError("delete expects a list of document ids, not a string")
+    return list(ids)

@@ -13,7 +13,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever, progress
-from langchain_rse import retriever as retriever_module
+from langchain_rse import indexing as indexing_module
 from langchain_rse.chunking import Chunk
 from langchain_rse.enrichment import ChunkContext, HeaderEnricher
 
@@ -84,7 +84,7 @@ def test_progress_line_figures() -> None:
 
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_documents_are_enriched_and_written_in_groups(monkeypatch, use_async) -> None:
-    monkeypatch.setattr(retriever_module, "WRITE_GROUP_CHUNKS", 10)
+    monkeypatch.setattr(indexing_module, "WRITE_GROUP_CHUNKS", 10)
     events: list[tuple[str, Any]] = []
     RecordingEnricher.events = events
     grouped = RSERetriever(vectorstore=RecordingStore(events), enricher=RecordingEnricher(),
