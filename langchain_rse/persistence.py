@@ -73,16 +73,21 @@ def _faiss_classes() -> tuple[Any, Any, Any, Any]:
 
 
 def default_vectorstore(embedding: Embeddings) -> VectorStore:
-    """The default local store: exact cosine search in FAISS, else ``InMemoryVectorStore``."""
+    """The default local store: exact cosine search in FAISS, else ``InMemoryVectorStore``.
+
+    Its docstore is a :class:`~langchain_rse.stores.chunk_docstore.ChunkDocstore`: the
+    chunks' metadata without their text, which the record store already holds."""
     try:
         faiss, FAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
     except ImportError:
         return InMemoryVectorStore(embedding)
+    from langchain_rse.stores.chunk_docstore import ChunkDocstore
+
     dim = len(embedding.embed_query("dimension probe"))
     return FAISS(
         embedding,
         faiss.IndexFlatL2(dim),
-        InMemoryDocstore({}),
+        ChunkDocstore(),  # the chunk texts are in the record store: kept once
         {},
         normalize_L2=True,  # L2 distance on unit vectors ranks exactly as cosine
         distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE,
@@ -241,17 +246,24 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
         )
     elif kind == "faiss":
         faiss = _faiss_classes()[0]
+        from langchain_rse.stores.chunk_docstore import ChunkDocstore
+
         ids = [vs.index_to_docstore_id[i] for i in range(len(vs.index_to_docstore_id))]  # type: ignore[attr-defined]
-        docs = vs.docstore._dict  # type: ignore[attr-defined]
+        store = vs.docstore  # type: ignore[attr-defined]
+        if isinstance(store, ChunkDocstore):
+            metadata = dict(store.items())
+            documents = [{"metadata": metadata[i]} for i in ids]
+        else:
+            docs = store._dict
+            documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
         writer.add_bytes(
             "vectors",
             "json",
             _json_bytes(
                 {
                     "ids": ids,
-                    "documents": [
-                        {"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids
-                    ],
+                    "docstore": "chunks" if isinstance(store, ChunkDocstore) else "in_memory",
+                    "documents": documents,
                     "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
                     "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]
                 }
@@ -287,14 +299,21 @@ def load_vectorstore(
             raise IndexFormatError(f"the FAISS index file cannot be read: {exc}") from None
         if index.ntotal != len(data["ids"]):
             raise IndexFormatError("FAISS index and its documents disagree in size")
-        docs = {
-            i: Document(page_content=d["text"], metadata=d["metadata"], id=i)
-            for i, d in zip(data["ids"], data["documents"])
-        }
+        if data.get("docstore") == "chunks":
+            from langchain_rse.stores.chunk_docstore import ChunkDocstore
+
+            store = ChunkDocstore(
+                dict(zip(data["ids"], (d["metadata"] for d in data["documents"])))
+            )
+        else:  # saved by an earlier version, or a FAISS store with its own InMemoryDocstore
+            store = InMemoryDocstore({
+                i: Document(page_content=d["text"], metadata=d["metadata"], id=i)
+                for i, d in zip(data["ids"], data["documents"])
+            })  # fmt: skip
         return FAISS(  # type: ignore[no-any-return]
             embedding,
             index,
-            InMemoryDocstore(docs),
+            store,
             dict(enumerate(data["ids"])),
             normalize_L2=data["normalize_L2"],
             distance_strategy=DistanceStrategy(data["distance_strategy"]),

@@ -49,10 +49,27 @@ def make_contract(name: str, topics: list[str], filler_paragraphs: int = 8) -> s
 
 
 def stored_metadata(vs) -> list[dict]:
-    """Metadata of every document held by an InMemoryVectorStore or a FAISS store."""
+    """Metadata of every document held by an InMemoryVectorStore or a FAISS store (with
+    LangChain's InMemoryDocstore or the default ChunkDocstore)."""
     if hasattr(vs, "store"):
         return [v["metadata"] for v in vs.store.values()]
+    if hasattr(vs.docstore, "items"):
+        return [m for _, m in vs.docstore.items()]
     return [d.metadata for d in vs.docstore._dict.values()]
+
+
+def index_texts(r) -> dict[tuple[str, int], str]:
+    """The text each chunk of retriever ``r`` is indexed with (context + chunk), by
+    ``(doc_id, chunk_index)``, rebuilt from its record store."""
+    from langchain_rse.enrichment import index_text
+
+    doc_ids = sorted({m["doc_id"] for m in stored_metadata(r.vectorstore)})
+    pointers = [p for p in r._records.pointers(doc_ids) if p is not None]
+    out = {}
+    for p, body in zip(pointers, r._records.bodies(pointers)):
+        for i, (start, end) in enumerate(p.spans):
+            out[(p.doc_id, i)] = index_text(body.contexts[i], body.text[start:end])
+    return out
 
 
 def count_words(text: str) -> int:

@@ -26,7 +26,7 @@ from pydantic import SecretStr
 from conftest import corpus_documents
 from fake_cohere_server import FakeCohereServer, Reply, running_server
 from fake_openai_server import FakeOpenAIServer, chunk_of, prompt_parts
-from helpers import HashingEmbeddings, make_contract, stored_metadata
+from helpers import HashingEmbeddings, index_texts, make_contract, stored_metadata
 from langchain_rse import RSERetriever
 from langchain_rse.enrichment import ContextualEnricher, FileByteStore
 from langchain_rse.persistence import MANIFEST, IndexFormatError
@@ -368,10 +368,6 @@ def test_prompt_injection_is_contained_to_its_document() -> None:
         prompt = "\n".join(user)
         assert prompt.count("<document>") == 1 and prompt.count("</document>") == 1
         assert prompt.count("<chunk>") == 1 and prompt.count("</chunk>") == 1
-
-    def index_texts(r: RSERetriever) -> dict[tuple[str, int], str]:
-        docs = r.vectorstore.docstore._dict.values()  # type: ignore[attr-defined]
-        return {(d.metadata["doc_id"], d.metadata["chunk_index"]): d.page_content for d in docs}
 
     clean_texts, attacked_texts = index_texts(clean), index_texts(attacked)
     # other documents' index text (context + chunk) is exactly what it was without the attack

@@ -1,0 +1,134 @@
+"""The default local store keeps no chunk text (``ChunkDocstore``): the record store holds it.
+
+Retrieval, reranking inputs and save/load must be exactly what a FAISS store with
+LangChain's ``InMemoryDocstore`` gives, and indexes saved with one still load.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.documents import BaseDocumentCompressor, Document
+
+from helpers import HashingEmbeddings, make_contract, stored_metadata
+from langchain_rse import RSERetriever
+from langchain_rse.persistence import _faiss_classes, default_vectorstore
+from langchain_rse.stores.chunk_docstore import ChunkDocstore
+
+QUERIES = ["termination for convenience", "payment of fees", "confidential information"]
+
+
+def docs() -> list[Document]:
+    topics = [["termination", "payment"], ["confidentiality", "warranty"], ["liability", "fees"]]
+    return [
+        Document(make_contract(f"c{i}", t), metadata={"source": f"c{i}.txt", "tenant": i % 2})
+        for i, t in enumerate(topics)
+    ]
+
+
+def faiss_with_documents(emb: Any) -> Any:
+    """FAISS as LangChain builds it: an InMemoryDocstore holding each chunk's text."""
+    faiss, FAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
+    dim = len(emb.embed_query("probe"))
+    return FAISS(emb, faiss.IndexFlatL2(dim), InMemoryDocstore({}), {}, normalize_L2=True,
+                 distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)  # fmt: skip
+
+
+SEEN: list[str] = []
+
+
+class Recording(BaseDocumentCompressor):
+    """Keeps every document, in order, and records the texts it was asked to rerank."""
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Any = None
+    ) -> Sequence[Document]:
+        SEEN.extend(d.page_content for d in documents)
+        return list(documents)
+
+
+def results(r: RSERetriever) -> list[list[tuple[Any, ...]]]:
+    out = []
+    for q in QUERIES:
+        for mode in ("segments", "chunks"):
+            found = r.invoke(q, mode=mode, k=4)
+            out.append([(d.page_content, d.metadata["doc_id"], d.metadata["start_index"],
+                         d.metadata["score"]) for d in found])  # fmt: skip
+    return out
+
+
+def test_default_store_keeps_metadata_but_no_text() -> None:
+    r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    r.add_documents(docs())
+    store = r.vectorstore.docstore  # type: ignore[attr-defined]
+    assert isinstance(store, ChunkDocstore)
+    assert len(store) == len(r._lexical) > 0
+    hit = r.vectorstore.similarity_search("termination", k=1)[0]
+    assert hit.page_content == ""
+    m = hit.metadata
+    source = r.get([m["doc_id"]])[0].page_content
+    assert source[m["start_index"] : m["end_index"]].strip()  # the text is one slice away
+    assert {m["tenant"] for m in stored_metadata(r.vectorstore)} == {0, 1}
+
+
+@pytest.mark.parametrize("reranked", [False, True])
+def test_same_results_and_rerank_inputs_as_with_texts_in_faiss(reranked: bool) -> None:
+    emb = HashingEmbeddings()
+    runs = []
+    for store in (faiss_with_documents(emb), default_vectorstore(emb)):
+        SEEN.clear()
+        r = RSERetriever(vectorstore=store, reranker=Recording() if reranked else None)
+        r.add_documents(docs())
+        runs.append((results(r), list(SEEN)))
+    (with_texts, seen_with), (without, seen_without) = runs
+    assert with_texts == without
+    assert seen_with == seen_without
+    assert (len(seen_with) > 0) == reranked
+    assert all(seen_with)  # the reranker saw context + chunk text, never an empty string
+
+
+def test_save_load_keeps_no_text_and_the_same_results(tmp_path: Path) -> None:
+    emb = HashingEmbeddings()
+    r = RSERetriever(vectorstore=default_vectorstore(emb))
+    r.add_documents(docs())
+    before = results(r)
+    r.save(tmp_path)
+    vectors = next(tmp_path.glob("vectors.*.json")).read_text()
+    assert json.loads(vectors)["docstore"] == "chunks"
+    assert "termination" not in vectors.lower()  # metadata only: no chunk text
+    loaded = RSERetriever.load(tmp_path, embedding=emb)
+    assert isinstance(loaded.vectorstore.docstore, ChunkDocstore)  # type: ignore[attr-defined]
+    assert results(loaded) == before
+
+
+def test_index_with_texts_in_faiss_still_saves_and_loads(tmp_path: Path) -> None:
+    emb = HashingEmbeddings()
+    r = RSERetriever(vectorstore=faiss_with_documents(emb))
+    r.add_documents(docs())
+    before = results(r)
+    r.save(tmp_path)
+    loaded = RSERetriever.load(tmp_path, embedding=emb)
+    store = loaded.vectorstore.docstore  # type: ignore[attr-defined]
+    assert not isinstance(store, ChunkDocstore)
+    assert all(d.page_content for d in store._dict.values())
+    assert results(loaded) == before
+
+
+def test_docstore_contract() -> None:
+    store = ChunkDocstore()
+    store.add({"a": Document("text", metadata={"doc_id": "d", "n": 1})})
+    found = store.search("a")
+    assert isinstance(found, Document)
+    assert (found.page_content, found.metadata, found.id) == ("", {"doc_id": "d", "n": 1}, "a")
+    assert store.search("b") == "ID b not found."
+    with pytest.raises(ValueError, match="already exist"):
+        store.add({"a": Document("again")})
+    with pytest.raises(ValueError, match="does not exist"):
+        store.delete(["a", "b"])
+    assert len(store) == 1  # a failed delete removes nothing
+    store.delete(["a"])
+    assert len(store) == 0 and repr(store) == "ChunkDocstore(0 chunks)"
