@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import ctypes
 import functools
 import gc
+import inspect
 import pstats
 import resource
 import time
@@ -35,7 +37,10 @@ import langchain_rse.bm25
 import langchain_rse.lexical
 import langchain_rse.pipeline
 import langchain_rse.records
+import langchain_rse.search
 from langchain_rse import RSERetriever
+from langchain_rse.enrichment import index_text
+from langchain_rse.stores.chunk_docstore import ChunkDocstore
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # langchain-community's sunset notice
@@ -129,7 +134,12 @@ class SizeResult:
 
 
 def rss() -> int:
+    """Resident memory in use: after a garbage collection and glibc's ``malloc_trim``,
+    which hands freed heap pages back to the OS (else RSS also counts what the build
+    freed but the allocator kept)."""
     gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: no trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
     return psutil.Process().memory_info().rss
 
 
@@ -155,13 +165,26 @@ def time_queries(
 
 
 def new_faiss(corpus: Corpus) -> FAISS:
+    """The retriever's store: exact FAISS with the library's default ``ChunkDocstore``
+    (each chunk's metadata, no text: the record store holds the texts)."""
     import faiss
 
     return FAISS(
         embedding_function=corpus.embeddings,
         index=faiss.IndexFlatL2(DIM),
-        docstore=InMemoryDocstore(),
+        docstore=ChunkDocstore(),
         index_to_docstore_id={},
+    )
+
+
+def with_texts(store: FAISS, docs: list[Document]) -> FAISS:
+    """``store``'s FAISS index (shared, not copied) under LangChain's ``InMemoryDocstore``
+    holding each chunk's text: the store a LangChain user builds for the ensemble."""
+    return FAISS(
+        embedding_function=store.embedding_function,
+        index=store.index,
+        docstore=InMemoryDocstore({d.id: d for d in docs}),
+        index_to_docstore_id=store.index_to_docstore_id,
     )
 
 
@@ -271,13 +294,22 @@ def using_store(retriever: RSERetriever, vectorstore: Any) -> Iterator[None]:
         retriever.__dict__["vectorstore"] = original
 
 
-def chunk_documents(store: FAISS) -> list[Document]:
-    """The chunk Documents our retriever wrote to the store (ids set)."""
-    docs = []
-    for doc_id in store.index_to_docstore_id.values():
-        doc = store.docstore.search(doc_id)
+def chunk_documents(retriever: RSERetriever, store: FAISS) -> list[Document]:
+    """The chunks our retriever wrote to the store (ids set), each with the text it was
+    indexed with (context + chunk, rebuilt from the record store: the store has none)."""
+    metas = []
+    for chunk_id in store.index_to_docstore_id.values():
+        doc = store.docstore.search(chunk_id)
         assert isinstance(doc, Document)
-        docs.append(Document(id=doc_id, page_content=doc.page_content, metadata=doc.metadata))
+        metas.append((chunk_id, doc.metadata))
+    doc_ids = list(dict.fromkeys(m["doc_id"] for _, m in metas))
+    pointers = [p for p in retriever._records.pointers(doc_ids) if p is not None]
+    bodies = {p.doc_id: b for p, b in zip(pointers, retriever._records.bodies(pointers))}
+    docs = []
+    for chunk_id, m in metas:
+        body, i = bodies[m["doc_id"]], m["chunk_index"]
+        text = index_text(body.contexts[i], body.text[m["start_index"] : m["end_index"]])
+        docs.append(Document(id=chunk_id, page_content=text, metadata=m))
     return docs
 
 
@@ -303,6 +335,18 @@ class StageTimer:
         self.seconds: dict[str, float] = defaultdict(float)
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isgeneratorfunction(fn):  # from its first step to its return
+
+            @functools.wraps(fn)
+            def timed_steps(*args: Any, **kwargs: Any) -> Any:
+                start = time.process_time()
+                try:
+                    return (yield from fn(*args, **kwargs))
+                finally:
+                    self.seconds[name] += time.process_time() - start
+
+            return timed_steps
+
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.process_time()
@@ -330,17 +374,15 @@ def stage_targets(store: FAISS) -> list[tuple[str, Any, str]]:
     search method, the BM25 index class, and the pipeline's module functions.
     """
     return [
-        (
-            "dense search (vector store, k=fetch_k)",
-            store,
-            "_similarity_search_with_relevance_scores",
-        ),
+        ("dense search (SearchBranches.dense, k=fetch_k)", langchain_rse.search.SearchBranches,
+         "dense"),
         ("  faiss index search", type(store.index), "search"),
         ("lexical search (BM25Index.search)", langchain_rse.lexical.BM25Index, "search"),
         ("  tokenize query", langchain_rse.lexical, "tokenize"),
         ("  BM25 scoring + top-k (IncrementalBM25.top)", langchain_rse.bm25.IncrementalBM25, "top"),
         ("fusion (pipeline.candidates: RRF + chunk keys)", langchain_rse.pipeline, "candidates"),
-        ("pipeline (pipeline.drive: records, RSE, results)", langchain_rse.pipeline, "drive"),
+        ("pipeline (pipeline.run_pipeline: records, RSE, results)", langchain_rse.pipeline,
+         "run_pipeline"),
         ("  record reads (pointers + bodies, JSON)", langchain_rse.records.RecordStore, "pointers"),
         ("  record bodies", langchain_rse.records.RecordStore, "bodies"),
         ("  RSE (pipeline.select: chunk_values + best_segments)", langchain_rse.pipeline, "select"),
@@ -350,7 +392,7 @@ def stage_targets(store: FAISS) -> list[tuple[str, Any, str]]:
 
 # What the untimed remainder of a stage is (keyed by the stage's first word).
 REST = {
-    "dense": "  rest: LangChain FAISS wrapper (docstore lookups, Documents, scores)",
+    "dense": "  rest: chunk keys and scores of the hits (ChunkDocstore.search_index), lock",
     "lexical": "  rest: keys of the hits, lock",
     "pipeline": "  rest: the sans-I/O generator, version check, relevance",
 }
@@ -475,7 +517,7 @@ def run_size(size: int, settings: Settings) -> SizeResult:
             result.profile_rows = profile_top(retriever, timed)
 
     if size <= settings.ensemble_max:
-        docs = chunk_documents(store)
+        docs = chunk_documents(retriever, store)
         before = rss()
         start = time.perf_counter()
         bm25 = BM25Retriever.from_documents(docs, k=retriever.fetch_k)
@@ -483,8 +525,10 @@ def run_size(size: int, settings: Settings) -> SizeResult:
         build.bm25_retriever_rss = rss() - before
         log(f"BM25Retriever built in {build.bm25_retriever_s:.1f} s")
         k = retriever.fetch_k
-        measure("ensemble", "fused chunks", FLAT, ensemble(bm25, store, k).invoke)
-        measure("ensemble", "fused chunks", IVF, ensemble(bm25, ivf, k).invoke)
+        flat_texts, ivf_texts = with_texts(store, docs), with_texts(ivf, docs)
+        measure("ensemble", "fused chunks", FLAT, ensemble(bm25, flat_texts, k).invoke)
+        measure("ensemble", "fused chunks", IVF, ensemble(bm25, ivf_texts, k).invoke)
+        del flat_texts, ivf_texts
     else:
         bm25 = None
         result.skipped.append(
@@ -494,7 +538,7 @@ def run_size(size: int, settings: Settings) -> SizeResult:
         )
 
     if size <= settings.inmemory_max:
-        docs = chunk_documents(store)
+        docs = chunk_documents(retriever, store)
         memory_store = InMemoryVectorStore(corpus.embeddings)
         corpus.load_all_vectors()
         memory_store.add_documents(docs, ids=[d.id for d in docs])

@@ -20,6 +20,7 @@ __all__ = [
     "Chunk",
     "chunk_key",
     "chunk_uuid",
+    "doc_of",
     "doc_id_for",
     "document_leads",
     "make_splitter",
@@ -60,6 +61,11 @@ def parse_chunk_key(key: str) -> tuple[str, str, int]:
     """Inverse of :func:`chunk_key` (the doc id may itself contain anything)."""
     doc_id, version, index = key.rsplit(_SEP, 2)
     return doc_id, version, int(index)
+
+
+def doc_of(key: str) -> str:
+    """The doc id of a chunk key (:func:`parse_chunk_key`'s first part, parsed alone)."""
+    return key.rsplit(_SEP, 2)[0]
 
 
 def chunk_uuid(key: str) -> str:

@@ -86,6 +86,10 @@ class LeadIndex(DocumentIndex):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
+        return self.search(query)
+
+    def search(self, query: str) -> list[Document]:
+        """The ``k`` best leads for ``query`` (what ``invoke`` returns, without a run)."""
         if self._before_search is not None:
             self._before_search()
         out = []

@@ -17,8 +17,7 @@ inside the score-based methods.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -29,8 +28,7 @@ FusionMethod = Literal["rrf", "relative_score", "dist_based"]
 Branch = Sequence[tuple[str, "float | None"]]
 
 
-@dataclass(frozen=True)
-class FusedHit:
+class FusedHit(NamedTuple):
     """One fused candidate: its id, fused score and each branch's 1-based rank (or None)."""
 
     id: str
@@ -81,16 +79,20 @@ def fuse(
 
     totals: dict[str, float] = {}
     ranks: dict[str, list[int | None]] = {}
+    n = len(branches)
     for b, (branch, weight) in enumerate(zip(branches, weights)):
         if method == "rrf":
             contrib = [weight / (rrf_k + r) for r in range(1, len(branch) + 1)]
         else:
-            contrib = list(weight * _normalise(_branch_scores(branch), method))
+            contrib = (weight * _normalise(_branch_scores(branch), method)).tolist()
         for r, ((hit_id, _), value) in enumerate(zip(branch, contrib), start=1):
-            slot = ranks.setdefault(hit_id, [None] * len(branches))
-            if slot[b] is not None:
+            slot = ranks.get(hit_id)
+            if slot is None:
+                slot = ranks[hit_id] = [None] * n
+                totals[hit_id] = 0.0
+            elif slot[b] is not None:
                 continue
             slot[b] = r
-            totals[hit_id] = totals.get(hit_id, 0.0) + float(value)
-    order = sorted(totals, key=lambda i: -totals[i])  # sorted() is stable
+            totals[hit_id] += value
+    order = sorted(totals, key=totals.__getitem__, reverse=True)  # stable: ties keep order
     return [FusedHit(i, totals[i], tuple(ranks[i])) for i in order]

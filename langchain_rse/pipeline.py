@@ -14,12 +14,12 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.chunking import chunk_uuid, parse_chunk_key
+from langchain_rse.chunking import chunk_uuid, doc_of, parse_chunk_key
 from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import FusedHit, FusionMethod, fuse
@@ -157,7 +157,7 @@ def candidates(
     if routed is not None and router is not None and not math.isinf(router.boost):
         fused = boosted(fused, routed, 1.0 + router.boost)
     elif routed is not None:
-        kept = [[h for h in b if parse_chunk_key(h[0])[0] in routed] for b in branches]
+        kept = [[h for h in b if doc_of(h[0]) in routed] for b in branches]
         if any(kept):
             fused = fuse(kept, weights, s.fusion, s.rrf_k)
         else:  # not ours, or not found by either branch: a filter would return nothing
@@ -173,10 +173,8 @@ def candidates(
 def boosted(fused: list[FusedHit], docs: set[str], factor: float) -> list[FusedHit]:
     """``fused`` re-ranked with the scores of the chunks of ``docs`` multiplied by
     ``factor`` (ties keep their order)."""
-    scored = [
-        replace(h, score=h.score * factor) if parse_chunk_key(h.id)[0] in docs else h for h in fused
-    ]
-    return sorted(scored, key=lambda h: -h.score)
+    scored = [h._replace(score=h.score * factor) if doc_of(h.id) in docs else h for h in fused]
+    return sorted(scored, key=lambda h: h.score, reverse=True)
 
 
 def current(

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from cachetools import LRUCache
 from langchain_core.stores import BaseStore
 from langchain_text_splitters import TextSplitter
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
@@ -211,17 +213,26 @@ def is_version_of(version: str, base: str) -> bool:
 # ---------------------------------------------------------------- the record store
 
 _POINTER_CACHE_SIZE = 4096
+BODY_CACHE_CHARS = 32_000_000
+"""Characters of decoded source text :class:`RecordStore` keeps (least recently used go)."""
 
 
 class RecordStore:
     """Typed access to the records in a ``BaseStore[str, bytes]``, sync and async.
 
-    Decoded pointers are cached by their bytes, so a hot document is parsed once.
+    Decoded pointers are cached by their bytes, so a hot document is parsed once. Decoded
+    bodies are cached by document version (a version's body is written once, before its
+    pointer, and never changes), up to ``BODY_CACHE_CHARS`` characters of text: a query
+    whose segments come from recently read documents reads no body.
     """
 
     def __init__(self, store: BaseStore[str, bytes]) -> None:
         self.store = store
         self._pointers: dict[bytes, DocRecord] = {}
+        self._bodies: LRUCache[tuple[str, str], DocBody] = LRUCache(
+            BODY_CACHE_CHARS, getsizeof=lambda body: len(body.text) + 1
+        )
+        self._bodies_lock = threading.Lock()
 
     def _pointer(self, raw: bytes | None) -> DocRecord | None:
         if raw is None:
@@ -234,11 +245,28 @@ class RecordStore:
             self._pointers[raw] = record
         return record
 
-    @staticmethod
-    def _body(record: DocRecord, raw: bytes | None) -> DocBody:
-        if raw is None:  # replaced or deleted since its pointer was read
-            raise StaleRead(record.doc_id)
-        return DocBody.from_bytes(raw)  # type: ignore[no-any-return]
+    def _cached(self, records: Sequence[DocRecord]) -> tuple[list[DocBody | None], list[str]]:
+        """The cached bodies of ``records`` (None where not cached), and the keys to read."""
+        with self._bodies_lock:
+            found = [self._bodies.get((r.doc_id, r.version)) for r in records]
+        return found, [body_key(r.doc_id, r.version) for r, b in zip(records, found) if b is None]
+
+    def _decoded(
+        self, records: Sequence[DocRecord], found: list[DocBody | None], raw: list[bytes | None]
+    ) -> list[DocBody]:
+        """``found`` with the missing bodies decoded from ``raw`` (in order) and cached."""
+        todo = iter(raw)
+        out = []
+        for record, body in zip(records, found):
+            if body is None:
+                data = next(todo)
+                if data is None:  # replaced or deleted since its pointer was read
+                    raise StaleRead(record.doc_id)
+                body = DocBody.from_bytes(data)
+                with self._bodies_lock:
+                    self._bodies[(record.doc_id, record.version)] = body
+            out.append(body)
+        return out
 
     def pointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
         return [self._pointer(r) for r in self.store.mget([pointer_key(d) for d in doc_ids])]
@@ -248,12 +276,12 @@ class RecordStore:
         return [self._pointer(r) for r in raw]
 
     def bodies(self, records: Sequence[DocRecord]) -> list[DocBody]:
-        raw = self.store.mget([body_key(r.doc_id, r.version) for r in records])
-        return [self._body(r, b) for r, b in zip(records, raw)]
+        found, keys = self._cached(records)
+        return self._decoded(records, found, self.store.mget(keys) if keys else [])
 
     async def abodies(self, records: Sequence[DocRecord]) -> list[DocBody]:
-        raw = await self.store.amget([body_key(r.doc_id, r.version) for r in records])
-        return [self._body(r, b) for r, b in zip(records, raw)]
+        found, keys = self._cached(records)
+        return self._decoded(records, found, await self.store.amget(keys) if keys else [])
 
     def put(self, pairs: Sequence[tuple[str, _Record]]) -> None:
         if pairs:

@@ -12,9 +12,11 @@ from typing import Any
 from langchain_core.documents import Document
 from langchain_core.indexing import DocumentIndex
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_rse.chunking import document_leads, parse_chunk_key
+from langchain_rse.documents import LeadIndex
 
 __all__ = ["DEFAULT_BOOST", "DocumentRouter", "as_router"]
 
@@ -74,8 +76,6 @@ class DocumentRouter(BaseModel):
     def leads(cls, boost: float = DEFAULT_BOOST, **kwargs: Any) -> DocumentRouter:
         """The default router: a new built-in :class:`~langchain_rse.documents.LeadIndex`,
         kept in step with the index (``sync=True``), with a soft ``boost``."""
-        from langchain_rse.documents import LeadIndex
-
         return cls(retriever=LeadIndex(), sync=True, boost=boost, **kwargs)
 
     @model_validator(mode="after")
@@ -86,6 +86,15 @@ class DocumentRouter(BaseModel):
                 f"(e.g. an RSERetriever), got {type(self.retriever).__name__}"
             )
         return self
+
+    def route(self, query: str, config: RunnableConfig, traced: bool = True) -> set[str] | None:
+        """The documents ``query`` is routed to (:meth:`chosen` of the retriever's hits): a
+        child run under ``config``; called directly when ``traced`` is False (no callback
+        handler listens) and the retriever is the built-in lead index."""
+        r = self.retriever
+        if not traced and isinstance(r, LeadIndex):
+            return self.chosen(r.search(query))
+        return self.chosen(r.invoke(query, config))
 
     def chosen(self, hits: Sequence[Document]) -> set[str] | None:
         """The documents the router chose, or None (no filter) when it found none."""

@@ -131,6 +131,9 @@ class SearchBranches:
         vs, k, query = self.vectorstore, self.k, request["query"]
         kw = _dense_kwargs(vs, request["filter"], self.translator, k)
         with self.lock.read():
+            fast = getattr(getattr(vs, "docstore", None), "search_index", None)
+            if fast is not None and request["filter"] is None:  # ChunkDocstore: keys only
+                return DenseResult(fast(vs, query, k))
             if isinstance(vs, InMemoryVectorStore):  # no relevance function; scores are cosines
                 return DenseResult(*_keyed(list(vs.similarity_search_with_score(query, k, **kw))))
             hits: list[tuple[Document, float | None]]
@@ -157,11 +160,18 @@ class SearchBranches:
         self, queries: list[str], f: Filter | None, router: Any, config: RunnableConfig
     ) -> Found:
         """Both branches for every query, and ``router``'s documents for the first (the
-        original) query, one after the other, each a child run under ``config``."""
+        original) query, one after the other, each a child run under ``config`` — or, when
+        no callback handler would see those runs, called directly (no run overhead)."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
-        dense = [self.dense_runnable.invoke(r, config) for r in requests]
-        lexical = [self.lexical_runnable.invoke(r, config) for r in requests]
-        routed = router.chosen(router.retriever.invoke(queries[0], config)) if router else None
+        callbacks = config.get("callbacks")
+        traced = callbacks is None or bool(getattr(callbacks, "handlers", True))
+        if traced:
+            dense = [self.dense_runnable.invoke(r, config) for r in requests]
+            lexical = [self.lexical_runnable.invoke(r, config) for r in requests]
+        else:
+            dense = [self.dense(r) for r in requests]
+            lexical = [self.lexical_search(r) for r in requests]
+        routed = router.route(queries[0], config, traced) if router else None
         return dense, lexical, routed
 
     async def arun(

@@ -91,30 +91,23 @@ def test_same_results_and_rerank_inputs_as_with_texts_in_faiss(reranked: bool) -
     assert all(seen_with)  # the reranker saw context + chunk text, never an empty string
 
 
-def test_save_load_keeps_no_text_and_the_same_results(tmp_path: Path) -> None:
+@pytest.mark.parametrize("texts_in_faiss", [False, True])
+def test_save_load_round_trip(tmp_path: Path, texts_in_faiss: bool) -> None:
+    """The default store saves metadata only; a FAISS store with LangChain's
+    InMemoryDocstore (as earlier versions saved) keeps its texts; both load to the same
+    results."""
     emb = HashingEmbeddings()
-    r = RSERetriever(vectorstore=default_vectorstore(emb))
+    store = faiss_with_documents(emb) if texts_in_faiss else default_vectorstore(emb)
+    r = RSERetriever(vectorstore=store)
     r.add_documents(docs())
     before = results(r)
     r.save(tmp_path)
     vectors = next(tmp_path.glob("vectors.*.json")).read_text()
-    assert json.loads(vectors)["docstore"] == "chunks"
-    assert "termination" not in vectors.lower()  # metadata only: no chunk text
+    assert json.loads(vectors)["docstore"] == ("in_memory" if texts_in_faiss else "chunks")
+    assert ("termination" in vectors.lower()) == texts_in_faiss  # chunk text, or none
     loaded = RSERetriever.load(tmp_path, embedding=emb)
-    assert isinstance(loaded.vectorstore.docstore, ChunkDocstore)  # type: ignore[attr-defined]
-    assert results(loaded) == before
-
-
-def test_index_with_texts_in_faiss_still_saves_and_loads(tmp_path: Path) -> None:
-    emb = HashingEmbeddings()
-    r = RSERetriever(vectorstore=faiss_with_documents(emb))
-    r.add_documents(docs())
-    before = results(r)
-    r.save(tmp_path)
-    loaded = RSERetriever.load(tmp_path, embedding=emb)
-    store = loaded.vectorstore.docstore  # type: ignore[attr-defined]
-    assert not isinstance(store, ChunkDocstore)
-    assert all(d.page_content for d in store._dict.values())
+    docstore = loaded.vectorstore.docstore  # type: ignore[attr-defined]
+    assert isinstance(docstore, ChunkDocstore) != texts_in_faiss
     assert results(loaded) == before
 
 
@@ -132,3 +125,17 @@ def test_docstore_contract() -> None:
     assert len(store) == 1  # a failed delete removes nothing
     store.delete(["a"])
     assert len(store) == 0 and repr(store) == "ChunkDocstore(0 chunks)"
+
+
+def test_search_index_gives_the_wrappers_hits_and_scores() -> None:
+    from langchain_rse.search import key_of
+
+    r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    r.add_documents(docs())
+    vs = r.vectorstore
+    for q in QUERIES:
+        fast = vs.docstore.search_index(vs, q, 10)  # type: ignore[attr-defined]
+        wrapped = vs._similarity_search_with_relevance_scores(q, k=10)
+        assert [key for key, _ in fast] == [key_of(d) for d, _ in wrapped]
+        assert [s for _, s in fast] == pytest.approx([float(s) for _, s in wrapped], abs=1e-6)
+        assert len(fast) == 10

@@ -193,6 +193,24 @@ def test_child_runs_are_traced(retriever) -> None:
     assert {"dense_search", "lexical_search"} <= set(rec.names)
 
 
+def test_untraced_calls_return_what_traced_ones_do(retriever) -> None:
+    """Without a callback handler the searches are called directly (no child runs): the
+    results are exactly those of a traced call, which makes the child runs."""
+    leads: list[str] = []
+
+    class Leads(_Recorder):
+        def on_retriever_start(self, serialized: Any, query: str, **kwargs: Any) -> None:
+            leads.append(query)
+
+    for mode in ("segments", "chunks"):
+        rec = Leads()
+        traced = retriever.invoke(QUERY, mode=mode, config={"callbacks": [rec]})
+        assert {"dense_search", "lexical_search"} <= set(rec.names)
+        assert leads.count(QUERY) >= 2  # the retriever's own run and the lead index's
+        leads.clear()
+        assert retriever.invoke(QUERY, mode=mode) == traced
+
+
 def test_ls_params_name_the_stores(retriever) -> None:
     params = retriever._get_ls_params()
     assert params["ls_vector_store_provider"] == "FAISS"

@@ -3,20 +3,25 @@
 LangChain's ``FAISS`` keeps a ``Document`` per vector in its docstore: the enriched chunk
 text, its metadata and the pydantic object around them, about 3 KB a chunk. The
 retriever's record store already holds every source text with each chunk's offsets and
-context, so the default local store keeps only each chunk's metadata, as compact JSON
-bytes (about 250 bytes), and builds a ``Document`` with an empty ``page_content`` when
-FAISS asks for one. Searching the store directly returns that metadata (``doc_id``,
-``start_index``, ``end_index``…); the text is ``RSERetriever.get([doc_id])`` sliced there.
+context, so the default local store keeps only each chunk's metadata values, in a tuple
+(the keys are shared by every chunk with the same ones), and builds a ``Document`` with an
+empty ``page_content`` when FAISS asks for one. Searching the store directly returns that
+metadata (``doc_id``, ``start_index``, ``end_index``…); the text is
+``RSERetriever.get([doc_id])`` sliced there. The retriever's dense branch skips the
+``Document``\\ s altogether (:meth:`ChunkDocstore.search_index`).
 """
 
 from __future__ import annotations
 
-import json
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from langchain_core.documents import Document
+
+from langchain_rse.chunking import chunk_key
 
 with warnings.catch_warnings():  # langchain-community warns on import
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -24,46 +29,89 @@ with warnings.catch_warnings():  # langchain-community warns on import
 
 __all__ = ["ChunkDocstore"]
 
-
-def _encode(metadata: dict[str, Any]) -> bytes:
-    return json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode()
+_KEY_FIELDS = ("doc_id", "doc_version", "chunk_index")
+"""The metadata that names a chunk of the retriever (its chunk key)."""
 
 
 class ChunkDocstore(Docstore, AddableMixin):
     """Each chunk's metadata by id, without its text (see the module docstring)."""
 
     def __init__(self, metadata: dict[str, dict[str, Any]] | None = None) -> None:
-        self._meta: dict[str, bytes] = {k: _encode(v) for k, v in (metadata or {}).items()}
+        self._rows: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {}
+        self._schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._key_at: dict[tuple[str, ...], tuple[int, ...]] = {}
+        for i, m in (metadata or {}).items():
+            self._rows[i] = self._row(m)
+
+    def _row(self, metadata: dict[str, Any]) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        keys = tuple(metadata)
+        schema = self._schemas.setdefault(keys, keys)  # one key tuple for every chunk
+        values = tuple(sys.intern(v) if isinstance(v, str) else v for v in metadata.values())
+        return schema, values
 
     def add(self, texts: dict[str, Document]) -> None:
         """Keep the metadata of these documents (their text is dropped); like
         ``InMemoryDocstore``, an id that is already present raises ``ValueError``."""
-        overlapping = set(texts).intersection(self._meta)
+        overlapping = set(texts).intersection(self._rows)
         if overlapping:
             raise ValueError(f"Tried to add ids that already exist: {overlapping}")
-        self._meta.update((i, _encode(doc.metadata)) for i, doc in texts.items())
+        self._rows.update((i, self._row(doc.metadata)) for i, doc in texts.items())
 
     def delete(self, ids: list[str]) -> None:
         """Remove these ids (all of them must be present, as in ``InMemoryDocstore``)."""
-        missing = set(ids).difference(self._meta)
+        missing = set(ids).difference(self._rows)
         if missing:
             raise ValueError(f"Tried to delete ids that does not exist: {missing}")
         for i in ids:
-            del self._meta[i]
+            del self._rows[i]
+
+    def metadata(self, chunk_id: str) -> dict[str, Any] | None:
+        """The metadata of one chunk (a new dict), or None when the id is unknown."""
+        row = self._rows.get(chunk_id)
+        return None if row is None else dict(zip(*row))
 
     def search(self, search: str) -> str | Document:
         """The chunk with this id, text empty; a message string when it is unknown."""
-        raw = self._meta.get(search)
-        if raw is None:
+        metadata = self.metadata(search)
+        if metadata is None:
             return f"ID {search} not found."
-        return Document.model_construct(page_content="", metadata=json.loads(raw), id=search)
+        return Document(page_content="", metadata=metadata, id=search)
+
+    def search_index(self, vectorstore: Any, query: str, k: int) -> list[tuple[str, float]]:
+        """``(chunk key, relevance score)`` of the ``k`` nearest chunks in ``vectorstore``
+        (a LangChain ``FAISS`` over this docstore), best first, the same hits and scores
+        as its ``_similarity_search_with_relevance_scores`` without building a
+        ``Document`` per hit (the retriever's dense branch needs only the keys)."""
+        import faiss
+
+        vector = np.asarray([vectorstore._embed_query(query)], dtype=np.float32)
+        if vectorstore._normalize_L2:
+            faiss.normalize_L2(vector)
+        scores, indices = vectorstore.index.search(vector, k)
+        relevance = vectorstore._select_relevance_score_fn()
+        ids = vectorstore.index_to_docstore_id
+        out = []
+        for score, i in zip(scores[0].tolist(), indices[0].tolist()):
+            row = self._rows.get(ids[i]) if i != -1 else None
+            if row is None:
+                continue
+            schema, values = row
+            at = self._key_at.get(schema)
+            if at is None:
+                at = self._key_at[schema] = tuple(
+                    schema.index(f) if f in schema else -1 for f in _KEY_FIELDS
+                )
+            if -1 not in at:  # a chunk the retriever wrote
+                doc_id, version, index = (values[j] for j in at)
+                out.append((chunk_key(str(doc_id), str(version), int(index)), relevance(score)))
+        return out
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """``(id, metadata)`` of every chunk (for saving)."""
-        return ((i, json.loads(raw)) for i, raw in self._meta.items())
+        return ((i, dict(zip(*row))) for i, row in self._rows.items())
 
     def __len__(self) -> int:
-        return len(self._meta)
+        return len(self._rows)
 
     def __repr__(self) -> str:
         return f"ChunkDocstore({len(self)} chunks)"
