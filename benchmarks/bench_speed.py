@@ -111,7 +111,7 @@ def machine_line() -> str:
     return (
         f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.1f} GiB RAM, "
         f"{platform.system()} {platform.release()}; Python {platform.python_version()}; "
-        f"{versions}; load average at start {load} (machine shared with another benchmark)"
+        f"{versions}; load average at start {load}"
     )
 
 
@@ -623,11 +623,14 @@ def write(run: Run, body: str) -> None:
         "precomputed and looked up by text, so no embedding model runs. RSERetriever runs its "
         f"defaults ({config}); the ensemble is LangChain's EnsembleRetriever(BM25Retriever(k=50), "
         "vector store retriever(k=50)), weights 0.5/0.5, over the same chunks, embedder and "
-        "vector store. FAISS-Flat is IndexFlatL2 (exact search, the default of "
-        "FAISS.from_documents); FAISS-IVF is an IndexIVFFlat copy of the same vectors (nlist = "
-        "sqrt(N), nprobe = 8: approximate, sublinear) sharing the docstore; FAISS runs one "
-        "OpenMP thread. Ratios compare the two retrievers on the same store. CPU time is "
-        "reported next to wall time because the machine was shared.\n\n"
+        "FAISS index: ours keeps the default ChunkDocstore (metadata, no chunk text: the texts "
+        "are in its record store), the ensemble's FAISS wrapper LangChain's InMemoryDocstore "
+        "with each chunk's text, as a LangChain user builds it. FAISS-Flat is IndexFlatL2 "
+        "(exact search, the default of FAISS.from_documents); FAISS-IVF is an IndexIVFFlat "
+        "copy of the same vectors (nlist = sqrt(N), nprobe = 8: approximate, sublinear); FAISS "
+        "runs one OpenMP thread. Ratios compare the two retrievers on the same index. CPU time "
+        "is reported next to wall time (they differ when the machine is shared). Memory is "
+        "resident memory after a garbage collection and glibc's malloc_trim.\n\n"
         f"{body}\n\n{NOTES_MARKER}{notes}"
     )
     plot(run.results, RESULTS / "latency_vs_n.png")

@@ -102,8 +102,8 @@ class ChunkDocstore(Docstore, AddableMixin):
                     schema.index(f) if f in schema else -1 for f in _KEY_FIELDS
                 )
             if -1 not in at:  # a chunk the retriever wrote
-                doc_id, version, index = (values[j] for j in at)
-                out.append((chunk_key(str(doc_id), str(version), int(index)), relevance(score)))
+                key = chunk_key(str(values[at[0]]), str(values[at[1]]), int(values[at[2]]))
+                out.append((key, relevance(score)))
         return out
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
