@@ -12,20 +12,35 @@ when a branch only gives ranks). Results are deduplicated by id, never by text.
 
 A branch whose scores are missing falls back to rank-based scores ``1 / rank``
 inside the score-based methods.
+
+:func:`quotes_code` tells the queries that quote code apart, for which the retriever
+weights BM25 as much as the dense branch (exact identifiers are BM25's strength).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import numpy as np
 
-__all__ = ["FusedHit", "FusionMethod", "fuse"]
+__all__ = ["FusedHit", "FusionMethod", "fuse", "quotes_code"]
 
 FusionMethod = Literal["rrf", "relative_score", "dist_based"]
 
 Branch = Sequence[tuple[str, "float | None"]]
+
+_CODE = re.compile(r"`|\w\(\)|[A-Za-z0-9]_[A-Za-z0-9]|::|->")
+"""A backtick, ``name()``, ``snake_case``, ``a::b`` or ``a->b``: signs of quoted code that
+natural-language questions (and company names such as ``Amazon.com``, ``S.A.`` or
+``eFashion``) do not carry. CamelCase alone is not one: it is also how brands are spelled."""
+
+
+def quotes_code(query: str) -> bool:
+    """Whether ``query`` quotes code (see ``_CODE``): on Anthropic's code set 85 of 248
+    questions do, on the CUAD dev questions none."""
+    return _CODE.search(query) is not None
 
 
 class FusedHit(NamedTuple):

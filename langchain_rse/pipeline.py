@@ -22,7 +22,7 @@ from langchain_core.documents import Document
 from langchain_rse.chunking import chunk_uuid, doc_of, parse_chunk_key
 from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
-from langchain_rse.fusion import FusedHit, FusionMethod, fuse
+from langchain_rse.fusion import FusedHit, FusionMethod, fuse, quotes_code
 from langchain_rse.pages import PAGE_OFFSETS, page_range
 from langchain_rse.records import DocBody, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
@@ -109,7 +109,7 @@ class QuerySettings:
             k=k,
             mode=mode,
             queries=query_set(query, queries, expansions, r.max_queries, r.max_query_chars),
-            weights=r.weights,
+            weights=r.code_weights if r.code_weights and quotes_code(query) else r.weights,
             fusion=r.fusion,
             rrf_k=r.rrf_k,
             candidate_pool=r.candidate_pool,

@@ -170,6 +170,9 @@ class RSERetriever(DocumentIndex):
     weights: tuple[float, float] = (4.0, 1.0)
     """Fusion weights of the (dense, lexical) branches (dense 0.8 / BM25 0.2, as in
     Anthropic's contextual-retrieval cookbook: chosen on CUAD and the Anthropic code set)."""
+    code_weights: tuple[float, float] | None = (1.0, 1.0)
+    """Fusion weights for a query that quotes code (:func:`~langchain_rse.fusion.quotes_code`:
+    BM25 finds exact identifiers that embeddings blur); ``None``: ``weights`` always."""
     rrf_k: float = 60.0
     """Reciprocal rank fusion constant."""
     relevance: Literal["rank", "score"] = "rank"
@@ -280,8 +283,7 @@ class RSERetriever(DocumentIndex):
             f"fusion={self.fusion!r}, preset={self.preset!r})"
         )
 
-    def __str__(self) -> str:
-        return repr(self)
+    __str__ = __repr__
 
     def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
         return {**super()._get_ls_params(**kwargs), **ls_params(self.vectorstore)}  # type: ignore[typeddict-item]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from langchain_rse.fusion import fuse
+from langchain_rse.fusion import fuse, quotes_code
 
 
 def test_rrf_formula_and_dedupe_by_id() -> None:
@@ -59,3 +59,21 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="unknown fusion"):
         fuse([[("a", 1.0)]], None, "max")  # type: ignore[arg-type]
     assert fuse([], []) == []
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ("What happens in the `run_target` method of the DiffExecutor?", True),
+        ("What does the vuln() function do?", True),
+        ("What is the purpose of the SIGNALS_PTR static variable?", True),
+        ("How is std::vec::Vec grown?", True),
+        ("What does self->count hold?", True),
+        ("What is the purpose of the DiffExecutor struct?", False),  # CamelCase alone: brands too
+        ("Consider the Agreement between Amazon.com, Inc. and eFashion S.A.; renewal term", False),
+        ("Is the Licensee(s) obliged to pay ___ within 30 days (see Section 2(a))?", False),
+        ("Can the customer terminate for convenience?", False),
+    ],
+)
+def test_quotes_code(query: str, code: bool) -> None:
+    assert quotes_code(query) is code

@@ -327,3 +327,23 @@ async def test_unknown_invoke_keywords_are_rejected(retriever) -> None:
     with pytest.raises(TypeError, match="top_k"):
         await retriever.ainvoke(QUERY, top_k=1)
     assert len(retriever.invoke(QUERY, k=1)) == 1
+
+
+def test_queries_that_quote_code_fuse_with_code_weights(retriever, tmp_path) -> None:
+    from langchain_rse.pipeline import QuerySettings
+
+    def weights(r: RSERetriever, query: str) -> tuple[float, float]:
+        return QuerySettings.of(r, query, 4, None, None, [], None).weights
+
+    assert retriever.weights == (4.0, 1.0) and retriever.code_weights == (1.0, 1.0)
+    assert weights(retriever, "What does `terminate_early()` return?") == (1.0, 1.0)
+    assert weights(retriever, "Can the customer terminate early?") == (4.0, 1.0)
+    retriever.code_weights = (3.0, 2.0)
+    retriever.save(tmp_path)
+    loaded = RSERetriever.load(tmp_path, embedding=HashingEmbeddings())
+    assert weights(loaded, "What does `terminate_early()` return?") == (3.0, 2.0)
+    retriever.code_weights = None
+    assert weights(retriever, "What does `terminate_early()` return?") == (4.0, 1.0)
+    with pytest.raises(ValueError, match="code_weights"):
+        retriever.code_weights = (0.0, 0.0)
+    assert retriever.code_weights is None  # a rejected assignment changes nothing
