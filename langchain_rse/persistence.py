@@ -250,9 +250,9 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
 
         ids = [vs.index_to_docstore_id[i] for i in range(len(vs.index_to_docstore_id))]  # type: ignore[attr-defined]
         store = vs.docstore  # type: ignore[attr-defined]
-        if isinstance(store, ChunkDocstore):
-            metadata = dict(store.items())
-            documents = [{"metadata": metadata[i]} for i in ids]
+        chunks = isinstance(store, ChunkDocstore)
+        if chunks:
+            documents = [{"metadata": store.metadata(i)} for i in ids]
         else:
             docs = store._dict
             documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
@@ -262,7 +262,7 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
             _json_bytes(
                 {
                     "ids": ids,
-                    "docstore": "chunks" if isinstance(store, ChunkDocstore) else "in_memory",
+                    "docstore": "chunks" if chunks else "in_memory",
                     "documents": documents,
                     "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
                     "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]

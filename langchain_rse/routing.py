@@ -96,6 +96,10 @@ class DocumentRouter(BaseModel):
             return self.chosen(r.search(query))
         return self.chosen(r.invoke(query, config))
 
+    async def aroute(self, query: str, config: RunnableConfig) -> set[str] | None:
+        """Async :meth:`route` (always a child run)."""
+        return self.chosen(await self.retriever.ainvoke(query, config))
+
     def chosen(self, hits: Sequence[Document]) -> set[str] | None:
         """The documents the router chose, or None (no filter) when it found none."""
         scores = [doc.metadata.get("bm25_score") for doc in hits[:2]]

@@ -183,10 +183,9 @@ class SearchBranches:
         found = await asyncio.gather(
             *(self.dense_runnable.ainvoke(r, config) for r in requests),
             *(self.lexical_runnable.ainvoke(r, config) for r in requests),
-            *([router.retriever.ainvoke(queries[0], config)] if router else []),
+            *([router.aroute(queries[0], config)] if router else []),
         )
-        routed = router.chosen(found[2 * n]) if router else None
-        return list(found[:n]), list(found[n : 2 * n]), routed
+        return list(found[:n]), list(found[n : 2 * n]), found[2 * n] if router else None
 
     def lexical_search(self, request: SearchRequest) -> list[Hit]:
         f, query = request["filter"], request["query"]
