@@ -69,6 +69,7 @@ from langchain_rse.lexical import BM25Index
 from langchain_rse.rerank import EmbeddingReranker
 from langchain_rse.segments import (
     RSEParams,
+    Segment,
     best_segments,
     chunk_values,
     get_preset,
@@ -114,7 +115,10 @@ class Config:
     route_docs: int = 1  # proto
     route_check: int | None = None  # title_filter: keep the route only if the unrouted top
     # route_check candidates hold a chunk of it (the library's route_check_k)
-    relevance: Literal["rank", "score", "cosine", "cosine_rank"] = "rank"  # proto
+    relevance: Literal["rank", "score", "cosine", "cosine_rank", "gap"] = "rank"  # proto
+    """``"gap"``: rank relevance times where the chunk's cosine sits between the last
+    fetched dense hit's (0) and the best (1); chunks dense did not fetch get 0."""
+    gap_power: float = 1.0
     cos_lo: float = 0.78  # proto: cosine mapped to relevance 0 ...
     cos_hi: float = 0.90  # ... and to relevance 1
     order: Literal["value", "density"] = "value"  # proto: segments by value or value/length
@@ -125,6 +129,9 @@ class Config:
     sig_temp: float = 0.02
     rank_decay: float | None = 20.0
     """``calibration`` .. ``rank_decay``: the reranker's (defaults: ``EmbeddingReranker``'s)."""
+    pack: bool = False  # proto
+    """Fit each budget (:func:`pack`: best segments that fit, then the next-best
+    chunks) instead of cutting one best-first list at each budget."""
     name: str = ""
     """Shown instead of the RSE parameters (e.g. a preset name)."""
 
@@ -153,6 +160,7 @@ class Config:
             or self.route != "none"
             or self.relevance != "rank"
             or self.order != "value"
+            or self.pack
         )
 
 
@@ -286,8 +294,11 @@ def _dense_list(br: Branches, rows: np.ndarray | None, n: int) -> list[tuple[int
     return [(int(i), float(cos[i])) for i in top]
 
 
-def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
-    """Best-first ranges for one query under ``cfg`` (the retriever's query path)."""
+def run_query(
+    cfg: Config, corpus: Corpus, br: Branches, max_chars: int | None = None
+) -> list[Span]:
+    """Best-first ranges for one query under ``cfg`` (the retriever's query path), fitted
+    to ``max_chars`` when given."""
     names = corpus.doc_names
     n_chunks = 2 * math.ceil(max(BUDGETS) / 300) + 4
     allowed: np.ndarray | None = None
@@ -306,7 +317,7 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
         near = {int(corpus.doc[int(h.id)]) for h in unrouted[: cfg.route_check]}
         chosen = [d for d in br.doc_rank[: cfg.route_docs] if d in near]
         if not chosen:  # the search disagrees with the router: no filter
-            return run_query(replace(cfg, route="none"), corpus, br)
+            return run_query(replace(cfg, route="none"), corpus, br, max_chars)
         allowed = np.concatenate([corpus.doc_rows[d] for d in chosen])
     if cfg.route == "title_filter":
         # No search inside the chosen documents: keep the global top fetch_k of each branch
@@ -363,6 +374,11 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
     elif cfg.relevance == "score":
         top = fused[0].score or 1.0
         rel = np.array([h.score / top for h in fused])
+    elif cfg.relevance == "gap":
+        fetched = dict(dense)
+        lo, hi = dense[-1][1], dense[0][1]
+        cos = np.array([fetched.get(r, lo) for r in cands])
+        rel = rank_rel * np.clip((cos - lo) / max(hi - lo, 1e-9), 0.0, 1.0) ** cfg.gap_power
     elif cfg.relevance in ("cosine", "cosine_rank"):
         cos = (br.cosine[cands] - cfg.cos_lo) / (cfg.cos_hi - cfg.cos_lo)
         rel = np.clip(cos, 0.0, 1.0) * (rank_rel if cfg.relevance == "cosine_rank" else 1.0)
@@ -375,7 +391,7 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
         chosen = set(sorted(mass, key=lambda d: -mass[d])[: cfg.route_docs])
         keep_idx = [i for i, r in enumerate(cands) if corpus.doc[r] in chosen]
         cands, rel = [cands[i] for i in keep_idx], rel[keep_idx]
-    if cfg.mode == "chunks":
+    if cfg.mode == "chunks" and max_chars is None:
         order = np.argsort(-rel, kind="stable")
         return [
             (names[corpus.doc[cands[i]]], int(corpus.start[cands[i]]), int(corpus.end[cands[i]]))
@@ -388,10 +404,20 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
         ((position[int(corpus.doc[r])], int(corpus.idx[r]), float(v)) for r, v in zip(cands, rel)),
         p.irrelevant_chunk_penalty,
     )
-    segs = best_segments(
-        values, offsets, p.max_segment_chunks, p.max_total_chunks, p.min_segment_value
-    )
-    if p.merge_touching:
+    segs = []
+    if cfg.mode == "segments":
+        segs = best_segments(
+            values, offsets, p.max_segment_chunks, p.max_total_chunks, p.min_segment_value
+        )
+    if max_chars is not None:
+        rows_all = np.concatenate([corpus.doc_rows[d] for d in docs])
+        sizes = corpus.end[rows_all] - corpus.start[rows_all]
+        order = np.argsort(-rel, kind="stable")
+        fill = [(position[int(corpus.doc[cands[i]])], int(corpus.idx[cands[i]]),
+                 float(rel[i]) - p.irrelevant_chunk_penalty) for i in order]  # fmt: skip
+        segs = pack(segs, fill, sizes, offsets, max_chars,
+                    p.merge_touching and cfg.mode == "segments")  # fmt: skip
+    elif p.merge_touching:
         segs = merge_touching(segs)
     if cfg.order == "density":
         segs = sorted(segs, key=lambda s: -s.value / (s.end - s.start))
@@ -406,6 +432,41 @@ def run_query(cfg: Config, corpus: Corpus, br: Branches) -> list[Span]:
             )
         )
     return out
+
+
+def pack(  # proto
+    segments: Sequence[Segment],
+    fill: Iterable[tuple[int, int, float]],
+    sizes: np.ndarray,
+    offsets: np.ndarray,
+    max_chars: int,
+    merge: bool = True,
+) -> list[Segment]:
+    """Fit a budget of ``max_chars`` characters, without cutting a chunk.
+
+    ``segments`` are taken best first while they fit (one that does not is skipped);
+    the room they leave is filled with the chunks of ``fill`` — ``(doc, chunk_index,
+    value)``, best first — that no kept segment covers, each while it fits. ``sizes`` are
+    the chunks' lengths in characters, flattened as in :func:`chunk_values`. With
+    ``merge``, touching runs are joined (``merge_touching``).
+    """
+    kept: list[Segment] = []
+    covered: set[tuple[int, int]] = set()
+    room = int(max_chars)
+
+    def take(doc: int, start: int, end: int, value: float) -> None:
+        nonlocal room
+        size = int(sizes[offsets[doc] + start : offsets[doc] + end].sum())
+        if size <= room and not any((doc, i) in covered for i in range(start, end)):
+            kept.append(Segment(doc, start, end, value))
+            covered.update((doc, i) for i in range(start, end))
+            room -= size
+
+    for g in segments:
+        take(*g)
+    for doc, idx, value in fill:
+        take(doc, idx, idx + 1, value)
+    return merge_touching(kept) if merge else kept
 
 
 def _soft_route(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -> list[Any]:
@@ -430,7 +491,7 @@ def _soft_route(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -> 
         scored = [x for x in scored if int(corpus.doc[int(x[2].id)]) in chosen]
         scored = [(h.score, i, h) for _, i, h in scored]
     scored.sort(key=lambda x: (-x[0], x[1]))
-    return [replace(h, score=sc) for sc, _, h in scored]
+    return [h._replace(score=sc) for sc, _, h in scored]
 
 
 def score(
@@ -443,6 +504,8 @@ def score(
     for q, br in zip(data.queries, branches):
         ranked = run_query(cfg, corpus, br)
         for b in BUDGETS:
+            if cfg.pack:
+                ranked = run_query(cfg, corpus, br, b)
             cut = cut_at_budget(ranked, b)
             r, p = recall_precision(q.gold, cut)
             chars = sum(e - s for _, s, e in cut)
@@ -715,6 +778,27 @@ def grid(name: str) -> Iterable[Config]:
             yield Config(mode="chunks", **kw3)
             yield Config(params=_p(dp, max_segment_chunks=2, min_segment_value=0.3,
                                    merge_touching=True), **kw3)  # fmt: skip
+    if name == "pack":  # fit each budget (issue 16): the default, with and without
+        kw4: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                               "doc_margin": 0.25}  # fmt: skip
+        seg = _p(dp, max_segment_chunks=2, min_segment_value=0.3, merge_touching=True)
+        for pk in (False, True):
+            yield Config(mode="chunks", pack=pk, **kw4)
+            yield Config(params=seg, pack=pk, **kw4)
+            yield Config(params=seg, pack=pk, **{**kw4, "weights": (1.0, 0.0)})
+    if name == "gap":  # relevance from the dense cosine gap (issue 16)
+        kw5: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                               "doc_margin": 0.25}  # fmt: skip
+        for power in (0.5, 1.0, 2.0, 4.0):
+            for seg, mv, pen in ((1, 0.2, 0.2), (2, 0.3, 0.3), (2, 0.2, 0.2), (2, 0.1, 0.1),
+                                 (3, 0.2, 0.2), (4, 0.2, 0.1)):  # fmt: skip
+                for decay in (10.0, 20.0, 1e9):
+                    params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
+                                irrelevant_chunk_penalty=pen, decay_rate=decay,
+                                merge_touching=True)  # fmt: skip
+                    yield Config(params=params, relevance="gap", gap_power=power, **kw5)
     if name == "merge":  # touching segments returned as one, without routing
         for params in (dp, _p(dp, max_segment_chunks=2, min_segment_value=0.3)):
             for merge in (False, True):
