@@ -41,12 +41,19 @@ _LEVEL_BASE = 1 << 14
 
 
 def _grow(array: np.ndarray, size: int, fill: float = 0) -> np.ndarray:
-    """``array`` with room for at least ``size`` entries (capacity doubles)."""
+    """``array`` with room for at least ``size`` entries (capacity grows by a quarter:
+    amortised O(1) per entry, at most 25% of the forward index unused)."""
     if size <= len(array):
         return array
-    out = np.full(max(size, 2 * len(array), 16), fill, dtype=array.dtype)
+    out = np.full(max(size, len(array) + len(array) // 4, 16), fill, dtype=array.dtype)
     out[: len(array)] = array
     return out
+
+
+def _tf(counts: np.ndarray) -> np.ndarray:
+    """Term frequencies as stored in postings: 16-bit when they fit (a third less memory
+    than float32 with 32-bit document numbers); scores convert them exactly."""
+    return counts.astype(np.uint16 if counts.max(initial=0) <= 0xFFFF else np.uint32)
 
 
 @dataclass(frozen=True)
@@ -192,9 +199,7 @@ class IncrementalBM25:
         self.keys.extend(keys)
         self.n_docs, self.n_live = hi, self.n_live + n
         self.total_len += int(lengths.sum())
-        matrix = sparse.csr_array(
-            (tf.astype(np.float32), (terms, docs + lo)), shape=(len(self.terms), hi)
-        )
+        matrix = sparse.csr_array((_tf(tf), (terms, docs + lo)), shape=(len(self.terms), hi))
         self.segments.append(Segment(lo, hi, matrix))
         self.changes += 1
 
@@ -308,7 +313,7 @@ class IncrementalBM25:
         newdoc[live] = np.arange(len(live))
         r = newdoc[np.concatenate(rows)] if rows else np.zeros(0, dtype=np.int64)
         c = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
-        v = np.concatenate(vals) if vals else np.zeros(0, dtype=np.float32)
+        v = np.concatenate(vals) if vals else np.zeros(0, dtype=np.uint16)
         doc_major = sparse.csr_array((v, (r, c)), shape=(len(live), len(used)))
         doc_major.sort_indices()
         vocab = [self.terms[t] for t in used.tolist()]
@@ -347,7 +352,7 @@ class IncrementalBM25:
         self.n_docs = self.n_live = n
         self.total_len = int(tf.sum())
         if n:
-            matrix = sparse.csr_array((tf.astype(np.float32), (terms, docs)), shape=(v, n))
+            matrix = sparse.csr_array((_tf(tf), (terms, docs)), shape=(v, n))
             self.segments = [Segment(0, n, matrix)]
         self.changes += 1
 

@@ -39,6 +39,7 @@ from langchain_rse.records import (
     DocBody,
     DocRecord,
     RecordStore,
+    Spans,
     VersionRecord,
     body_key,
     document_version,
@@ -124,7 +125,7 @@ class Prepared:
             doc_id=todo.doc_id,
             version=todo.version,
             metadata=dict(todo.doc.metadata),
-            spans=[(c.start_index, c.end_index) for c in chunks],
+            spans=Spans((c.start_index, c.end_index) for c in chunks),
             fallbacks=sum(ctx.method == "fallback" for ctx in contexts),
         )
         return cls(record, DocBody(text=todo.doc.page_content, contexts=contexts), chunks)

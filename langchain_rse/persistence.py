@@ -43,6 +43,7 @@ __all__ = [
 
 from langchain_rse.components import describe_component, restore_components
 from langchain_rse.embedding_cache import underlying
+from langchain_rse.records import json_bytes, local_form
 
 logger = logging.getLogger(__name__)
 
@@ -358,7 +359,9 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
     if isinstance(retriever.docstore, InMemoryByteStore):
         docstore_kind = "embedded"
         lines = (
-            json.dumps([key, value.decode("utf-8", "surrogatepass")], ensure_ascii=False)
+            json.dumps(
+                [key, json_bytes(value).decode("utf-8", "surrogatepass")], ensure_ascii=False
+            )
             for key, value in retriever.docstore.store.items()
         )
         writer.add_bytes("docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
@@ -451,7 +454,7 @@ def load_index(
             pairs = [json.loads(line) for line in raw.splitlines() if line]
         except json.JSONDecodeError as exc:
             raise IndexFormatError(f"chunk store file is not valid JSON: {exc}") from None
-        docstore.mset([(k, v.encode("utf-8", "surrogatepass")) for k, v in pairs])
+        docstore.mset([(k, local_form(k, v.encode("utf-8", "surrogatepass"))) for k, v in pairs])
     lexical_info = manifest.get("lexical", {"kind": "in_process"})
     if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
         raise ValueError(

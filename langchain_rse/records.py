@@ -19,8 +19,10 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+import zlib
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, overload
 
 from cachetools import LRUCache
 from langchain_core.stores import BaseStore
@@ -35,10 +37,13 @@ __all__ = [
     "DocBody",
     "DocRecord",
     "RecordStore",
+    "Spans",
     "StaleRead",
     "VersionRecord",
     "body_key",
     "document_version",
+    "json_bytes",
+    "local_form",
     "is_version_of",
     "pointer_key",
     "splitter_fingerprint",
@@ -62,9 +67,12 @@ def pointer_key(doc_id: str) -> str:
     return "doc/" + _doc_hash(doc_id)
 
 
+_BODY = "body/"
+
+
 def body_key(doc_id: str, version: str) -> str:
     """Record-store key of one version's source text and contexts."""
-    return f"body/{version}/" + _doc_hash(doc_id)
+    return f"{_BODY}{version}/" + _doc_hash(doc_id)
 
 
 def version_key(doc_id: str, version: str | None = None) -> str:
@@ -84,28 +92,75 @@ class _Record(BaseModel):
         return cls.model_validate_json(raw.decode("utf-8", "surrogatepass"))
 
 
+class Spans(Sequence[tuple[int, int]]):
+    """Chunk spans ``(start, end)``, kept flat in one array of 64-bit integers: 16 bytes a
+    chunk instead of ~120 as a list of tuples (a cached pointer holds every chunk's)."""
+
+    __slots__ = ("flat",)
+
+    def __init__(self, spans: Iterable[Any] = ()) -> None:
+        """From ``(start, end)`` pairs or the flat ``[start, end, start, end, ...]``."""
+        items: list[Any] = list(spans)
+        if items and isinstance(items[0], (list, tuple)):
+            items = [x for span in items for x in span]
+        if len(items) % 2:
+            raise ValueError("spans need a start and an end each")
+        self.flat: array[int] = array("q", items)
+
+    def __len__(self) -> int:
+        return len(self.flat) // 2
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[int, int]]: ...
+    def __getitem__(self, i: int | slice) -> tuple[int, int] | list[tuple[int, int]]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("span index out of range")
+        i %= n
+        return int(self.flat[2 * i]), int(self.flat[2 * i + 1])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        flat = self.flat
+        return zip(flat[0::2], flat[1::2])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Spans):
+            return self.flat == other.flat
+        return isinstance(other, (list, tuple)) and list(self) == [tuple(x) for x in other]
+
+    def __hash__(self) -> int:
+        return hash(self.flat.tobytes())
+
+    def __repr__(self) -> str:
+        return f"Spans({list(self)!r})"
+
+
 class DocRecord(_Record):
     """The pointer: the current version of one document, read by every query."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", arbitrary_types_allowed=True)
 
     format: int = RECORD_FORMAT
     doc_id: str
     version: str
     metadata: dict[str, Any]
-    spans: list[tuple[int, int]]
+    spans: Spans
     """Half-open character range of each chunk, in chunk order (stored flat)."""
     fallbacks: int = 0
     """Chunks whose LLM context failed (header used): re-adding the document retries them."""
 
     @field_validator("spans", mode="before")
     @classmethod
-    def _unflatten(cls, value: Any) -> Any:
-        if value and not isinstance(value[0], (list, tuple)):
-            return list(zip(value[0::2], value[1::2]))
-        return value
+    def _compact(cls, value: Any) -> Spans:
+        return value if isinstance(value, Spans) else Spans(value)
 
     @field_serializer("spans")
-    def _flatten(self, spans: list[tuple[int, int]]) -> list[int]:
-        return [x for span in spans for x in span]
+    def _flatten(self, spans: Spans) -> list[int]:
+        return spans.flat.tolist()
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> DocRecord:
@@ -124,8 +179,25 @@ class DocRecord(_Record):
         return VersionRecord(doc_id=self.doc_id, version=self.version, chunks=len(self.spans))
 
 
+def json_bytes(raw: bytes) -> bytes:
+    """A stored record as JSON: bodies an in-process store keeps zlib-compressed are
+    inflated (JSON starts with ``{``, a zlib stream never does)."""
+    return zlib.decompress(raw) if raw[:1] != b"{" else raw
+
+
+def local_form(key: str, raw: bytes) -> bytes:
+    """How a record store in this process keeps the JSON record ``raw`` stored at ``key``:
+    bodies (most of the bytes, and read only for the documents a query returns) are
+    zlib-compressed at level 1; the rest stays JSON."""
+    return zlib.compress(raw, 1) if key.startswith(_BODY) else raw
+
+
 class DocBody(_Record):
-    """The source text of one document version and its chunk contexts."""
+    """The source text of one document version and its chunk contexts.
+
+    An in-process record store keeps it zlib-compressed (about a third of the JSON; see
+    :class:`RecordStore`); :meth:`from_bytes` reads either form.
+    """
 
     text: str
     contexts: list[ChunkContext]
@@ -139,6 +211,10 @@ class DocBody(_Record):
     @field_serializer("contexts")
     def _to_pairs(self, contexts: list[ChunkContext]) -> list[list[str]]:
         return [[c.text, c.method] for c in contexts]
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> DocBody:
+        return cls.model_validate_json(json_bytes(raw).decode("utf-8", "surrogatepass"))
 
 
 class VersionRecord(_Record):
@@ -224,10 +300,15 @@ class RecordStore:
     bodies are cached by document version (a version's body is written once, before its
     pointer, and never changes), up to ``BODY_CACHE_CHARS`` characters of text: a query
     whose segments come from recently read documents reads no body.
+
+    With ``compress`` (for a store in this process's memory) bodies are written
+    zlib-compressed; stores other processes share get plain JSON, which every version of
+    the library reads.
     """
 
-    def __init__(self, store: BaseStore[str, bytes]) -> None:
+    def __init__(self, store: BaseStore[str, bytes], compress: bool = False) -> None:
         self.store = store
+        self.compress = compress
         self._pointers: dict[bytes, DocRecord] = {}
         self._bodies: LRUCache[tuple[str, str], DocBody] = LRUCache(
             BODY_CACHE_CHARS, getsizeof=lambda body: len(body.text) + 1
@@ -285,7 +366,8 @@ class RecordStore:
 
     def put(self, pairs: Sequence[tuple[str, _Record]]) -> None:
         if pairs:
-            self.store.mset([(key, record.to_bytes()) for key, record in pairs])
+            stored = local_form if self.compress else (lambda _, raw: raw)
+            self.store.mset([(key, stored(key, record.to_bytes())) for key, record in pairs])
 
     def delete(self, keys: Sequence[str]) -> None:
         if keys:

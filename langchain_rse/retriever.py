@@ -241,7 +241,7 @@ class RSERetriever(DocumentIndex):
 
     def model_post_init(self, context: Any, /) -> None:
         self._lexical = BM25Index(engine=self.lexical_engine)
-        self._records = RecordStore(self.docstore)
+        self._records = RecordStore(self.docstore, isinstance(self.docstore, InMemoryByteStore))
         lock = ReadWriteLock(enabled=is_local(self.vectorstore))
         self._writer = Writer(self._records, self.vectorstore, self._lexical,
                               self.lexical_store, lock,

@@ -215,3 +215,21 @@ def test_concurrent_readers_see_every_write_that_returned() -> None:
     assert not errors
     index.refresh()
     assert_same(index, "bm25s", corpus, QUERIES)
+
+
+def test_term_frequencies_are_stored_in_16_bits_unless_they_need_more() -> None:
+    """Postings keep tf as uint16 (memory), uint32 for a chunk repeating a term > 65,535
+    times; scores stay those of a fresh BM25 either way, across a merge of both kinds."""
+    index = BM25Index(**SMALL)  # type: ignore[arg-type]
+    corpus = {"a": "kata lota", "b": "kata " * 70_000 + "rovi", "c": "lota rovi"}
+    for key, body in corpus.items():
+        index.add([key], [body])
+    dtypes = {seg.matrix.data.dtype for seg in index._bm25.segments}
+    assert dtypes <= {np.dtype(np.uint16), np.dtype(np.uint32)}
+    assert np.dtype(np.uint32) in dtypes
+    assert_same(index, "bm25s", corpus, ["kata", "rovi lota", "kata rovi"])
+    index.delete(["b"])
+    del corpus["b"]
+    index._bm25.compact()  # renumbered: one new segment
+    assert {seg.matrix.data.dtype for seg in index._bm25.segments} == {np.dtype(np.uint16)}
+    assert_same(index, "bm25s", corpus, ["kata", "rovi lota"])

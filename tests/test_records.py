@@ -13,7 +13,7 @@ from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
 from langchain_rse.enrichment import ChunkContext
 from langchain_rse.persistence import default_vectorstore
-from langchain_rse.records import DocBody, DocRecord, RecordStore, StaleRead, body_key
+from langchain_rse.records import DocBody, DocRecord, RecordStore, Spans, StaleRead, body_key
 
 
 class CountingStore(InMemoryByteStore):
@@ -68,3 +68,57 @@ async def test_replaced_documents_return_their_new_text() -> None:
         assert found
         for d in found:
             assert new[d.metadata["start_index"] : d.metadata["end_index"]] == d.page_content
+
+
+async def test_an_in_process_store_keeps_bodies_compressed_and_reads_both_forms(
+    tmp_path: Any,
+) -> None:
+    """The default in-memory record store holds each body zlib-compressed (smaller than its
+    JSON); results are still exact slices, sync and async; a save writes plain JSON and a
+    load compresses again; a body written as plain JSON (by a shared store) still reads."""
+    r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()), k=2)
+    text = make_contract("supply", ["termination", "payment", "warranty", "notices"])
+    r.add_documents([Document(text, id="c")])
+    store = r.docstore.store  # type: ignore[attr-defined]
+    (key,) = [k for k in store if k.startswith("body/")]
+    plain = DocBody.from_bytes(store[key]).to_bytes()
+    assert store[key][:1] != b"{" and len(store[key]) < len(plain) / 2
+    for found in (r.invoke("termination notice"), await r.ainvoke("termination notice")):
+        assert found and all(
+            text[d.metadata["start_index"] : d.metadata["end_index"]] == d.page_content
+            for d in found
+        )
+    r.save(tmp_path / "index")
+    saved = (tmp_path / "index").rglob("docstore*")
+    assert any(b'{\\"text\\"' in p.read_bytes() or b'{"text"' in p.read_bytes() for p in saved)
+    loaded = RSERetriever.load(tmp_path / "index", HashingEmbeddings())
+    assert loaded.docstore.store[key] == store[key]  # type: ignore[attr-defined]
+    want = [d.page_content for d in r.invoke("payment terms")]
+    assert [d.page_content for d in loaded.invoke("payment terms")] == want
+
+    shared = RecordStore(InMemoryByteStore())  # compress=False: what a shared store gets
+    pointer, body = record("v1", "plain text body")
+    shared.put([(body_key("d", "v1"), body)])
+    raw = shared.store.mget([body_key("d", "v1")])[0]
+    assert raw is not None and raw.startswith(b"{")
+    assert shared.bodies([pointer])[0].text == "plain text body"
+
+
+def test_spans_are_a_compact_sequence_of_pairs() -> None:
+    """A pointer keeps its spans flat (16 bytes a chunk) and reads like a list of pairs;
+    its JSON stays the flat list every version writes and reads."""
+    spans = [(0, 5), (5, 12), (12, 40)]
+    pointer = DocRecord(doc_id="d", version="v", metadata={}, spans=spans)
+    assert isinstance(pointer.spans, Spans) and len(pointer.spans) == 3
+    assert pointer.spans[1] == (5, 12) and pointer.spans[-1] == (12, 40)
+    assert (
+        list(pointer.spans) == spans and pointer.spans == spans and pointer.spans[:2] == spans[:2]
+    )
+    with pytest.raises(IndexError):
+        pointer.spans[3]
+    assert b'"spans":[0,5,5,12,12,40]' in pointer.to_bytes()
+    again = DocRecord.from_bytes(pointer.to_bytes())
+    assert again == pointer and hash(again.spans) == hash(pointer.spans)
+    assert DocRecord(doc_id="d", version="v", metadata={}, spans=[0, 5, 5, 12, 12, 40]) == pointer
+    with pytest.raises(ValueError):
+        Spans([0, 5, 7])

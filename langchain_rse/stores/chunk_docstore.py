@@ -3,10 +3,10 @@
 LangChain's ``FAISS`` keeps a ``Document`` per vector in its docstore: the enriched chunk
 text, its metadata and the pydantic object around them, about 3 KB a chunk. The
 retriever's record store already holds every source text with each chunk's offsets and
-context, so the default local store keeps only each chunk's metadata values, in a tuple
-(the keys are shared by every chunk with the same ones), and builds a ``Document`` with an
-empty ``page_content`` when FAISS asks for one. Searching the store directly returns that
-metadata (``doc_id``, ``start_index``, ``end_index``…); the text is
+context, so the default local store keeps only each chunk's metadata values, in one tuple
+led by the key names (one key tuple shared by every chunk with the same keys), and builds
+a ``Document`` with an empty ``page_content`` when FAISS asks for one. Searching the store
+directly returns that metadata (``doc_id``, ``start_index``, ``end_index``…); the text is
 ``RSERetriever.get([doc_id])`` sliced there. The retriever's dense branch skips the
 ``Document``\\ s altogether (:meth:`ChunkDocstore.search_index`).
 """
@@ -37,17 +37,16 @@ class ChunkDocstore(Docstore, AddableMixin):
     """Each chunk's metadata by id, without its text (see the module docstring)."""
 
     def __init__(self, metadata: dict[str, dict[str, Any]] | None = None) -> None:
-        self._rows: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {}
+        self._rows: dict[str, tuple[Any, ...]] = {}  # (key names, *values)
         self._schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._key_at: dict[tuple[str, ...], tuple[int, ...]] = {}
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
 
-    def _row(self, metadata: dict[str, Any]) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    def _row(self, metadata: dict[str, Any]) -> tuple[Any, ...]:
         keys = tuple(metadata)
         schema = self._schemas.setdefault(keys, keys)  # one key tuple for every chunk
-        values = tuple(sys.intern(v) if isinstance(v, str) else v for v in metadata.values())
-        return schema, values
+        return (schema, *(sys.intern(v) if isinstance(v, str) else v for v in metadata.values()))
 
     def add(self, texts: dict[str, Document]) -> None:
         """Keep the metadata of these documents (their text is dropped); like
@@ -68,7 +67,7 @@ class ChunkDocstore(Docstore, AddableMixin):
     def metadata(self, chunk_id: str) -> dict[str, Any] | None:
         """The metadata of one chunk (a new dict), or None when the id is unknown."""
         row = self._rows.get(chunk_id)
-        return None if row is None else dict(zip(*row))
+        return None if row is None else dict(zip(row[0], row[1:]))
 
     def search(self, search: str) -> str | Document:
         """The chunk with this id, text empty; a message string when it is unknown."""
@@ -95,20 +94,20 @@ class ChunkDocstore(Docstore, AddableMixin):
             row = self._rows.get(ids[i]) if i != -1 else None
             if row is None:
                 continue
-            schema, values = row
+            schema = row[0]
             at = self._key_at.get(schema)
             if at is None:
                 at = self._key_at[schema] = tuple(
-                    schema.index(f) if f in schema else -1 for f in _KEY_FIELDS
+                    schema.index(f) + 1 if f in schema else -1 for f in _KEY_FIELDS
                 )
             if -1 not in at:  # a chunk the retriever wrote
-                key = chunk_key(str(values[at[0]]), str(values[at[1]]), int(values[at[2]]))
+                key = chunk_key(str(row[at[0]]), str(row[at[1]]), int(row[at[2]]))
                 out.append((key, relevance(score)))
         return out
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """``(id, metadata)`` of every chunk (for saving)."""
-        return ((i, dict(zip(*row))) for i, row in self._rows.items())
+        return ((i, dict(zip(row[0], row[1:]))) for i, row in self._rows.items())
 
     def __len__(self) -> int:
         return len(self._rows)
