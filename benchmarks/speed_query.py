@@ -41,6 +41,7 @@ import langchain_rse.search
 from langchain_rse import RSERetriever
 from langchain_rse.enrichment import index_text
 from langchain_rse.stores.chunk_docstore import ChunkDocstore
+from langchain_rse.stores.faiss import LocalFAISS
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # langchain-community's sunset notice
@@ -165,11 +166,12 @@ def time_queries(
 
 
 def new_faiss(corpus: Corpus) -> FAISS:
-    """The retriever's store: exact FAISS with the library's default ``ChunkDocstore``
+    """The retriever's store, as the library's default builds it: exact FAISS
+    (``LocalFAISS``: LangChain's wrapper with a linear-time delete) with a ``ChunkDocstore``
     (each chunk's metadata, no text: the record store holds the texts)."""
     import faiss
 
-    return FAISS(
+    return LocalFAISS(
         embedding_function=corpus.embeddings,
         index=faiss.IndexFlatL2(DIM),
         docstore=ChunkDocstore(),

@@ -63,14 +63,16 @@ class IndexFormatError(ValueError):
 
 
 def _faiss_classes() -> tuple[Any, Any, Any, Any]:
-    """Import FAISS and LangChain's wrapper, quietly (langchain-community warns on import)."""
+    """Import FAISS and LangChain's wrapper (as :class:`~langchain_rse.stores.faiss.LocalFAISS`),
+    quietly (langchain-community warns on import)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         import faiss
         from langchain_community.docstore.in_memory import InMemoryDocstore
-        from langchain_community.vectorstores import FAISS
         from langchain_community.vectorstores.utils import DistanceStrategy
-    return faiss, FAISS, InMemoryDocstore, DistanceStrategy
+
+        from langchain_rse.stores.faiss import LocalFAISS
+    return faiss, LocalFAISS, InMemoryDocstore, DistanceStrategy
 
 
 def default_vectorstore(embedding: Embeddings) -> VectorStore:
@@ -216,9 +218,13 @@ def load_checked_json(directory: Path, manifest: dict[str, Any], role: str) -> A
 # ---------------------------------------------------------------- vector stores
 
 
+_FAISS_CLASSES = {("langchain_community", "FAISS"), ("langchain_rse", "LocalFAISS")}
+
+
 def vectorstore_kind(vs: VectorStore) -> str:
     """``"faiss"``, ``"in_memory"`` or ``"external"`` (saved elsewhere by its owner)."""
-    if type(vs).__name__ == "FAISS" and type(vs).__module__.startswith("langchain_community"):
+    cls = type(vs)  # LangChain's FAISS or the default store's subclass, not a user's one
+    if (cls.__module__.split(".")[0], cls.__name__) in _FAISS_CLASSES:
         return "faiss"
     if isinstance(vs, InMemoryVectorStore):
         return "in_memory"

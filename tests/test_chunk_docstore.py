@@ -18,6 +18,10 @@ from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import RSERetriever
 from langchain_rse.persistence import _faiss_classes, default_vectorstore
 from langchain_rse.stores.chunk_docstore import ChunkDocstore
+from langchain_rse.stores.faiss import LocalFAISS
+
+LangChainFAISS = LocalFAISS.__mro__[1]
+"""``langchain_community.vectorstores.FAISS``, as LangChain ships it."""
 
 QUERIES = ["termination for convenience", "payment of fees", "confidential information"]
 
@@ -32,10 +36,11 @@ def docs() -> list[Document]:
 
 def faiss_with_documents(emb: Any) -> Any:
     """FAISS as LangChain builds it: an InMemoryDocstore holding each chunk's text."""
-    faiss, FAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
+    faiss, _, InMemoryDocstore, DistanceStrategy = _faiss_classes()
     dim = len(emb.embed_query("probe"))
-    return FAISS(emb, faiss.IndexFlatL2(dim), InMemoryDocstore({}), {}, normalize_L2=True,
-                 distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)  # fmt: skip
+    return LangChainFAISS(emb, faiss.IndexFlatL2(dim), InMemoryDocstore({}), {},
+                          normalize_L2=True,
+                          distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)  # fmt: skip
 
 
 SEEN: list[str] = []
@@ -139,3 +144,32 @@ def test_search_index_gives_the_wrappers_hits_and_scores() -> None:
         assert [key for key, _ in fast] == [key_of(d) for d, _ in wrapped]
         assert [s for _, s in fast] == pytest.approx([float(s) for _, s in wrapped], abs=1e-6)
         assert len(fast) == 10
+
+
+def test_local_faiss_deletes_as_langchains_faiss_does() -> None:
+    """``LocalFAISS.delete`` (one pass over the id map) leaves the same index, id map,
+    docstore and search results as LangChain's ``FAISS.delete``; an unknown id raises and
+    deletes nothing; a map not in position order (not built by LangChain) still works."""
+    emb = HashingEmbeddings()
+    ours, theirs = default_vectorstore(emb), faiss_with_documents(emb)
+    assert isinstance(ours, LocalFAISS) and type(theirs) is LangChainFAISS
+    texts = [f"clause {i} about {w}" for i, w in enumerate(["fees", "notice", "term"] * 7)]
+    ids = [f"id{i}" for i in range(len(texts))]
+    for store in (ours, theirs):
+        store.add_texts(texts, ids=ids)
+    for batch in (["id3"], ["id0", "id20", "id7"], ["id10", "id11"]):
+        assert ours.delete(batch) is True and theirs.delete(batch) is True
+        assert ours.index_to_docstore_id == theirs.index_to_docstore_id
+        assert ours.index.ntotal == theirs.index.ntotal == len(ours.index_to_docstore_id)
+        for q in ("fees", "notice term"):
+            got = [(d.id, round(s, 5)) for d, s in ours.similarity_search_with_score(q, k=5)]
+            assert got == [
+                (d.id, round(s, 5)) for d, s in theirs.similarity_search_with_score(q, k=5)
+            ]
+    before = dict(ours.index_to_docstore_id)
+    with pytest.raises(ValueError, match="id3"):
+        ours.delete(["id1", "id3"])
+    assert ours.index_to_docstore_id == before and ours.docstore.metadata("id1") is not None
+    ours.index_to_docstore_id = dict(reversed(list(before.items())))  # same map, other order
+    ours.delete(["id1"])
+    assert list(ours.index_to_docstore_id.values()) == [i for i in before.values() if i != "id1"]

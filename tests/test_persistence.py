@@ -34,7 +34,7 @@ def built(request) -> RSERetriever:
         corpus_documents(), embedding=HashingEmbeddings(), vectorstore=vs, k=3
     )
     assert type(r.vectorstore).__name__ == (
-        "FAISS" if request.param == "faiss" else "InMemoryVectorStore"
+        "LocalFAISS" if request.param == "faiss" else "InMemoryVectorStore"
     )
     return r
 
