@@ -415,7 +415,7 @@ class IncrementalBM25:
         if not docs:
             return empty
         d = np.concatenate(docs)
-        tf = np.concatenate(tfs)
+        tf = np.concatenate(tfs).astype(np.float32)  # one cast: float32 arithmetic below
         k1, b = self.k1, self.b
         avgdl = self.total_len / self.n_live
         x = self.dl[d]  # float32 throughout: bm25s scores in float32 too

@@ -213,7 +213,8 @@ def test_untraced_calls_return_what_traced_ones_do(retriever) -> None:
 
 def test_ls_params_name_the_stores(retriever) -> None:
     params = retriever._get_ls_params()
-    assert params["ls_vector_store_provider"] == "FAISS"
+    # the class name, as LangChain's VectorStoreRetriever reports it
+    assert params["ls_vector_store_provider"] == "LocalFAISS"
     assert params["ls_embedding_provider"] == "HashingEmbeddings"
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from langchain_core.documents import Document
+from langchain_core.vectorstores import VectorStore
 
 from langchain_rse.chunking import chunk_key
 
@@ -30,6 +31,12 @@ with warnings.catch_warnings():  # langchain-community warns on import
 __all__ = ["ChunkDocstore"]
 
 _KEY_FIELDS = ("doc_id", "doc_version", "chunk_index")
+
+_ARITHMETIC = (
+    VectorStore._euclidean_relevance_score_fn,
+    VectorStore._cosine_relevance_score_fn,
+)
+"""LangChain's relevance functions that are plain arithmetic, so they map an array."""
 """The metadata that names a chunk of the retriever (its chunk key)."""
 
 
@@ -88,9 +95,13 @@ class ChunkDocstore(Docstore, AddableMixin):
             faiss.normalize_L2(vector)
         scores, indices = vectorstore.index.search(vector, k)
         relevance = vectorstore._select_relevance_score_fn()
+        if relevance in _ARITHMETIC:  # 1 - d / c: one array operation for every hit
+            found = relevance(scores[0].astype(np.float64)).tolist()
+        else:
+            found = [relevance(score) for score in scores[0].tolist()]
         ids = vectorstore.index_to_docstore_id
         out = []
-        for score, i in zip(scores[0].tolist(), indices[0].tolist()):
+        for score, i in zip(found, indices[0].tolist()):
             row = self._rows.get(ids[i]) if i != -1 else None
             if row is None:
                 continue
@@ -101,8 +112,7 @@ class ChunkDocstore(Docstore, AddableMixin):
                     schema.index(f) + 1 if f in schema else -1 for f in _KEY_FIELDS
                 )
             if -1 not in at:  # a chunk the retriever wrote
-                key = chunk_key(str(row[at[0]]), str(row[at[1]]), int(row[at[2]]))
-                out.append((key, relevance(score)))
+                out.append((chunk_key(str(row[at[0]]), str(row[at[1]]), int(row[at[2]])), score))
         return out
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
