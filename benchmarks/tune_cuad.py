@@ -787,6 +787,18 @@ def grid(name: str) -> Iterable[Config]:
             yield Config(mode="chunks", pack=pk, **kw4)
             yield Config(params=seg, pack=pk, **kw4)
             yield Config(params=seg, pack=pk, **{**kw4, "weights": (1.0, 0.0)})
+    if name == "size":  # the default's routing and fusion with RSE lengths for other chunk sizes
+        kw6: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                               "doc_margin": 0.25}  # fmt: skip
+        yield Config(mode="chunks", **kw6)
+        for seg in (2, 3, 4, 6):
+            for mv, pen in ((0.3, 0.3), (0.2, 0.2), (0.4, 0.3)):
+                for decay, total in ((10.0, 12), (20.0, 24)):
+                    params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
+                                irrelevant_chunk_penalty=pen, decay_rate=decay,
+                                max_total_chunks=total, merge_touching=True)  # fmt: skip
+                    yield Config(params=params, **kw6)
     if name == "gap":  # relevance from the dense cosine gap (issue 16)
         kw5: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
                                "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
