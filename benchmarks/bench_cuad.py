@@ -60,7 +60,7 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rse import DocumentRouter, RSERetriever
-from langchain_rse.chunking import chunk_key
+from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, chunk_key
 from langchain_rse.lexical import BM25Index, tokenize
 from langchain_rse.rerank import EmbeddingReranker
 from langchain_rse.segments import RSEParams, get_preset
@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS)
     ap.add_argument("--all", action="store_true", help="all dev contracts")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    ap.add_argument("--chunk-size", type=int, default=600)
+    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
     ap.add_argument("--enricher", default="header", help="header | lead | none")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--decay", type=float, default=None, help="rank->relevance decay rate")

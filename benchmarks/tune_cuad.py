@@ -63,7 +63,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_core.vectorstores.utils import _cosine_similarity
 
 from langchain_rse import RSERetriever
-from langchain_rse.chunking import chunk_key
+from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, chunk_key
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index
 from langchain_rse.rerank import EmbeddingReranker
@@ -121,7 +121,8 @@ class Config:
     gap_power: float = 1.0
     cos_lo: float = 0.78  # proto: cosine mapped to relevance 0 ...
     cos_hi: float = 0.90  # ... and to relevance 1
-    order: Literal["value", "density"] = "value"  # proto: segments by value or value/length
+    order: Literal["value", "density", "best"] = "value"  # proto: segments by value, value
+    # per chunk, or the value of their best chunk
     rerank: Literal["none", "embedding"] = "none"
     """``"embedding"``: the library's ``EmbeddingReranker`` (cosine of the indexed vectors)."""
     calibration: Literal["sigmoid", "minmax", "identity"] = "minmax"
@@ -421,6 +422,10 @@ def run_query(
         segs = merge_touching(segs)
     if cfg.order == "density":
         segs = sorted(segs, key=lambda s: -s.value / (s.end - s.start))
+    elif cfg.order == "best":
+        segs = sorted(
+            segs, key=lambda g: -values[offsets[g.doc] + g.start : offsets[g.doc] + g.end].max()
+        )
     out: list[Span] = []
     for s in segs:
         rows_of_doc = corpus.doc_rows[docs[s.doc]]
@@ -799,6 +804,16 @@ def grid(name: str) -> Iterable[Config]:
                                 irrelevant_chunk_penalty=pen, decay_rate=decay,
                                 max_total_chunks=total, merge_touching=True)  # fmt: skip
                     yield Config(params=params, **kw6)
+    if name == "order":  # segments ordered by their best chunk (issue 16)
+        kw7: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                               "doc_margin": 0.25}  # fmt: skip
+        for seg, total, mv, pen, decay in ((3, 24, 0.2, 0.2, 20.0), (2, 12, 0.3, 0.3, 10.0)):
+            params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
+                        max_total_chunks=total, irrelevant_chunk_penalty=pen,
+                        decay_rate=decay, merge_touching=True)  # fmt: skip
+            for order in ("value", "best", "density"):
+                yield Config(params=params, order=order, **kw7)
     if name == "gap":  # relevance from the dense cosine gap (issue 16)
         kw5: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
                                "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
@@ -837,14 +852,14 @@ def verify(
     }
     for rerank, mode in itertools.product(("none", "embedding", "route"), ("segments", "chunks")):
         update: dict[str, Any] = {"mode": mode}
-        cfg = Config(mode=mode, rerank=rerank if rerank != "route" else "none")
+        # the library orders segments by their best chunk (``segments.by_best_chunk``)
+        cfg = Config(mode=mode, rerank=rerank if rerank != "route" else "none", order="best")
         if rerank == "embedding":
             update["reranker"] = reranker
         if rerank == "route":
             update.update(routed)
-            cfg = Config(
-                mode=mode, route="title_filter", fetch_k=200, weights=(1.0, 0.0), route_check=10
-            )
+            cfg = Config(mode=mode, route="title_filter", fetch_k=200, weights=(1.0, 0.0),
+                         route_check=10, order="best")  # fmt: skip
         r = retriever.model_copy(update=update)
         bad = 0
         for q, br in list(zip(data.queries, branches))[:n]:
@@ -867,7 +882,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS)
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    ap.add_argument("--chunk-size", type=int, default=600)
+    ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
     ap.add_argument("--enricher", default="none")
     ap.add_argument("--grid", default="all")
     ap.add_argument("--verify", action="store_true")

@@ -27,6 +27,7 @@ from typing import Any
 
 from langchain_core.documents import Document
 
+from langchain_rse.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.loaders import SUFFIXES, folder_files, read_file
 
 __all__ = ["main"]
@@ -394,7 +395,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         names = sorted(os.listdir(folder))
         print(f"indexing the bundled sample corpus ({len(names)} documents: {', '.join(names)})")
         index_args = argparse.Namespace(
-            paths=[str(folder)], index=str(index_dir), llm=None, chunk_size=600,
+            paths=[str(folder)], index=str(index_dir), llm=None, chunk_size=DEFAULT_CHUNK_SIZE,
             no_progress=True, max_document_chars=20_000_000,
         )  # fmt: skip
         out = io.StringIO()
@@ -430,7 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files or folders (recursively; hidden files are left out)")  # fmt: skip
     p.add_argument("--index", required=True, metavar="DIR", help="index directory")
     p.add_argument("--llm", metavar="openai:MODEL", help="LLM contextual enrichment (needs key)")
-    p.add_argument("--chunk-size", type=positive_int, default=600, help="characters per chunk")
+    p.add_argument(
+        "--chunk-size", type=positive_int, default=DEFAULT_CHUNK_SIZE, help="characters per chunk"
+    )
     p.add_argument("--max-document-chars", type=positive_int, default=20_000_000, metavar="N",
                    help="skip and report longer files (default 20,000,000)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true",

@@ -32,6 +32,7 @@ from langchain_rse.search import DenseResult, Hit
 from langchain_rse.segments import (
     RSEParams,
     best_segments,
+    by_best_chunk,
     chunk_values,
     merge_touching,
     rank_relevance,
@@ -250,6 +251,7 @@ def select(s: QuerySettings, cands: list[Candidate], metas: dict[str, DocRecord]
     segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
     if p.merge_touching:
         segs = merge_touching(segs)
+    segs = by_best_chunk(segs, values, offsets)
     return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
 
 

@@ -10,7 +10,7 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 OFFLINE = {
     "quickstart.py": ["chars", "chain answer"],
-    "agent_tool.py": ["returned 1 segments", "employee_handbook", "agent answer"],
+    "agent_tool.py": ["segments:\n  employee_handbook.md", "agent answer"],
 }
 NEEDS_KEYS = {"production.py"}
 

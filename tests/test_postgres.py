@@ -227,8 +227,8 @@ def test_filters_are_pushed_down_into_both_branches(make) -> None:
     spec = {"title": {"$in": ["beta", "delta"]}}
     found = r.invoke("insurance termination", filter=spec)
     assert found and {d.metadata["doc_id"] for d in found} <= {"beta.txt", "delta.txt"}
-    dense = r.vectorstore.similarity_search("termination", k=20, filter=spec)
-    lexical = r.lexical_store.similarity_search("termination", k=20, filter=spec)
+    dense = r.vectorstore.similarity_search("termination", k=60, filter=spec)
+    lexical = r.lexical_store.similarity_search("termination", k=60, filter=spec)
     assert dense and lexical
     assert {d.metadata["title"] for d in dense} == {"beta", "delta"}  # every chunk is near
     assert {d.metadata["title"] for d in lexical} == {"beta"}  # delta never says termination

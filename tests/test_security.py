@@ -388,10 +388,13 @@ def test_prompt_injection_is_contained_to_its_document() -> None:
         assert "</" not in context and "Context:" not in context[:10]
     assert {m["enrichment"] for m in stored_metadata(attacked.vectorstore)} == {"llm"}
 
-    # retrieval for other questions is unaffected; the source text is returned verbatim
+    # retrieval for other questions is unaffected (the same best segment, nothing of the
+    # attacked document; BM25's corpus statistics do include it, so lower ranks may move);
+    # the source text is returned verbatim
     for q in QUERIES:
         got = [(d.metadata["doc_id"], d.page_content) for d in attacked.invoke(q)]
-        assert got == [(d.metadata["doc_id"], d.page_content) for d in clean.invoke(q)]
+        want = [(d.metadata["doc_id"], d.page_content) for d in clean.invoke(q)]
+        assert got[0] == want[0] and "evil.txt" not in {doc for doc, _ in got}
     evil_hits = attacked.invoke("ignore previous instructions PWNED", k=5)
     assert evil_hits and {d.metadata["doc_id"] for d in evil_hits[:1]} == {"evil.txt"}
     assert any("Ignore previous instructions" in d.page_content for d in evil_hits)

@@ -8,7 +8,9 @@ import pytest
 from langchain_rse.segments import (
     PRESETS,
     RSEParams,
+    Segment,
     best_segments,
+    by_best_chunk,
     chunk_values,
     get_preset,
     merge_touching,
@@ -128,3 +130,20 @@ def test_a_strongly_relevant_passage_longer_than_the_cap_comes_back_whole() -> N
     merged = merge_touching(capped)
     assert [(s.start, s.end) for s in merged] == [(2, 7)]  # the whole passage, one segment
     assert "merge_touching" in RSEParams.__dataclass_fields__ and RSEParams().merge_touching
+
+
+def test_segments_come_in_the_order_of_their_best_chunk() -> None:
+    """An exact hit alone (relevance 1) is picked after a run of three middling chunks worth
+    more in total, and returned before it; ties keep the picking order."""
+    # document 0: one top chunk between irrelevant ones; document 1: three middling chunks
+    values, offsets = chunk_values(
+        [3, 3], [(0, 1, 1.0), (1, 0, 0.6), (1, 1, 0.6), (1, 2, 0.6)], 0.2
+    )
+    picked = best_segments(values, offsets, 3, 24, 0.2)
+    assert [(g.doc, g.start, g.end) for g in picked] == [(1, 0, 3), (0, 1, 2)]
+    assert picked[0].value > picked[1].value
+    ordered = by_best_chunk(picked, values, offsets)
+    assert [(g.doc, g.start, g.end) for g in ordered] == [(0, 1, 2), (1, 0, 3)]
+    same, offsets2 = chunk_values([1, 1], [(0, 0, 0.8), (1, 0, 0.8)], 0.2)
+    tied = [Segment(1, 0, 1, 0.6), Segment(0, 0, 1, 0.6)]
+    assert by_best_chunk(tied, same, offsets2) == tied
