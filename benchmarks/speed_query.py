@@ -30,7 +30,7 @@ import psutil
 from langchain_classic.retrievers import EnsembleRetriever
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
-from speed_corpus import DIM, Corpus, load_sentences
+from speed_corpus import CHUNK_SIZE, DIM, Corpus, load_sentences
 from speed_writes import WriteTiming, time_writes
 
 import langchain_rse.bm25
@@ -220,7 +220,7 @@ def build_rse(corpus: Corpus) -> tuple[RSERetriever, FAISS, BuildStats]:
     calls are timed, not the generation of the synthetic text between them.
     """
     store = new_faiss(corpus)
-    retriever = RSERetriever(vectorstore=store, show_progress=False)
+    retriever = RSERetriever(vectorstore=store, chunk_size=CHUNK_SIZE, show_progress=False)
     vs_seconds = 0.0
     add = store.add_documents
 
