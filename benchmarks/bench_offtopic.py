@@ -78,8 +78,12 @@ def settings() -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+PRESET = "reranked"
+"""The RSE preset of the reranked path (``--preset``)."""
+
+
 def _run(label: str, over: dict[str, Any], corpus: T.Corpus, branches: Any) -> list[list[T.Span]]:
-    base = T.Config(rerank="embedding", params=get_preset("reranked"))
+    base = T.Config(rerank="embedding", params=get_preset(PRESET))
     if "product" in over:
         center, temp = over["product"]
         original = T._reranker
@@ -88,7 +92,7 @@ def _run(label: str, over: dict[str, Any], corpus: T.Corpus, branches: Any) -> l
             return [T.run_query(base, corpus, br) for br in branches]
         finally:
             T._reranker = original
-    cfg = T.Config(rerank="embedding", params=get_preset("reranked"), **over)
+    cfg = T.Config(rerank="embedding", params=get_preset(PRESET), **over)
     return [T.run_query(cfg, corpus, br) for br in branches]
 
 
@@ -103,15 +107,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--enricher", default="header")
     ap.add_argument("--check", action="store_true", help="run the real retriever too")
+    ap.add_argument("--chunk-size", type=int, default=600, help="600: the results of RESULTS.md")
+    ap.add_argument("--preset", default="reranked", help="the RSE preset of the reranked path")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    global PRESET
+    PRESET = args.preset
 
     data = load_cuad(T.DEFAULT_CONTRACTS, T.DEFAULT_SEED)
     inner, model_name = base_embeddings()
     embeddings = CachedEmbeddings(inner, model_name)
     questions = offtopic_questions()
     off = CuadSubset(data.contracts, [Query(q, [], "offtopic") for q in questions])
-    retriever = build_retriever(data, embeddings, 600, make_enricher(args.enricher))
+    retriever = build_retriever(data, embeddings, args.chunk_size, make_enricher(args.enricher))
     corpus = T.corpus_of(retriever)
     real_br = T.precompute(data, corpus, embeddings)
     off_br = T.precompute(off, corpus, embeddings)
@@ -141,8 +149,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows.append(cells)
         log(f"{label}: {cells[1:]}")
     print(
-        f"\nrse+rerank (EmbeddingReranker, rank decay 20, preset reranked), CUAD dev "
-        f"{len(data.contracts)} contracts, enricher={args.enricher}; {len(questions)} off-topic "
+        f"\nrse+rerank (EmbeddingReranker, rank decay 20, preset {PRESET}), CUAD dev "
+        f"{len(data.contracts)} contracts, chunk_size={args.chunk_size}, "
+        f"enricher={args.enricher}; {len(questions)} off-topic "
         f"questions; real: half a {len(halves['a'])}, half b {len(halves['b'])} queries"
     )
     print(fmt_table(
@@ -159,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             sigmoid_temperature=CHOSEN["sig_temp"],
         )
         rse = retriever.model_copy(
-            update={"mode": "segments", "reranker": reranker, "rse_params": get_preset("reranked")}
+            update={"mode": "segments", "reranker": reranker, "rse_params": get_preset(PRESET)}
         )
         got = [rse.invoke(q, k=100) for q in questions]
         replay = _run("chosen", CHOSEN, corpus, off_br)
@@ -171,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"\nRSERetriever.invoke with EmbeddingReranker(calibration='sigmoid', "
             f"sigmoid_center={CHOSEN['sig_center']}, sigmoid_temperature={CHOSEN['sig_temp']}), "
-            f"preset reranked: {sum(not g for g in got)}/{len(got)} off-topic questions return "
+            f"preset {PRESET}: {sum(not g for g in got)}/{len(got)} off-topic questions return "
             f"nothing; {same}/{len(got)} answers identical to the replay"
         )
     embeddings.close()
