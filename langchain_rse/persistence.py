@@ -43,7 +43,7 @@ __all__ = [
 
 from langchain_rse.components import describe_component, restore_components
 from langchain_rse.embedding_cache import underlying
-from langchain_rse.records import json_bytes, local_form
+from langchain_rse.records import local_form, plain_form
 
 logger = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
         docstore_kind = "embedded"
         lines = (
             json.dumps(
-                [key, json_bytes(value).decode("utf-8", "surrogatepass")], ensure_ascii=False
+                [key, plain_form(key, value).decode("utf-8", "surrogatepass")], ensure_ascii=False
             )
             for key, value in retriever.docstore.store.items()
         )

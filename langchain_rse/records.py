@@ -44,6 +44,7 @@ __all__ = [
     "document_version",
     "json_bytes",
     "local_form",
+    "plain_form",
     "is_version_of",
     "pointer_key",
     "splitter_fingerprint",
@@ -183,6 +184,11 @@ def json_bytes(raw: bytes) -> bytes:
     """A stored record as JSON: bodies an in-process store keeps zlib-compressed are
     inflated (JSON starts with ``{``, a zlib stream never does)."""
     return zlib.decompress(raw) if raw[:1] != b"{" else raw
+
+
+def plain_form(key: str, raw: bytes) -> bytes:
+    """The inverse of :func:`local_form`: the record at ``key`` as plain JSON (for a save)."""
+    return json_bytes(raw) if key.startswith(_BODY) else raw
 
 
 def local_form(key: str, raw: bytes) -> bytes:
