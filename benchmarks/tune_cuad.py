@@ -814,6 +814,13 @@ def grid(name: str) -> Iterable[Config]:
                         decay_rate=decay, merge_touching=True)  # fmt: skip
             for order in ("value", "best", "density"):
                 yield Config(params=params, order=order, **kw7)
+    if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
+        for fetch in (50, 100, 200):
+            kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                                   "fetch_k": fetch, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                                   "doc_margin": 0.25, "order": "best"}  # fmt: skip
+            yield Config(mode="chunks", **kw8)
+            yield Config(params=get_preset("default"), **kw8)
     if name == "gap":  # relevance from the dense cosine gap (issue 16)
         kw5: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
                                "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
