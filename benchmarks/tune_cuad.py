@@ -87,7 +87,7 @@ TUNED_PARAMS = (
 COS_RANGES = ((0.82, 0.90), (0.84, 0.90), (0.86, 0.92))
 """Cosine -> relevance calibrations tried (e5-small cosines: chunk median ~0.80,
 top-1 ~0.90, gold chunks ~0.86 on CUAD)."""
-FETCH_KS = (10, 20, 50, 100, 200)
+FETCH_KS = (10, 20, 50, 100, 200, 400)
 """The fetch_k values a sweep may use."""
 
 
@@ -815,7 +815,7 @@ def grid(name: str) -> Iterable[Config]:
             for order in ("value", "best", "density"):
                 yield Config(params=params, order=order, **kw7)
     if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
-        for fetch in (50, 100, 200):
+        for fetch in (50, 100, 200, 400):
             kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
                                    "fetch_k": fetch, "weights": (4.0, 1.0), "doc_boost": 2.0,
                                    "doc_margin": 0.25, "order": "best"}  # fmt: skip
