@@ -143,7 +143,7 @@ class Spans(Sequence[tuple[int, int]]):
 class DocRecord(_Record):
     """The pointer: the current version of one document, read by every query."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore", arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True)  # merged with _Record's
 
     format: int = RECORD_FORMAT
     doc_id: str
