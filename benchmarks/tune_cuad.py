@@ -131,6 +131,13 @@ class Config:
     rank_decay: float | None = 20.0
     """``calibration`` .. ``rank_decay``: the reranker's (defaults: ``EmbeddingReranker``'s)."""
     pack: bool = False  # proto
+    rel_floor: float = 0.0  # proto
+    """Drop segments worth less than ``rel_floor`` times the best segment (a per-query stop)."""
+    route_only: bool | Literal["cands"] = False  # proto
+    off_route_floor: float = 1.0  # proto
+    """``route="soft"``: when the route holds, a segment of another document must be worth
+    ``off_route_floor`` times ``min_segment_value``."""
+    """``route="soft"``: when the route holds, drop segments of other documents."""
     """Fit each budget (:func:`pack`: best segments that fit, then the next-best
     chunks) instead of cutting one best-first list at each budget."""
     name: str = ""
@@ -162,6 +169,9 @@ class Config:
             or self.relevance != "rank"
             or self.order != "value"
             or self.pack
+            or self.rel_floor > 0
+            or self.route_only
+            or self.off_route_floor != 1.0
         )
 
 
@@ -355,7 +365,9 @@ def run_query(
         cfg.fusion,
         cfg.rrf_k,
     )
+    chosen_docs: set[int] | None = None
     if cfg.route == "soft":
+        chosen_docs = _route_choice(cfg, corpus, br, fused)
         fused = _soft_route(cfg, corpus, br, fused)
     fused = fused[: cfg.candidate_pool]
     cands = [int(h.id) for h in fused]
@@ -392,7 +404,15 @@ def run_query(
         chosen = set(sorted(mass, key=lambda d: -mass[d])[: cfg.route_docs])
         keep_idx = [i for i, r in enumerate(cands) if corpus.doc[r] in chosen]
         cands, rel = [cands[i] for i in keep_idx], rel[keep_idx]
+    if (cfg.route_only == "cands" or cfg.mode == "chunks") and cfg.route_only and chosen_docs:
+        keep_idx = [i for i, r in enumerate(cands) if corpus.doc[r] in chosen_docs]
+        if keep_idx:
+            cands, rel = [cands[i] for i in keep_idx], rel[keep_idx]
     if cfg.mode == "chunks" and max_chars is None:
+        if False:
+            keep_idx = [i for i, r in enumerate(cands) if corpus.doc[r] in chosen_docs]
+            if keep_idx:
+                cands, rel = [cands[i] for i in keep_idx], rel[keep_idx]
         order = np.argsort(-rel, kind="stable")
         return [
             (names[corpus.doc[cands[i]]], int(corpus.start[cands[i]]), int(corpus.end[cands[i]]))
@@ -420,6 +440,14 @@ def run_query(
                     p.merge_touching and cfg.mode == "segments")  # fmt: skip
     elif p.merge_touching:
         segs = merge_touching(segs)
+    if cfg.rel_floor > 0 and segs:
+        top_value = max(g.value for g in segs)
+        segs = [g for g in segs if g.value >= cfg.rel_floor * top_value]
+    if cfg.off_route_floor != 1.0 and chosen_docs:
+        floor = cfg.off_route_floor * p.min_segment_value
+        segs = [g for g in segs if docs[g.doc] in chosen_docs or g.value >= floor]
+    if cfg.route_only is True and chosen_docs:
+        segs = [g for g in segs if docs[g.doc] in chosen_docs] or segs
     if cfg.order == "density":
         segs = sorted(segs, key=lambda s: -s.value / (s.end - s.start))
     elif cfg.order == "best":
@@ -474,19 +502,24 @@ def pack(  # proto
     return merge_touching(kept) if merge else kept
 
 
-def _soft_route(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -> list[Any]:
-    """Boost the chunks of the top-ranked document(s) (if the unrouted ranking agrees)."""
+def _route_choice(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -> set[int] | None:
+    """The document(s) soft routing boosts, or None when the route does not hold."""
     ranking = br.doc_ranks.get(cfg.doc_source, br.doc_rank)
     top = ranking[: cfg.route_docs]
     sc = br.lead_scores
     if cfg.doc_margin and (not sc or (len(sc) > 1 and sc[0] < (1 + cfg.doc_margin) * sc[1])):
-        return fused
+        return None
     if cfg.route_check is not None:
         near = {int(corpus.doc[int(h.id)]) for h in fused[: cfg.route_check]}
         top = [d for d in top if d in near]
-    if not top:
+    return set(top) or None
+
+
+def _soft_route(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -> list[Any]:
+    """Boost the chunks of the top-ranked document(s) (if the unrouted ranking agrees)."""
+    chosen = _route_choice(cfg, corpus, br, fused)
+    if chosen is None:
         return fused
-    chosen = set(top)
     boost = 1.0 + cfg.doc_boost
     scored = [
         (h.score * boost if int(corpus.doc[int(h.id)]) in chosen else h.score, i, h)
@@ -814,6 +847,19 @@ def grid(name: str) -> Iterable[Config]:
                         decay_rate=decay, merge_touching=True)  # fmt: skip
             for order in ("value", "best", "density"):
                 yield Config(params=params, order=order, **kw7)
+    if name == "stop":  # a per-query stop: segments worth a fraction of the best (issue 16)
+        kw9: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                               "doc_margin": 0.25, "order": "best"}  # fmt: skip
+        yield Config(mode="chunks", **kw9)
+        yield Config(mode="chunks", route_only=True, **kw9)
+        yield Config(params=get_preset("default"), route_only="cands", **kw9)
+        for mult in (1.5, 2.0, 3.0, 5.0):
+            yield Config(params=get_preset("default"), off_route_floor=mult, **kw9)
+        for floor in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5):
+            for only in (False, True):
+                yield Config(params=get_preset("default"), rel_floor=floor, route_only=only,
+                             **kw9)  # fmt: skip
     if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
         for fetch in (50, 100, 200, 400):
             kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
