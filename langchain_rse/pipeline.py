@@ -42,6 +42,7 @@ from langchain_rse.validation import query_set
 __all__ = [
     "Candidate",
     "QuerySettings",
+    "Route",
     "StaleRead",
     "Trace",
     "handlers",
@@ -134,6 +135,15 @@ class Trace:
     bodies: dict[str, DocBody]
 
 
+@dataclass(frozen=True)
+class Route:
+    """The documents a query was routed to, when the route holds, and the factor their
+    chunks' fused scores were multiplied by (``inf``: only their chunks are candidates)."""
+
+    docs: frozenset[str]
+    factor: float
+
+
 # ---------------------------------------------------------------- stages (pure)
 
 
@@ -143,9 +153,10 @@ def candidates(
     lexical: Sequence[list[Hit]],
     routed: set[str] | None = None,
     router: DocumentRouter | None = None,
-) -> list[Candidate]:
+) -> tuple[list[Candidate], Route | None]:
     """Fuse (dense, lexical) hits of each query into candidates, best first; with
-    ``routed``, only chunks of those documents (if the unrouted ranking agrees)."""
+    ``routed``, the chunks of those documents boosted, or only those chunks (if the
+    unrouted ranking agrees). Also the route that holds, if one does."""
     branches: list[list[Hit]] = []
     texts: dict[str, str] = {}
     for d, lex in zip(dense, lexical):
@@ -153,14 +164,17 @@ def candidates(
         texts.update(d.texts)
     weights = list(s.weights) * len(dense)
     fused = fuse(branches, weights, s.fusion, s.rrf_k)
+    route = None
     if routed is not None and router is not None:
         routed = router.confirmed(routed, [h.id for h in fused])
     if routed is not None and router is not None and not math.isinf(router.boost):
         fused = boosted(fused, routed, 1.0 + router.boost)
+        route = Route(frozenset(routed), 1.0 + router.boost)
     elif routed is not None:
         kept = [[h for h in b if doc_of(h[0]) in routed] for b in branches]
         if any(kept):
             fused = fuse(kept, weights, s.fusion, s.rrf_k)
+            route = Route(frozenset(routed), math.inf)
         else:  # not ours, or not found by either branch: a filter would return nothing
             logger.debug("no candidates in the routed documents %s; searching all", routed)
     pool = s.candidate_pool + (len(dense) - 1) * (s.candidate_pool // 2)
@@ -168,7 +182,7 @@ def candidates(
     for hit in fused[:pool]:
         doc_id, version, idx = parse_chunk_key(hit.id)
         out.append(Candidate(hit.id, doc_id, version, idx, hit, texts.get(hit.id)))
-    return out
+    return out, route
 
 
 def boosted(fused: list[FusedHit], docs: set[str], factor: float) -> list[FusedHit]:
@@ -234,8 +248,15 @@ Selection = list[tuple[str, int, int, float]]
 """Chosen ``(doc_id, chunk_start, chunk_end, score)``, best first."""
 
 
-def select(s: QuerySettings, cands: list[Candidate], metas: dict[str, DocRecord]) -> Selection:
-    """The top-k chunks, or the best RSE segments."""
+def select(
+    s: QuerySettings,
+    cands: list[Candidate],
+    metas: dict[str, DocRecord],
+    route: Route | None = None,
+) -> Selection:
+    """The top-k chunks, or the best RSE segments. While a soft ``route`` holds, a segment
+    of a document outside it must be worth ``route.factor`` times ``min_segment_value``:
+    the bar rises by the factor the routed documents' chunks were favoured by."""
     if s.mode == "chunks":
         ranked = sorted(cands, key=lambda c: -c.relevance)
         return [(c.doc_id, c.chunk_index, c.chunk_index + 1, c.relevance) for c in ranked[: s.k]]
@@ -251,6 +272,9 @@ def select(s: QuerySettings, cands: list[Candidate], metas: dict[str, DocRecord]
     segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
     if p.merge_touching:
         segs = merge_touching(segs)
+    if route is not None and not math.isinf(route.factor):
+        bar = route.factor * p.min_segment_value
+        segs = [g for g in segs if docs[g.doc] in route.docs or g.value >= bar]
     segs = by_best_chunk(segs, values, offsets)
     return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
 
@@ -311,7 +335,7 @@ def _query_ranks(
 
 
 def run_pipeline(
-    s: QuerySettings, cands: list[Candidate]
+    s: QuerySettings, cands: list[Candidate], route: Route | None = None
 ) -> Generator[Request, Any, list[Document]]:
     """Records → current candidates → rerank → relevance → selection → documents."""
     if not cands:
@@ -335,7 +359,7 @@ def run_pipeline(
             logger.warning("reranker failed (%s); using the fused ranking instead", exc)
             fallback = True
     cands = apply_relevance(s, cands, reranked)
-    selection = select(s, cands, metas)
+    selection = select(s, cands, metas, route)
     need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
     bodies.update(zip((m.doc_id for m in need), (yield ("bodies", need))))
     if s.trace:
@@ -346,11 +370,13 @@ def run_pipeline(
 # ---------------------------------------------------------------- the whole query
 
 
-def _retrying(s: QuerySettings, cands: list[Candidate]) -> Generator[Request, Any, list[Document]]:
+def _retrying(
+    s: QuerySettings, cands: list[Candidate], route: Route | None
+) -> Generator[Request, Any, list[Document]]:
     """:func:`run_pipeline`, started again when a document changed under it."""
     for _ in range(READ_ATTEMPTS):
         try:
-            return (yield from run_pipeline(s, list(cands)))
+            return (yield from run_pipeline(s, list(cands), route))
         except StaleRead as exc:
             logger.debug("document %s changed during a query; re-reading", exc)
     raise RuntimeError("the record store keeps losing documents during this query")
@@ -363,7 +389,7 @@ def retrieve(
     ``("search", s)`` is answered with ``(dense, lexical, routed)``: each query's branch
     results and the routed documents (``None`` without a route)."""
     dense, lexical, routed = yield ("search", s)
-    return (yield from _retrying(s, candidates(s, dense, lexical, routed, router)))
+    return (yield from _retrying(s, *candidates(s, dense, lexical, routed, router)))
 
 
 THROWN = (RerankError, StaleRead)

@@ -69,8 +69,10 @@ class DocumentRouter(BaseModel):
     tell apart (contracts from one template, asked about an order number) are not routed."""
     boost: float = Field(default=math.inf, gt=0)
     """How strongly the chosen documents are favoured: their chunks' fused scores are
-    multiplied by ``1 + boost`` (chunks of other documents keep theirs). ``inf``: only
-    their chunks are kept (a filter)."""
+    multiplied by ``1 + boost`` (chunks of other documents keep theirs), and in segments
+    mode a segment of another document must be worth ``1 + boost`` times the preset's
+    ``min_segment_value`` (strong passages elsewhere still come back, weak ones do not).
+    ``inf``: only their chunks are kept (a filter)."""
 
     @classmethod
     def leads(cls, boost: float = DEFAULT_BOOST, **kwargs: Any) -> DocumentRouter:

@@ -383,3 +383,65 @@ def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
     assert any("order 317" in d.page_content for d in retriever.invoke(query, mode="chunks"))
     # without the margin the route is taken (and misses: the lead search cannot tell)
     assert retriever.router.model_copy(update={"margin": 0.0}).chosen(leads)  # type: ignore[union-attr]
+
+
+def test_off_route_segments_must_clear_the_boosted_bar() -> None:
+    from langchain_rse.chunking import chunk_key
+    from langchain_rse.fusion import FusedHit
+    from langchain_rse.pipeline import Candidate, QuerySettings, Route, select
+    from langchain_rse.records import DocRecord
+    from langchain_rse.segments import get_preset
+
+    params = get_preset("default")
+    metas = {
+        d: DocRecord(doc_id=d, version="v", metadata={}, spans=[(i, i + 1) for i in range(10)])
+        for d in ("a", "b")
+    }
+
+    def cand(doc: str, idx: int, relevance: float) -> Candidate:
+        key = chunk_key(doc, "v", idx)
+        return Candidate(key, doc, "v", idx, FusedHit(key, relevance, (1, None)),
+                         relevance=relevance)  # fmt: skip
+
+    # a0 is the routed document's hit; b8 is worth 0.75, b5 0.3 (above the floor 0.2, below
+    # (1 + boost) x 0.2 = 0.6)
+    cands = [cand("a", 0, 1.0), cand("b", 8, 0.95), cand("b", 5, 0.5)]
+    s = QuerySettings(k=10, mode="segments", queries=["q"], weights=(4.0, 1.0), fusion="rrf",
+                      rrf_k=60.0, candidate_pool=50, relevance="rank", params=params,
+                      rerank=False, strict_rerank=False)  # fmt: skip
+    picked = lambda route: [(d, start) for d, start, _, _ in select(s, cands, metas, route)]  # noqa: E731
+    assert picked(None) == [("a", 0), ("b", 8), ("b", 5)]
+    assert picked(Route(frozenset({"a"}), 1.0 + DEFAULT_BOOST)) == [("a", 0), ("b", 8)]
+    # the routed document's own segments need only the floor
+    assert picked(Route(frozenset({"b"}), 1.0 + DEFAULT_BOOST)) == [("a", 0), ("b", 8), ("b", 5)]
+    # a hard route already dropped the other documents' candidates: nothing more to do
+    assert picked(Route(frozenset({"a"}), math.inf)) == [("a", 0), ("b", 8), ("b", 5)]
+    # chunks mode has no floor: unchanged
+    chunks = QuerySettings(**{**s.__dict__, "mode": "chunks"})
+    assert len(select(chunks, cands, metas, Route(frozenset({"a"}), 3.0))) == 3
+
+
+def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
+    from langchain_rse.explain import tracing
+    from langchain_rse.pipeline import QuerySettings, select
+
+    retriever = default_retriever()
+    retriever.add_documents(
+        [contract(n) for n in [*NAMES, "Draco", "Cygnus", "Aquila", "Hydra", "Carina"]]
+    )
+    router = retriever.router
+    assert router is not None
+    assert router.chosen(router.retriever.invoke(QUERY)) == {"orion.txt"}
+    bar = (1.0 + router.boost) * retriever.params.min_segment_value
+    with tracing() as traces:
+        segments = retriever.invoke(QUERY, k=50)
+    assert segments[0].metadata["doc_id"] == "orion.txt"
+    others = [d.metadata["score"] for d in segments if d.metadata["doc_id"] != "orion.txt"]
+    assert others and all(score >= bar for score in others)
+    # the same candidates without the bar: weaker segments of the other contracts too
+    trace = traces[-1]
+    s = QuerySettings.of(retriever, QUERY, 50, None, None, [], None)
+    unbarred = select(s, trace.candidates, trace.metas, None)
+    dropped = [g for g in unbarred if g not in trace.selection]
+    assert dropped and all(d != "orion.txt" and value < bar for d, _, _, value in dropped)
+    assert [g for g in unbarred if g not in dropped] == trace.selection
