@@ -92,22 +92,31 @@ def fuse(
     if rrf_k < 0:
         raise ValueError(f"rrf_k must be non-negative, got {rrf_k}")
 
-    totals: dict[str, float] = {}
-    ranks: dict[str, list[int | None]] = {}
-    n = len(branches)
-    for b, (branch, weight) in enumerate(zip(branches, weights)):
-        if method == "rrf":
-            contrib = [weight / (rrf_k + r) for r in range(1, len(branch) + 1)]
-        else:
-            contrib = (weight * _normalise(_branch_scores(branch), method)).tolist()
-        for r, ((hit_id, _), value) in enumerate(zip(branch, contrib), start=1):
-            slot = ranks.get(hit_id)
-            if slot is None:
-                slot = ranks[hit_id] = [None] * n
-                totals[hit_id] = 0.0
-            elif slot[b] is not None:
-                continue
-            slot[b] = r
-            totals[hit_id] += value
-    order = sorted(totals, key=totals.__getitem__, reverse=True)  # stable: ties keep order
-    return [FusedHit(i, totals[i], tuple(ranks[i])) for i in order]
+    # Each id's position in order of first appearance across the branches, per branch.
+    first: dict[str, int] = {}
+    positions = [[first.setdefault(hit[0], len(first)) for hit in branch] for branch in branches]
+    totals = np.zeros(len(first))
+    rank_columns = []  # per branch: each id's 1-based rank, None where the branch lacks it
+    for branch, pos, weight in zip(branches, positions, weights):
+        column = np.full(len(first), None, dtype=object)
+        if pos:
+            # duplicates inside a branch keep their first (best) rank
+            ids, at = np.unique(np.asarray(pos, dtype=np.intp), return_index=True)
+            if method == "rrf":
+                totals[ids] += weight / (rrf_k + (at + 1.0))
+            else:
+                totals[ids] += (weight * _normalise(_branch_scores(branch), method))[at]
+            column[ids] = (at + 1).tolist()
+        rank_columns.append(column)
+    order = np.argsort(-totals, kind="stable")  # ties keep the order of first appearance
+    names = list(first)
+    return list(
+        map(
+            FusedHit._make,
+            zip(
+                [names[i] for i in order.tolist()],
+                totals[order].tolist(),
+                zip(*(column[order].tolist() for column in rank_columns)),
+            ),
+        )
+    )

@@ -77,3 +77,43 @@ def test_bad_arguments() -> None:
 )
 def test_quotes_code(query: str, code: bool) -> None:
     assert quotes_code(query) is code
+
+
+def _reference_fuse(branches, weights, method, rrf_k=60.0):  # type: ignore[no-untyped-def]
+    """Fusion written out one hit at a time, as the definition reads."""
+    import numpy as np
+
+    from langchain_rse.fusion import _branch_scores, _normalise
+
+    totals: dict[str, float] = {}
+    ranks: dict[str, list[int | None]] = {}
+    for b, (branch, weight) in enumerate(zip(branches, weights)):
+        if method == "rrf":
+            contrib = [weight / (rrf_k + r) for r in range(1, len(branch) + 1)]
+        else:
+            contrib = list(weight * _normalise(_branch_scores(branch), method))
+        for r, ((hit_id, _), value) in enumerate(zip(branch, contrib), start=1):
+            slot = ranks.setdefault(hit_id, [None] * len(branches))
+            totals.setdefault(hit_id, 0.0)
+            if slot[b] is None:
+                slot[b] = r
+                totals[hit_id] += float(np.float64(value))
+    order = sorted(totals, key=totals.__getitem__, reverse=True)
+    return [(i, totals[i], tuple(ranks[i])) for i in order]
+
+
+@pytest.mark.parametrize("method", ["rrf", "relative_score", "dist_based"])
+def test_fuse_equals_the_hit_by_hit_definition(method: str) -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randint(0, 4)
+        branches = []
+        for _b in range(n):
+            ids = [f"c{rng.randint(0, 30)}" for _ in range(rng.randint(0, 25))]  # duplicates
+            scored = rng.random() < 0.7
+            branches.append([(i, rng.uniform(-1, 3) if scored else None) for i in ids])
+        weights = [rng.choice([0.0, 0.5, 1.0, 4.0]) for _ in branches]
+        got = [tuple(h) for h in fuse(branches, weights, method)]
+        assert got == _reference_fuse(branches, weights, method)
