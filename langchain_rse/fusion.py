@@ -110,13 +110,12 @@ def fuse(
         rank_columns.append(column)
     order = np.argsort(-totals, kind="stable")  # ties keep the order of first appearance
     names = list(first)
-    return list(
-        map(
-            FusedHit._make,
-            zip(
-                [names[i] for i in order.tolist()],
-                totals[order].tolist(),
-                zip(*(column[order].tolist() for column in rank_columns)),
-            ),
+    new = tuple.__new__  # FusedHit's own constructor, without its Python-level wrapper
+    return [
+        new(FusedHit, hit)
+        for hit in zip(
+            [names[i] for i in order.tolist()],
+            totals[order].tolist(),
+            zip(*(column[order].tolist() for column in rank_columns)),
         )
-    )
+    ]

@@ -188,8 +188,12 @@ def candidates(
 def boosted(fused: list[FusedHit], docs: set[str], factor: float) -> list[FusedHit]:
     """``fused`` re-ranked with the scores of the chunks of ``docs`` multiplied by
     ``factor`` (ties keep their order)."""
-    scored = [h._replace(score=h.score * factor) if doc_of(h.id) in docs else h for h in fused]
-    return sorted(scored, key=lambda h: h.score, reverse=True)
+    scores = [h.score * factor if doc_of(h.id) in docs else h.score for h in fused]
+    order = sorted(range(len(fused)), key=scores.__getitem__, reverse=True)  # stable
+    return [
+        FusedHit(h.id, scores[i], h.ranks) if (h := fused[i]).score != scores[i] else h
+        for i in order
+    ]
 
 
 def current(
