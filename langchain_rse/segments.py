@@ -167,17 +167,19 @@ def best_segments(
     best_len = np.zeros(n, dtype=np.int64)
 
     def rescore(idx: np.ndarray) -> None:
+        """The best run from each start in ``idx`` (every length at once; the first,
+        shortest, of equal values), as the first pass computes it."""
         lim = limit[idx]
-        top = np.full(idx.size, -np.inf)
-        top_len = np.zeros(idx.size, dtype=np.int64)
-        for length in range(1, int(lim.max(initial=0)) + 1):
-            ok = lim >= length
-            cand = prefix[np.minimum(idx + length, n)] - prefix[idx]
-            better = ok & (cand > top)
-            top = np.where(better, cand, top)
-            top_len = np.where(better, length, top_len)
+        lengths = np.arange(1, int(lim.max(initial=0)) + 1)
+        runs = prefix[np.minimum(idx[:, None] + lengths, n)] - prefix[idx][:, None]
+        runs[lengths > lim[:, None]] = -np.inf
+        if not lengths.size:
+            best[idx], best_len[idx] = -np.inf, 0
+            return
+        pick = runs.argmax(axis=1)
+        top = runs[np.arange(idx.size), pick]
         best[idx] = top
-        best_len[idx] = top_len
+        best_len[idx] = np.where(np.isfinite(top), pick + 1, 0)
 
     # First pass over all starts, with slices instead of gathers.
     for length in range(1, int(limit.max()) + 1):
