@@ -863,6 +863,13 @@ def grid(name: str) -> Iterable[Config]:
             for only in (False, True):
                 yield Config(params=get_preset("default"), rel_floor=floor, route_only=only,
                              **kw9)  # fmt: skip
+    if name == "weights":  # dense:BM25 fusion weights under today's default (issue 16)
+        for w in ((2.0, 1.0), (3.0, 1.0), (4.0, 1.0), (6.0, 1.0)):
+            kw10: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                                    "fetch_k": 200, "weights": w, "doc_boost": 2.0,
+                                    "doc_margin": 0.25, "order": "best"}  # fmt: skip
+            yield Config(mode="chunks", **kw10)
+            yield Config(params=get_preset("default"), off_route_floor=3.0, **kw10)
     if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
         for fetch in (50, 100, 200, 400):
             kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
