@@ -858,7 +858,8 @@ def grid(name: str) -> Iterable[Config]:
             yield Config(params=get_preset("default"), off_route_floor=mult, **kw9)
         for merge in (True, False):  # touching segments joined (the default) or not
             yield Config(params=_p(get_preset("default"), merge_touching=merge),
-                         off_route_floor=3.0, name=f"default, merge_touching={merge}", **kw9)  # fmt: skip
+                         off_route_floor=3.0, name=f"default, merge_touching={merge}",
+                         **kw9)  # fmt: skip
         for floor in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5):
             for only in (False, True):
                 yield Config(params=get_preset("default"), rel_floor=floor, route_only=only,
