@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from langchain_core.documents import Document
@@ -188,12 +189,9 @@ def candidates(
 def boosted(fused: list[FusedHit], docs: set[str], factor: float) -> list[FusedHit]:
     """``fused`` re-ranked with the scores of the chunks of ``docs`` multiplied by
     ``factor`` (ties keep their order)."""
-    scores = [h.score * factor if doc_of(h.id) in docs else h.score for h in fused]
-    order = sorted(range(len(fused)), key=scores.__getitem__, reverse=True)  # stable
-    return [
-        FusedHit(h.id, scores[i], h.ranks) if (h := fused[i]).score != scores[i] else h
-        for i in order
-    ]
+    scored = [FusedHit(h.id, h.score * factor, h.ranks) if doc_of(h.id) in docs else h
+              for h in fused]  # fmt: skip
+    return sorted(scored, key=attrgetter("score"), reverse=True)  # stable: ties keep order
 
 
 def current(

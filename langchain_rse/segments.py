@@ -171,11 +171,11 @@ def best_segments(
         shortest, of equal values), as the first pass computes it."""
         lim = limit[idx]
         lengths = np.arange(1, int(lim.max(initial=0)) + 1)
-        runs = prefix[np.minimum(idx[:, None] + lengths, n)] - prefix[idx][:, None]
-        runs[lengths > lim[:, None]] = -np.inf
-        if not lengths.size:
+        if not lengths.size:  # no run fits anywhere in idx
             best[idx], best_len[idx] = -np.inf, 0
             return
+        runs = prefix[np.minimum(idx[:, None] + lengths, n)] - prefix[idx][:, None]
+        runs[lengths > lim[:, None]] = -np.inf
         pick = runs.argmax(axis=1)
         top = runs[np.arange(idx.size), pick]
         best[idx] = top
