@@ -871,6 +871,17 @@ def grid(name: str) -> Iterable[Config]:
                                     "doc_margin": 0.25, "order": "best"}  # fmt: skip
             yield Config(mode="chunks", **kw10)
             yield Config(params=get_preset("default"), off_route_floor=3.0, **kw10)
+    if name == "preset":  # the default preset's values again, under the off-route bar
+        kw11: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                                "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                                "doc_margin": 0.25, "order": "best",
+                                "off_route_floor": 3.0}  # fmt: skip
+        for decay in (15.0, 20.0, 30.0):
+            for pen in (0.15, 0.2, 0.25):
+                for mv in (0.2, 0.3):
+                    params = _p(get_preset("default"), decay_rate=decay,
+                                irrelevant_chunk_penalty=pen, min_segment_value=mv)  # fmt: skip
+                    yield Config(params=params, **kw11)
     if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
         for fetch in (50, 100, 200, 400):
             kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
