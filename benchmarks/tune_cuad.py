@@ -53,7 +53,6 @@ from cuad_data import (
     DEFAULT_SEED,
     CuadSubset,
     build_retriever,
-    build_router,
     lead_title,
     load_cuad,
     make_enricher,
@@ -67,6 +66,7 @@ from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, chunk_key
 from langchain_rse.fusion import fuse
 from langchain_rse.lexical import BM25Index
 from langchain_rse.rerank import EmbeddingReranker
+from langchain_rse.routing import DEFAULT_BOOST
 from langchain_rse.segments import (
     RSEParams,
     Segment,
@@ -89,6 +89,12 @@ COS_RANGES = ((0.82, 0.90), (0.84, 0.90), (0.86, 0.92))
 top-1 ~0.90, gold chunks ~0.86 on CUAD)."""
 FETCH_KS = (10, 20, 50, 100, 200, 400)
 """The fetch_k values a sweep may use."""
+LIBRARY: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                           "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                           "doc_margin": 0.25, "order": "best"}  # fmt: skip
+"""The library's default query path in :class:`Config` terms: lead routing (BM25 over the
+leads, a soft boost of 2, the margin and agreement checks), fusion 4:1 fetching 200 per
+branch, segments in the order of their best chunk (with ``off_route_floor=3``: the bar)."""
 
 
 @dataclass(frozen=True)
@@ -848,40 +854,31 @@ def grid(name: str) -> Iterable[Config]:
             for order in ("value", "best", "density"):
                 yield Config(params=params, order=order, **kw7)
     if name == "stop":  # a per-query stop: segments worth a fraction of the best (issue 16)
-        kw9: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                               "doc_margin": 0.25, "order": "best"}  # fmt: skip
-        yield Config(mode="chunks", **kw9)
-        yield Config(mode="chunks", route_only=True, **kw9)
-        yield Config(params=get_preset("default"), route_only="cands", **kw9)
+        yield Config(mode="chunks", **LIBRARY)
+        yield Config(mode="chunks", route_only=True, **LIBRARY)
+        yield Config(params=get_preset("default"), route_only="cands", **LIBRARY)
         for mult in (1.5, 2.0, 3.0, 5.0):
-            yield Config(params=get_preset("default"), off_route_floor=mult, **kw9)
+            yield Config(params=get_preset("default"), off_route_floor=mult, **LIBRARY)
         for merge in (True, False):  # touching segments joined (the default) or not
             yield Config(params=_p(get_preset("default"), merge_touching=merge),
                          off_route_floor=3.0, name=f"default, merge_touching={merge}",
-                         **kw9)  # fmt: skip
+                         **LIBRARY)  # fmt: skip
         for floor in (0.0, 0.1, 0.2, 0.3, 0.4, 0.5):
             for only in (False, True):
                 yield Config(params=get_preset("default"), rel_floor=floor, route_only=only,
-                             **kw9)  # fmt: skip
+                             **LIBRARY)  # fmt: skip
     if name == "weights":  # dense:BM25 fusion weights under today's default (issue 16)
         for w in ((2.0, 1.0), (3.0, 1.0), (4.0, 1.0), (6.0, 1.0)):
-            kw10: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                                    "fetch_k": 200, "weights": w, "doc_boost": 2.0,
-                                    "doc_margin": 0.25, "order": "best"}  # fmt: skip
-            yield Config(mode="chunks", **kw10)
-            yield Config(params=get_preset("default"), off_route_floor=3.0, **kw10)
+            yield Config(mode="chunks", **{**LIBRARY, "weights": w})
+            yield Config(params=get_preset("default"), off_route_floor=3.0,
+                         **{**LIBRARY, "weights": w})  # fmt: skip
     if name == "preset":  # the default preset's values again, under the off-route bar
-        kw11: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                                "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                                "doc_margin": 0.25, "order": "best",
-                                "off_route_floor": 3.0}  # fmt: skip
         for decay in (15.0, 20.0, 30.0):
             for pen in (0.15, 0.2, 0.25):
                 for mv in (0.2, 0.3):
                     params = _p(get_preset("default"), decay_rate=decay,
                                 irrelevant_chunk_penalty=pen, min_segment_value=mv)  # fmt: skip
-                    yield Config(params=params, **kw11)
+                    yield Config(params=params, off_route_floor=3.0, **LIBRARY)
     if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
         for fetch in (50, 100, 200, 400):
             kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
@@ -918,24 +915,20 @@ def verify(
     embeddings: CachedEmbeddings,
     n: int = 40,
 ) -> None:
-    """The replay must return what the retriever returns (default configuration, with the
-    embedding reranker, and with the library's document routing as ``route_lib`` runs it)."""
-    reranker = EmbeddingReranker(embeddings=embeddings)
-    routed: dict[str, Any] = {
-        "document_router": build_router(data, embeddings),
-        "weights": (1.0, 0.0),
+    """The replay must return what the retriever returns: its defaults (:data:`LIBRARY`,
+    the default preset and the off-route bar), alone and with the embedding reranker."""
+    segments = Config(params=get_preset("default"), off_route_floor=1.0 + DEFAULT_BOOST,
+                      **LIBRARY)  # fmt: skip
+    cases = {
+        "none": ({}, segments),
+        "embedding": (
+            {"reranker": EmbeddingReranker(embeddings=embeddings)},
+            replace(segments, rerank="embedding"),
+        ),  # fmt: skip
     }
-    for rerank, mode in itertools.product(("none", "embedding", "route"), ("segments", "chunks")):
-        update: dict[str, Any] = {"mode": mode}
-        # the library orders segments by their best chunk (``segments.by_best_chunk``)
-        cfg = Config(mode=mode, rerank=rerank if rerank != "route" else "none", order="best")
-        if rerank == "embedding":
-            update["reranker"] = reranker
-        if rerank == "route":
-            update.update(routed)
-            cfg = Config(mode=mode, route="title_filter", fetch_k=200, weights=(1.0, 0.0),
-                         route_check=10, order="best")  # fmt: skip
-        r = retriever.model_copy(update=update)
+    for (name, (update, cfg)), mode in itertools.product(cases.items(), ("segments", "chunks")):
+        r = retriever.model_copy(update={**update, "mode": mode})
+        cfg = replace(cfg, mode=mode)
         bad = 0
         for q, br in list(zip(data.queries, branches))[:n]:
             k = 100 if mode == "segments" else 2 * math.ceil(max(BUDGETS) / 300) + 4
@@ -950,7 +943,7 @@ def verify(
                 bad += 1
                 first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
                 log(f"  differs at position {first} of {len(got)} / {len(want)}")
-        log(f"verify {mode}, rerank={rerank}: {n - bad}/{n} queries identical")
+        log(f"verify {mode}, rerank={name}: {n - bad}/{n} queries identical")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
