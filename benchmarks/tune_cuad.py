@@ -879,6 +879,11 @@ def grid(name: str) -> Iterable[Config]:
                     params = _p(get_preset("default"), decay_rate=decay,
                                 irrelevant_chunk_penalty=pen, min_segment_value=mv)  # fmt: skip
                     yield Config(params=params, off_route_floor=3.0, **LIBRARY)
+    if name == "rerank_bar":  # the off-route bar on the reranker path (preset "reranked")
+        for bar in (1.0, 1.0 + DEFAULT_BOOST):
+            for calibration in ("minmax", "sigmoid"):
+                yield Config(params=get_preset("reranked"), rerank="embedding",
+                             calibration=calibration, off_route_floor=bar, **LIBRARY)  # fmt: skip
     if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
         for fetch in (50, 100, 200, 400):
             kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
