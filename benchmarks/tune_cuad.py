@@ -884,6 +884,11 @@ def grid(name: str) -> Iterable[Config]:
             for calibration in ("minmax", "sigmoid"):
                 yield Config(params=get_preset("reranked"), rerank="embedding",
                              calibration=calibration, off_route_floor=bar, **LIBRARY)  # fmt: skip
+    if name == "boost":  # the route's boost, with the bar at 1 + boost
+        for boost in (1.0, 2.0, 3.0, 4.0, 6.0):
+            cfg = {**LIBRARY, "doc_boost": boost}
+            yield Config(mode="chunks", **cfg)
+            yield Config(params=get_preset("default"), off_route_floor=1.0 + boost, **cfg)
     if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
         for fetch in (50, 100, 200, 400):
             kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
