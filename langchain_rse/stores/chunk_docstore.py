@@ -31,13 +31,13 @@ with warnings.catch_warnings():  # langchain-community warns on import
 __all__ = ["ChunkDocstore"]
 
 _KEY_FIELDS = ("doc_id", "doc_version", "chunk_index")
+"""The metadata that names a chunk of the retriever (its chunk key)."""
 
 _ARITHMETIC = (
     VectorStore._euclidean_relevance_score_fn,
     VectorStore._cosine_relevance_score_fn,
 )
 """LangChain's relevance functions that are plain arithmetic, so they map an array."""
-"""The metadata that names a chunk of the retriever (its chunk key)."""
 
 
 class ChunkDocstore(Docstore, AddableMixin):
