@@ -89,12 +89,15 @@ COS_RANGES = ((0.82, 0.90), (0.84, 0.90), (0.86, 0.92))
 top-1 ~0.90, gold chunks ~0.86 on CUAD)."""
 FETCH_KS = (10, 20, 50, 100, 200, 400)
 """The fetch_k values a sweep may use."""
-LIBRARY: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                           "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                           "doc_margin": 0.25, "order": "best"}  # fmt: skip
-"""The library's default query path in :class:`Config` terms: lead routing (BM25 over the
+ROUTED: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
+                          "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
+                          "doc_margin": 0.25}  # fmt: skip
+"""The library's routing and fusion in :class:`Config` terms: lead routing (BM25 over the
 leads, a soft boost of 2, the margin and agreement checks), fusion 4:1 fetching 200 per
-branch, segments in the order of their best chunk (with ``off_route_floor=3``: the bar)."""
+branch."""
+LIBRARY: dict[str, Any] = {**ROUTED, "order": "best"}
+"""The library's default query path: :data:`ROUTED`, segments in the order of their best
+chunk (with ``off_route_floor=3``: the bar)."""
 
 
 @dataclass(frozen=True)
@@ -816,43 +819,32 @@ def grid(name: str) -> Iterable[Config]:
                     yield Config(params=params, **kw2)
     if name == "margin":  # the default, with a confidence margin on the lead search
         for margin in (0.0, 0.1, 0.25, 0.5, 1.0):
-            kw3: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                                   "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                                   "doc_margin": margin}  # fmt: skip
+            kw3 = {**ROUTED, "doc_margin": margin}
             yield Config(mode="chunks", **kw3)
             yield Config(params=_p(dp, max_segment_chunks=2, min_segment_value=0.3,
                                    merge_touching=True), **kw3)  # fmt: skip
     if name == "pack":  # fit each budget (issue 16): the default, with and without
-        kw4: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                               "doc_margin": 0.25}  # fmt: skip
         seg = _p(dp, max_segment_chunks=2, min_segment_value=0.3, merge_touching=True)
         for pk in (False, True):
-            yield Config(mode="chunks", pack=pk, **kw4)
-            yield Config(params=seg, pack=pk, **kw4)
-            yield Config(params=seg, pack=pk, **{**kw4, "weights": (1.0, 0.0)})
+            yield Config(mode="chunks", pack=pk, **ROUTED)
+            yield Config(params=seg, pack=pk, **ROUTED)
+            yield Config(params=seg, pack=pk, **{**ROUTED, "weights": (1.0, 0.0)})
     if name == "size":  # the default's routing and fusion with RSE lengths for other chunk sizes
-        kw6: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                               "doc_margin": 0.25}  # fmt: skip
-        yield Config(mode="chunks", **kw6)
+        yield Config(mode="chunks", **ROUTED)
         for seg in (2, 3, 4, 6):
             for mv, pen in ((0.3, 0.3), (0.2, 0.2), (0.4, 0.3)):
                 for decay, total in ((10.0, 12), (20.0, 24)):
                     params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
                                 irrelevant_chunk_penalty=pen, decay_rate=decay,
                                 max_total_chunks=total, merge_touching=True)  # fmt: skip
-                    yield Config(params=params, **kw6)
+                    yield Config(params=params, **ROUTED)
     if name == "order":  # segments ordered by their best chunk (issue 16)
-        kw7: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                               "doc_margin": 0.25}  # fmt: skip
         for seg, total, mv, pen, decay in ((3, 24, 0.2, 0.2, 20.0), (2, 12, 0.3, 0.3, 10.0)):
             params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
                         max_total_chunks=total, irrelevant_chunk_penalty=pen,
                         decay_rate=decay, merge_touching=True)  # fmt: skip
             for order in ("value", "best", "density"):
-                yield Config(params=params, order=order, **kw7)
+                yield Config(params=params, order=order, **ROUTED)
     if name == "stop":  # a per-query stop: segments worth a fraction of the best (issue 16)
         yield Config(mode="chunks", **LIBRARY)
         yield Config(mode="chunks", route_only=True, **LIBRARY)
@@ -891,15 +883,10 @@ def grid(name: str) -> Iterable[Config]:
             yield Config(params=get_preset("default"), off_route_floor=1.0 + boost, **cfg)
     if name == "fetch":  # how deep each branch fetches for the router (issue 18's query path)
         for fetch in (50, 100, 200, 400):
-            kw8: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                                   "fetch_k": fetch, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                                   "doc_margin": 0.25, "order": "best"}  # fmt: skip
+            kw8 = {**LIBRARY, "fetch_k": fetch}
             yield Config(mode="chunks", **kw8)
             yield Config(params=get_preset("default"), **kw8)
     if name == "gap":  # relevance from the dense cosine gap (issue 16)
-        kw5: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 10,
-                               "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
-                               "doc_margin": 0.25}  # fmt: skip
         for power in (0.5, 1.0, 2.0, 4.0):
             for seg, mv, pen in ((1, 0.2, 0.2), (2, 0.3, 0.3), (2, 0.2, 0.2), (2, 0.1, 0.1),
                                  (3, 0.2, 0.2), (4, 0.2, 0.1)):  # fmt: skip
@@ -907,7 +894,7 @@ def grid(name: str) -> Iterable[Config]:
                     params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
                                 irrelevant_chunk_penalty=pen, decay_rate=decay,
                                 merge_touching=True)  # fmt: skip
-                    yield Config(params=params, relevance="gap", gap_power=power, **kw5)
+                    yield Config(params=params, relevance="gap", gap_power=power, **ROUTED)
     if name == "merge":  # touching segments returned as one, without routing
         for params in (dp, _p(dp, max_segment_chunks=2, min_segment_value=0.3)):
             for merge in (False, True):
