@@ -123,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--fusion", default="rrf")
     ap.add_argument("--weights", default="1,1", help="dense,lexical fusion weights")
     ap.add_argument("--fetch-k", type=int, default=50)
+    ap.add_argument("--rrf-k", type=float, default=60.0, help="RRF's rank constant")
     ap.add_argument(
         "--code-weights", default="1,1", help="weights for queries that quote code, or 'none'"
     )
@@ -140,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         mode="chunks",
         chunk_size=CHUNK_SIZE,
         fusion=args.fusion,
+        rrf_k=args.rrf_k,
         weights=(dense_w, lexical_w),
         code_weights=None
         if args.code_weights == "none"
@@ -162,10 +164,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"Anthropic codebase set: {len(docs)} chunks, {len(queries)} queries; "
         f"embeddings {model_name}; hybrid fusion={args.fusion} weights={args.weights} "
-        f"code_weights={args.code_weights} fetch_k={args.fetch_k}"
+        f"code_weights={args.code_weights} fetch_k={args.fetch_k} rrf_k={args.rrf_k:g}"
     )
     print(fmt_table(["method", *(f"Pass@{k}" for k in KS), "s/query"], rows))
-    out = CACHE_DIR / "results" / f"anthropic_{args.fusion}_{args.weights}_{args.code_weights}.json"
+    tag = f"{args.fusion}_{args.weights}_{args.code_weights}_{args.rrf_k:g}"
+    out = CACHE_DIR / "results" / f"anthropic_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "results": results}), encoding="utf-8")
     embeddings.close()

@@ -864,6 +864,11 @@ def grid(name: str) -> Iterable[Config]:
             yield Config(mode="chunks", **{**LIBRARY, "weights": w})
             yield Config(params=get_preset("default"), off_route_floor=3.0,
                          **{**LIBRARY, "weights": w})  # fmt: skip
+    if name == "rrf_k":  # RRF's rank constant (Cormack et al.'s 60) under today's default
+        for rrf_k in (5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0):
+            yield Config(mode="chunks", rrf_k=rrf_k, **LIBRARY)
+            yield Config(params=get_preset("default"), off_route_floor=3.0, rrf_k=rrf_k,
+                         **LIBRARY)  # fmt: skip
     if name == "preset":  # the default preset's values again, under the off-route bar
         for decay in (15.0, 20.0, 30.0):
             for pen in (0.15, 0.2, 0.25):
