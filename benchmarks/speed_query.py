@@ -285,6 +285,15 @@ def describe(retriever: RSERetriever) -> str:
     return ", ".join(fields)
 
 
+def cold_caches(retriever: RSERetriever) -> None:
+    """Forget the record store's decoded pointers and bodies, so that each configuration's
+    queries pay for reading the documents they return (before 2026-12-02, session 5, the
+    stage breakdown ran the latency runs' queries again, with every body cached)."""
+    records = retriever._records
+    records._pointers.clear()
+    records._bodies.clear()
+
+
 @contextlib.contextmanager
 def using_store(retriever: RSERetriever, vectorstore: Any) -> Iterator[None]:
     """Point the retriever at another store holding the same chunks (same ids, metadata)."""
@@ -403,7 +412,9 @@ REST = {
 def stage_breakdown(
     retriever: RSERetriever, store: FAISS, corpus: Corpus, queries: list[str]
 ) -> list[tuple[str, float]]:
-    """Mean CPU ms per query of each stage of ``invoke`` (segments mode)."""
+    """Mean CPU ms per query of each stage of ``invoke`` (segments mode), record caches
+    cold at the start."""
+    cold_caches(retriever)
     timer = StageTimer()
     targets = stage_targets(store)
     emb = corpus.embeddings
@@ -451,6 +462,7 @@ def profile_top(
     retriever: RSERetriever, queries: list[str], limit: int = 15
 ) -> list[tuple[float, float, int, str]]:
     """cProfile of ``invoke`` in CPU time: (own ms, cumulative ms, calls, function) per query."""
+    cold_caches(retriever)
     profiler = cProfile.Profile(time.process_time)
     profiler.enable()
     for q in queries:
@@ -500,7 +512,9 @@ def run_size(size: int, settings: Settings) -> SizeResult:
 
     def measure_ours(store_name: str, vectorstore: Any) -> None:
         with using_store(retriever, vectorstore):
+            cold_caches(retriever)
             measure("ours", "segments", store_name, retriever.invoke)
+            cold_caches(retriever)
             measure("ours", "chunks", store_name, lambda q: retriever.invoke(q, mode="chunks"))
 
     measure_ours(FLAT, store)
