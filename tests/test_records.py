@@ -73,7 +73,7 @@ async def test_replaced_documents_return_their_new_text() -> None:
 async def test_an_in_process_store_keeps_bodies_compressed_and_reads_both_forms(
     tmp_path: Any,
 ) -> None:
-    """The default in-memory record store holds each body zlib-compressed (smaller than its
+    """The default in-memory record store holds each body compressed (smaller than its
     JSON); results are still exact slices, sync and async; a save writes plain JSON and a
     load compresses again; a body written as plain JSON (by a shared store) still reads."""
     r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()), k=2)
