@@ -12,9 +12,10 @@ Pure numpy, no I/O.
   all runs that are at most ``max_segment_chunks`` long, overlap no picked segment
   and fit the remaining ``max_total_chunks`` budget; it stops when the best run is
   worth less than ``min_segment_value``. This is the formulation of dsRAG's RSE,
-  computed with prefix sums in O(n·L) for the first pick and O(L²) per further pick
-  (only the runs that end at a picked segment need rescoring), instead of a brute
-  force over all runs per pick.
+  computed from prefix sums: a run's value never changes, so the picks are the runs
+  worth at least the floor taken best first and skipped when they overlap a pick or
+  no longer fit the budget; one sort (of the best few hundred runs, usually) instead
+  of a brute force over all runs per pick.
 """
 
 from __future__ import annotations
@@ -157,60 +158,43 @@ def best_segments(
     budget = int(max_total_chunks)
     if n == 0 or budget <= 0:
         return []
-    cap = int(max_segment_chunks)
     prefix = np.concatenate(([0.0], np.cumsum(values)))
-    positions = np.arange(n)
     doc_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    doc_start = offsets[:-1][doc_of]
-    limit = np.minimum(offsets[1:][doc_of] - positions, min(cap, budget))
-    best = np.full(n, -np.inf)
-    best_len = np.zeros(n, dtype=np.int64)
-
-    def rescore(idx: np.ndarray) -> None:
-        """The best run from each start in ``idx`` (every length at once; the first,
-        shortest, of equal values), as the first pass computes it."""
-        lim = limit[idx]
-        lengths = np.arange(1, int(lim.max(initial=0)) + 1)
-        if not lengths.size:  # no run fits anywhere in idx
-            best[idx], best_len[idx] = -np.inf, 0
-            return
-        runs = prefix[np.minimum(idx[:, None] + lengths, n)] - prefix[idx][:, None]
-        runs[lengths > lim[:, None]] = -np.inf
-        pick = runs.argmax(axis=1)
-        top = runs[np.arange(idx.size), pick]
-        best[idx] = top
-        best_len[idx] = np.where(np.isfinite(top), pick + 1, 0)
-
-    # First pass over all starts, with slices instead of gathers.
-    for length in range(1, int(limit.max()) + 1):
-        cand = prefix[length:] - prefix[:-length]  # runs [i, i + length), i < n - length + 1
-        head = best[: cand.size]
-        better = (limit[: cand.size] >= length) & (cand > head)
-        head[better] = cand[better]
-        best_len[: cand.size][better] = length
+    room = offsets[1:][doc_of] - np.arange(n)  # chunks from each start to its document's end
+    cap = min(int(max_segment_chunks), budget, n)
+    runs = np.full((n, cap), -np.inf)  # runs[i, l - 1]: the run [i, i + l) inside one document
+    for length in range(1, cap + 1):
+        run = prefix[length:] - prefix[:-length]
+        runs[: run.size, length - 1] = np.where(room[: run.size] >= length, run, -np.inf)
+    # Runs never change value; a pick only rules out the runs that overlap it or no longer
+    # fit the budget. So the greedy picks are the runs worth at least the floor, in the order
+    # best value, then first start, then shortest (start-major runs, sorted stably), that are
+    # still allowed when their turn comes. They are sorted a batch of the best at a time:
+    # most searches end within the first.
+    flat = runs.ravel()
+    worthy = np.flatnonzero(flat >= min_segment_value)
+    worth = flat[worthy]
+    taken = bytearray(n)
     segments: list[Segment] = []
-    while budget > 0:
-        i = int(np.argmax(best))
-        value = float(best[i])
-        if not np.isfinite(value) or value < min_segment_value:
-            break
-        end = i + int(best_len[i])
-        segments.append(
-            Segment(
-                int(doc_of[i]), int(i - offsets[doc_of[i]]), int(end - offsets[doc_of[i]]), value
-            )
-        )
-        budget -= end - i
-        limit[i:end] = 0
-        best[i:end] = -np.inf
-        before = np.arange(max(int(doc_start[i]), i - cap + 1), i)
-        limit[before] = np.minimum(limit[before], i - before)
-        stale = before
-        if budget < cap:
-            np.minimum(limit, budget, out=limit)
-            stale = np.concatenate((before, np.flatnonzero(best_len > budget)))
-        if stale.size:
-            rescore(stale)
+    while worthy.size and budget > 0:
+        head = np.ones(worthy.size, dtype=bool)
+        batch = 4 * cap * budget
+        if batch < worthy.size:  # the best `batch` runs and every run tied with the last
+            head = worth >= -np.partition(-worth, batch - 1)[batch - 1]
+        order = worthy[head][np.argsort(-worth[head], kind="stable")]
+        worthy, worth = worthy[~head], worth[~head]
+        for at, v in zip(order.tolist(), flat[order].tolist()):
+            i, length = divmod(at, cap)
+            length += 1
+            if length > budget or taken.find(1, i, i + length) != -1:
+                continue
+            taken[i : i + length] = b"\x01" * length
+            doc = int(doc_of[i])
+            start = i - int(offsets[doc])
+            segments.append(Segment(doc, start, start + length, v))
+            budget -= length
+            if budget == 0:
+                break
     return segments
 
 

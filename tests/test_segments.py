@@ -56,6 +56,24 @@ def test_matches_brute_force(seed: int) -> None:
     assert [s.value for s in got] == pytest.approx([v for _, _, v in want])
 
 
+@pytest.mark.parametrize("seed", [4, 304, 672, 1578, 2336, 2820, 2874])
+def test_matches_brute_force_when_the_first_batch_of_runs_runs_out(seed: int) -> None:
+    """Long documents, mostly positive values and a small budget: every run is worth the
+    floor, and these seeds pick from a second sorted batch of runs (found by counting the
+    batches; the search sorts the best ``4 x cap x budget`` runs first)."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 40, size=rng.integers(1, 6))
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    values = rng.normal(0.3, 0.5, size=offsets[-1])
+    max_len, max_total = int(rng.integers(1, 7)), int(rng.integers(1, 40))
+    min_value = float(rng.uniform(-0.5, 0.5))
+    got = best_segments(values, offsets, max_len, max_total, min_value)
+    want = brute_force(list(values), list(offsets), max_len, max_total, min_value)
+    assert [(offsets[s.doc] + s.start, offsets[s.doc] + s.end) for s in got] == [
+        (a, b) for a, b, _ in want
+    ]
+
+
 def test_invariants_on_a_large_random_case() -> None:
     rng = np.random.default_rng(1)
     counts = rng.integers(1, 400, size=60)
