@@ -864,6 +864,10 @@ def grid(name: str) -> Iterable[Config]:
             yield Config(mode="chunks", **{**LIBRARY, "weights": w})
             yield Config(params=get_preset("default"), off_route_floor=3.0,
                          **{**LIBRARY, "weights": w})  # fmt: skip
+    if name == "pool_default":  # how many fused candidates RSE sees, under today's default
+        for pool in (20, 25, 30, 32, 33, 35, 40, 50, 75, 100):
+            yield Config(params=get_preset("default"), off_route_floor=3.0, candidate_pool=pool,
+                         **LIBRARY)  # fmt: skip
     if name == "rrf_k":  # RRF's rank constant (Cormack et al.'s 60) under today's default
         for rrf_k in (5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0):
             yield Config(mode="chunks", rrf_k=rrf_k, **LIBRARY)
