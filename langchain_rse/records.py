@@ -181,8 +181,8 @@ class DocRecord(_Record):
 
 
 class _Zstd(threading.local):
-    """One Zstandard compression and decompression context per thread (a context is not
-    thread-safe; a new one per call costs a few MB of workspace that the allocator keeps)."""
+    """One Zstandard compression and decompression context per thread: a context is not
+    thread-safe, and reusing one saves allocating its workspace on every call."""
 
     def __init__(self) -> None:
         self.compressor = zstandard.ZstdCompressor(level=3)
