@@ -337,9 +337,11 @@ def ensemble(bm25: BM25Retriever, store: Any, k: int) -> EnsembleRetriever:
 class StageTimer:
     """Accumulates CPU time per named stage around patched functions.
 
-    CPU time (``time.process_time``; FAISS runs on one thread) rather than wall time,
-    so that the scheduler preempting this process on a shared machine is not
-    charged to whichever stage happened to be running.
+    CPU time rather than wall time, so that the scheduler preempting this process on a
+    shared machine is not charged to whichever stage happened to be running: the CPU time
+    of the thread that runs the stage (``time.thread_time``; FAISS runs on one thread),
+    since the query path runs the lexical branch in a worker thread beside the dense one
+    (before 2026-12-02, session 6, it took the process's, which counts both threads).
     """
 
     def __init__(self) -> None:
@@ -350,21 +352,21 @@ class StageTimer:
 
             @functools.wraps(fn)
             def timed_steps(*args: Any, **kwargs: Any) -> Any:
-                start = time.process_time()
+                start = time.thread_time()
                 try:
                     return (yield from fn(*args, **kwargs))
                 finally:
-                    self.seconds[name] += time.process_time() - start
+                    self.seconds[name] += time.thread_time() - start
 
             return timed_steps
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.process_time()
+            start = time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds[name] += time.process_time() - start
+                self.seconds[name] += time.thread_time() - start
 
         return timed
 
@@ -423,9 +425,9 @@ def stage_breakdown(
         start = time.process_time()
         for q in queries:
             retriever.invoke(q)
-            embed_start = time.process_time()
+            embed_start = time.thread_time()
             emb.embed_query(q)  # the query lookup, timed again in CPU time
-            embed += time.process_time() - embed_start
+            embed += time.thread_time() - embed_start
         total = time.process_time() - start - embed
 
     s = timer.seconds

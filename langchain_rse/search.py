@@ -22,6 +22,7 @@ from langchain_rse.chunking import chunk_key
 from langchain_rse.filters import Filter, Translator, matches, search_kwargs
 from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
+from langchain_rse.threads import Beside
 
 __all__ = ["Hit", "SearchBranches", "SearchRequest", "is_local", "key_of", "ls_params", "sync_only"]
 
@@ -160,18 +161,31 @@ class SearchBranches:
         self, queries: list[str], f: Filter | None, router: Any, config: RunnableConfig
     ) -> Found:
         """Both branches for every query, and ``router``'s documents for the first (the
-        original) query, one after the other, each a child run under ``config`` — or, when
-        no callback handler would see those runs, called directly (no run overhead)."""
+        original) query, each a child run under ``config`` — or, when no callback handler
+        would see those runs, called directly (no run overhead). The lexical searches and
+        the route run in a worker thread while this thread runs the dense searches
+        (:class:`~langchain_rse.threads.Beside`)."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
         callbacks = config.get("callbacks")
         traced = callbacks is None or bool(getattr(callbacks, "handlers", True))
-        if traced:
-            dense = [self.dense_runnable.invoke(r, config) for r in requests]
-            lexical = [self.lexical_runnable.invoke(r, config) for r in requests]
-        else:
-            dense = [self.dense(r) for r in requests]
-            lexical = [self.lexical_search(r) for r in requests]
-        routed = router.route(queries[0], config, traced) if router else None
+
+        def lexical_and_route() -> tuple[list[list[Hit]], set[str] | None]:
+            if traced:
+                lexical = [self.lexical_runnable.invoke(r, config) for r in requests]
+            else:
+                lexical = [self.lexical_search(r) for r in requests]
+            return lexical, router.route(queries[0], config, traced) if router else None
+
+        other = Beside(lexical_and_route)
+        try:
+            if traced:
+                dense = [self.dense_runnable.invoke(r, config) for r in requests]
+            else:
+                dense = [self.dense(r) for r in requests]
+        except BaseException:
+            other.discard()
+            raise
+        lexical, routed = other.result()
         return dense, lexical, routed
 
     async def arun(
