@@ -14,7 +14,8 @@ A branch whose scores are missing falls back to rank-based scores ``1 / rank``
 inside the score-based methods.
 
 :func:`quotes_code` tells the queries that quote code apart, for which the retriever
-weights BM25 as much as the dense branch (exact identifiers are BM25's strength).
+weights BM25 as much as the dense branch (exact identifiers are BM25's strength), and
+:data:`CODE_CORPUS` the corpora of code, where it weights BM25 more for every query.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-__all__ = ["FusedHit", "FusionMethod", "fuse", "quotes_code"]
+__all__ = ["CODE_CORPUS", "FusedHit", "FusionMethod", "fuse", "quotes_code"]
 
 FusionMethod = Literal["rrf", "relative_score", "dist_based"]
 
@@ -35,6 +36,13 @@ _CODE = re.compile(r"`|\w\(\)|[A-Za-z0-9]_[A-Za-z0-9]|::|->")
 """A backtick, ``name()``, ``snake_case``, ``a::b`` or ``a->b``: signs of quoted code that
 natural-language questions (and company names such as ``Amazon.com``, ``S.A.`` or
 ``eFashion``) do not carry. CamelCase alone is not one: it is also how brands are spelled."""
+
+
+CODE_CORPUS = 1.0
+"""The snake_case identifiers per chunk (``BM25Index.identifier_density``) from which a
+corpus counts as code: 2.96 on Anthropic's code set, 0.008 on CUAD's contracts. Not fitted:
+any value between about 0.05 and 2.5 tells the two apart. Code in camelCase only is not
+seen (its identifiers read like words once lowercased)."""
 
 
 def quotes_code(query: str) -> bool:

@@ -179,12 +179,35 @@ class BM25Index:
         self._merger: threading.Thread | None = None
         self.merge_errors = 0
         """Background merges that failed (logged; the segments stay unmerged, still exact)."""
+        self._identifiers: tuple[list[str], int, list[int]] = ([], 0, [])
+        self._density: tuple[tuple[int, int, int], list[str], float] | None = None
 
     def __len__(self) -> int:
         return len(self._bm25)
 
     def __repr__(self) -> str:
         return f"BM25Index(engine={self.engine!r}, chunks={len(self)})"
+
+    def identifier_density(self) -> float:
+        """snake_case identifiers (terms with an underscore) per live chunk: the sum of
+        their document frequencies over the number of chunks, exact after every write (0
+        for an empty index). Code has a few per chunk, prose next to none (see
+        :data:`langchain_rse.fusion.CODE_CORPUS`). Recomputed only after a write, from the
+        terms added since the last time."""
+        with self._rw.read():
+            bm = self._bm25
+            terms, state = bm.terms, (bm.epoch, bm.changes, len(bm.terms))
+            cached = self._density
+            if cached is not None and cached[0] == state and cached[1] is terms:
+                return cached[2]
+            vocabulary, checked, found = self._identifiers
+            if vocabulary is not terms:  # a new vocabulary: reset, load or renumbering
+                checked, found = 0, []
+            found = found + [i for i in range(checked, len(terms)) if "_" in terms[i]]
+            self._identifiers = (terms, len(terms), found)
+            density = float(bm.df[found].sum()) / bm.n_live if bm.n_live else 0.0
+            self._density = (state, terms, density)
+            return density
 
     # ------------------------------------------------------------------ writes
 

@@ -335,8 +335,9 @@ def load_vectorstore(
 
 SAVED_FIELDS = (
     "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
-    "fetch_k", "candidate_pool", "fusion", "weights", "code_weights", "rrf_k", "relevance",
-    "preset", "max_queries", "max_query_chars", "max_document_chars", "index_batch_size",
+    "fetch_k", "candidate_pool", "fusion", "weights", "code_weights", "code_corpus_weights",
+    "rrf_k", "relevance", "preset", "max_queries", "max_query_chars", "max_document_chars",
+    "index_batch_size",
 )  # fmt: skip
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
 
@@ -428,8 +429,9 @@ def load_index(
     params = config.pop("rse_params")
     config["rse_params"] = RSEParams(**params) if params else None
     config["weights"] = tuple(config["weights"])
-    if config.get("code_weights") is not None:
-        config["code_weights"] = tuple(config["code_weights"])
+    for name in ("code_weights", "code_corpus_weights"):
+        if config.get(name) is not None:
+            config[name] = tuple(config[name])
     components = manifest.get("components")
     if components is None:  # saved by 0.1: only the enricher's class was recorded
         name = manifest["enricher"]["class"]

@@ -23,7 +23,7 @@ from langchain_core.documents import Document
 from langchain_rse.chunking import chunk_uuid, doc_of, parse_chunk_key
 from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
-from langchain_rse.fusion import FusedHit, FusionMethod, fuse, quotes_code
+from langchain_rse.fusion import CODE_CORPUS, FusedHit, FusionMethod, fuse, quotes_code
 from langchain_rse.pages import PAGE_OFFSETS, page_range
 from langchain_rse.records import DocBody, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
@@ -112,7 +112,7 @@ class QuerySettings:
             k=k,
             mode=mode,
             queries=query_set(query, queries, expansions, r.max_queries, r.max_query_chars),
-            weights=r.code_weights if r.code_weights and quotes_code(query) else r.weights,
+            weights=fusion_weights(r, query),
             fusion=r.fusion,
             rrf_k=r.rrf_k,
             candidate_pool=r.candidate_pool,
@@ -123,6 +123,16 @@ class QuerySettings:
             filter=both(parse(r.filter) if r.filter else None, parse(f) if f else None),
             trace=trace,
         )
+
+
+def fusion_weights(r: Any, query: str) -> tuple[float, float]:
+    """Retriever ``r``'s fusion weights for ``query``: ``code_weights`` when it quotes code,
+    ``code_corpus_weights`` when the corpus is code, else ``weights``."""
+    if r.code_weights and quotes_code(query):
+        return r.code_weights  # type: ignore[no-any-return]
+    if r.code_corpus_weights and r._lexical.identifier_density() >= CODE_CORPUS:
+        return r.code_corpus_weights  # type: ignore[no-any-return]
+    return r.weights  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

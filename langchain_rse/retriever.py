@@ -173,6 +173,10 @@ class RSERetriever(DocumentIndex):
     code_weights: tuple[float, float] | None = (1.0, 1.0)
     """Fusion weights for a query that quotes code (:func:`~langchain_rse.fusion.quotes_code`:
     BM25 finds exact identifiers that embeddings blur); ``None``: ``weights`` always."""
+    code_corpus_weights: tuple[float, float] | None = (2.0, 1.0)
+    """Fusion weights for the other queries when the corpus is code: the built-in BM25 index
+    holds :data:`~langchain_rse.fusion.CODE_CORPUS` snake_case identifiers per chunk or more
+    (never with a ``lexical_store``); ``None``: ``weights``."""
     rrf_k: float = 60.0
     """Reciprocal rank fusion constant."""
     relevance: Literal["rank", "score"] = "rank"

@@ -140,7 +140,7 @@ def check_settings(r: Any) -> None:
     if r.splitter is None:
         make_splitter(r.chunk_size, r.chunk_overlap)  # validates size/overlap
     fuse([], [], r.fusion, r.rrf_k)  # validates method and constant
-    for name in ("weights", "code_weights"):
+    for name in ("weights", "code_weights", "code_corpus_weights"):
         w = getattr(r, name)
         if w is not None and (len(w) != 2 or min(w) < 0 or max(w) <= 0):
             raise ValueError(f"{name} must be two non-negative numbers, got {w}")

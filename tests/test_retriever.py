@@ -333,6 +333,44 @@ async def test_unknown_invoke_keywords_are_rejected(retriever) -> None:
     assert len(retriever.invoke(QUERY, k=1)) == 1
 
 
+def python_module(name: str, functions: int = 8) -> str:
+    """Python source with a few snake_case identifiers in every line."""
+    lines = [f'"""The {name} module."""', ""]
+    for i in range(functions):
+        lines += [
+            f"def {name}_step_{i}(input_path, retry_count=3):",
+            "    parsed_rows = read_rows(input_path)",
+            f"    return apply_{name}_{i}(parsed_rows, retry_count)",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def test_a_corpus_of_code_fuses_with_code_corpus_weights(docs, embeddings, tmp_path) -> None:
+    from langchain_rse.fusion import CODE_CORPUS
+    from langchain_rse.pipeline import fusion_weights
+
+    code = [Document(python_module(n), id=f"{n}.py") for n in ("loader", "sync", "export")]
+    r = RSERetriever.from_documents(code, embedding=embeddings)
+    plain, quoting = "How are retries counted?", "What does `read_rows()` return?"
+    assert r._lexical.identifier_density() >= CODE_CORPUS
+    assert fusion_weights(r, plain) == r.code_corpus_weights == (2.0, 1.0)
+    assert fusion_weights(r, quoting) == (1.0, 1.0)  # a query that quotes code: code_weights
+    r.add_documents(docs)  # contracts: the corpus is mostly prose now
+    assert r._lexical.identifier_density() < CODE_CORPUS
+    assert fusion_weights(r, plain) == (4.0, 1.0)
+    r.delete([d.metadata["source"] for d in docs])  # the very next query sees it
+    assert fusion_weights(r, plain) == (2.0, 1.0)
+    r.save(tmp_path)
+    loaded = RSERetriever.load(tmp_path, embedding=embeddings)
+    assert fusion_weights(loaded, plain) == (2.0, 1.0)
+    assert loaded.invoke(plain)
+    loaded.code_corpus_weights = None
+    assert fusion_weights(loaded, plain) == (4.0, 1.0)
+    with pytest.raises(ValueError, match="code_corpus_weights"):
+        loaded.code_corpus_weights = (1.0, -1.0)
+
+
 def test_queries_that_quote_code_fuse_with_code_weights(retriever, tmp_path) -> None:
     from langchain_rse.pipeline import QuerySettings
 
