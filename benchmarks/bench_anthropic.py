@@ -118,14 +118,29 @@ def evaluate(methods: dict[str, Method], queries: Sequence[dict[str, Any]]) -> d
     return results
 
 
+def pair(value: str) -> tuple[float, float] | None:
+    """``"a,b"`` as two fusion weights; ``"none"`` as None."""
+    if value == "none":
+        return None
+    dense, lexical = (float(x) for x in value.split(","))
+    return dense, lexical
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fusion", default="rrf")
-    ap.add_argument("--weights", default="1,1", help="dense,lexical fusion weights")
+    ap.add_argument(
+        "--weights", default="4,1", help="dense,lexical fusion weights (the library's default)"
+    )
     ap.add_argument("--fetch-k", type=int, default=50)
     ap.add_argument("--rrf-k", type=float, default=60.0, help="RRF's rank constant")
     ap.add_argument(
         "--code-weights", default="1,1", help="weights for queries that quote code, or 'none'"
+    )
+    ap.add_argument(
+        "--code-corpus-weights",
+        default="2,1",
+        help="weights for the other queries when the corpus is code (as it is here), or 'none'",
     )
     ap.add_argument("--methods", default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid")
     args = ap.parse_args(argv)
@@ -143,9 +158,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         fusion=args.fusion,
         rrf_k=args.rrf_k,
         weights=(dense_w, lexical_w),
-        code_weights=None
-        if args.code_weights == "none"
-        else tuple(float(x) for x in args.code_weights.split(",")),
+        code_weights=pair(args.code_weights),
+        code_corpus_weights=pair(args.code_corpus_weights),
         fetch_k=args.fetch_k,
         candidate_pool=max(args.fetch_k, max(KS)),
         show_progress=False,
@@ -164,10 +178,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"Anthropic codebase set: {len(docs)} chunks, {len(queries)} queries; "
         f"embeddings {model_name}; hybrid fusion={args.fusion} weights={args.weights} "
-        f"code_weights={args.code_weights} fetch_k={args.fetch_k} rrf_k={args.rrf_k:g}"
+        f"code_weights={args.code_weights} code_corpus_weights={args.code_corpus_weights} "
+        f"fetch_k={args.fetch_k} rrf_k={args.rrf_k:g}; BM25 index: "
+        f"{retriever._lexical.identifier_density():.2f} snake_case identifiers per chunk"
     )
     print(fmt_table(["method", *(f"Pass@{k}" for k in KS), "s/query"], rows))
-    tag = f"{args.fusion}_{args.weights}_{args.code_weights}_{args.rrf_k:g}"
+    tag = (
+        f"{args.fusion}_{args.weights}_{args.code_weights}_{args.code_corpus_weights}_"
+        f"{args.rrf_k:g}"
+    )
     out = CACHE_DIR / "results" / f"anthropic_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "results": results}), encoding="utf-8")
