@@ -79,6 +79,8 @@ _STOPWORDS = frozenset(
 )
 
 
+_NO_TERMS = np.zeros(0, dtype=np.int64)
+
 _WORD_TOKENS: dict[str, tuple[str, ...]] = {}
 """What each word (a ``_WORD`` match) becomes: words repeat, so most are looked up."""
 _WORD_CACHE_MAX = 500_000
@@ -179,7 +181,7 @@ class BM25Index:
         self._merger: threading.Thread | None = None
         self.merge_errors = 0
         """Background merges that failed (logged; the segments stay unmerged, still exact)."""
-        self._identifiers: tuple[list[str], int, list[int]] = ([], 0, [])
+        self._identifiers: tuple[list[str], int, np.ndarray] = ([], 0, _NO_TERMS)
         self._density: tuple[tuple[int, int, int], list[str], float] | None = None
 
     def __len__(self) -> int:
@@ -202,8 +204,10 @@ class BM25Index:
                 return cached[2]
             vocabulary, checked, found = self._identifiers
             if vocabulary is not terms:  # a new vocabulary: reset, load or renumbering
-                checked, found = 0, []
-            found = found + [i for i in range(checked, len(terms)) if "_" in terms[i]]
+                checked, found = 0, _NO_TERMS
+            new = [i for i in range(checked, len(terms)) if "_" in terms[i]]
+            if new:
+                found = np.concatenate([found, np.asarray(new, dtype=np.int64)])
             self._identifiers = (terms, len(terms), found)
             density = float(bm.df[found].sum()) / bm.n_live if bm.n_live else 0.0
             self._density = (state, terms, density)
