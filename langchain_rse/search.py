@@ -168,20 +168,20 @@ class SearchBranches:
         requests = [SearchRequest(query=q, filter=f) for q in queries]
         callbacks = config.get("callbacks")
         traced = callbacks is None or bool(getattr(callbacks, "handlers", True))
+        dense_search: Callable[[SearchRequest], DenseResult] = (
+            (lambda r: self.dense_runnable.invoke(r, config)) if traced else self.dense
+        )
+        lexical_search: Callable[[SearchRequest], list[Hit]] = (
+            (lambda r: self.lexical_runnable.invoke(r, config)) if traced else self.lexical_search
+        )
 
         def lexical_and_route() -> tuple[list[list[Hit]], set[str] | None]:
-            if traced:
-                lexical = [self.lexical_runnable.invoke(r, config) for r in requests]
-            else:
-                lexical = [self.lexical_search(r) for r in requests]
+            lexical = [lexical_search(r) for r in requests]
             return lexical, router.route(queries[0], config, traced) if router else None
 
         other = Beside(lexical_and_route)
         try:
-            if traced:
-                dense = [self.dense_runnable.invoke(r, config) for r in requests]
-            else:
-                dense = [self.dense(r) for r in requests]
+            dense = [dense_search(r) for r in requests]
         except BaseException:
             other.discard()
             raise
