@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from langchain_core.documents import Document
 from langchain_text_splitters import RecursiveCharacterTextSplitter, TextSplitter
 
@@ -21,6 +22,7 @@ __all__ = [
     "chunk_key",
     "chunk_uuid",
     "doc_of",
+    "in_docs",
     "doc_id_for",
     "document_leads",
     "make_splitter",
@@ -67,6 +69,15 @@ def parse_chunk_key(key: str) -> tuple[str, str, int]:
 def doc_of(key: str) -> str:
     """The doc id of a chunk key (:func:`parse_chunk_key`'s first part, parsed alone)."""
     return key.rsplit(_SEP, 2)[0]
+
+
+def in_docs(keys: Sequence[str], docs: Collection[str]) -> np.ndarray:
+    """Whether each chunk key belongs to one of ``docs`` (a boolean array): only keys that
+    start like one of theirs are parsed."""
+    prefixes = tuple(f"{d}{_SEP}" for d in docs)
+    return np.fromiter(
+        (k.startswith(prefixes) and doc_of(k) in docs for k in keys), dtype=bool, count=len(keys)
+    )
 
 
 def chunk_uuid(key: str) -> str:

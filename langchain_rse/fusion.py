@@ -26,7 +26,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-__all__ = ["CODE_CORPUS", "FusedHit", "FusionMethod", "fuse", "quotes_code"]
+__all__ = ["CODE_CORPUS", "Fused", "FusedHit", "FusionMethod", "fuse", "fused", "quotes_code"]
 
 FusionMethod = Literal["rrf", "relative_score", "dist_based"]
 
@@ -78,17 +78,50 @@ def _normalise(scores: np.ndarray, method: FusionMethod) -> np.ndarray:
     return np.clip((scores - lo) / (hi - lo), 0.0, 1.0)
 
 
-def fuse(
+class Fused(NamedTuple):
+    """Every id the branches returned, in order of first appearance (``ids``), with its
+    fused score, its 1-based rank in each branch (``ranks[b]``; 0 where branch ``b`` lacks
+    it) and the ranking (``order``: positions in ``ids``, best first). The arrays stay
+    arrays until :meth:`top` builds the few :class:`FusedHit`\\ s a caller keeps."""
+
+    ids: list[str]
+    scores: np.ndarray
+    ranks: np.ndarray
+    order: np.ndarray
+
+    def top(self, n: int | None = None) -> list[FusedHit]:
+        """The first ``n`` hits of the ranking (all of them without ``n``)."""
+        at = self.order[:n]
+        ranks = self.ranks[:, at].tolist()
+        new = tuple.__new__  # FusedHit's own constructor, without its Python-level wrapper
+        return [
+            new(FusedHit, hit)
+            for hit in zip(
+                [self.ids[i] for i in at.tolist()],
+                self.scores[at].tolist(),
+                zip(*([r or None for r in column] for column in ranks)),
+            )
+        ]
+
+    def ranked_ids(self, n: int | None = None) -> list[str]:
+        """The ids of the first ``n`` hits of the ranking."""
+        return [self.ids[i] for i in self.order[:n].tolist()]
+
+    def boosted(self, favoured: np.ndarray, factor: float) -> Fused:
+        """The scores of the ids where ``favoured`` (a boolean per id) multiplied by
+        ``factor``, and the ranking re-sorted by them (ties keep this ranking's order)."""
+        scores = np.where(favoured, self.scores * factor, self.scores)
+        order = self.order[np.argsort(-scores[self.order], kind="stable")]
+        return self._replace(scores=scores, order=order)
+
+
+def fused(
     branches: Sequence[Branch],
     weights: Sequence[float] | None = None,
     method: FusionMethod = "rrf",
     rrf_k: float = 60.0,
-) -> list[FusedHit]:
-    """Fuse best-first ranked lists into one best-first list of unique ids.
-
-    Duplicate ids inside one branch keep their first (best) rank. Ties in the
-    fused score keep the order of first appearance across branches.
-    """
+) -> Fused:
+    """Fuse best-first ranked lists into one ranking of unique ids (see :func:`fuse`)."""
     if weights is None:
         weights = [1.0] * len(branches)
     if len(weights) != len(branches):
@@ -104,26 +137,32 @@ def fuse(
     first: dict[str, int] = {}
     positions = [[first.setdefault(hit[0], len(first)) for hit in branch] for branch in branches]
     totals = np.zeros(len(first))
-    rank_columns = []  # per branch: each id's 1-based rank, None where the branch lacks it
-    for branch, pos, weight in zip(branches, positions, weights):
-        column = np.full(len(first), None, dtype=object)
+    ranks = np.zeros((len(branches), len(first)), dtype=np.intp)  # 0: not in the branch
+    for b, (branch, pos, weight) in enumerate(zip(branches, positions, weights)):
         if pos:
-            # duplicates inside a branch keep their first (best) rank
-            ids, at = np.unique(np.asarray(pos, dtype=np.intp), return_index=True)
+            ids = np.asarray(pos, dtype=np.intp)
+            if len(set(pos)) == len(pos):
+                at = np.arange(len(pos))
+            else:  # duplicates inside a branch keep their first (best) rank
+                ids, at = np.unique(ids, return_index=True)
             if method == "rrf":
                 totals[ids] += weight / (rrf_k + (at + 1.0))
             else:
                 totals[ids] += (weight * _normalise(_branch_scores(branch), method))[at]
-            column[ids] = (at + 1).tolist()
-        rank_columns.append(column)
+            ranks[b, ids] = at + 1
     order = np.argsort(-totals, kind="stable")  # ties keep the order of first appearance
-    names = list(first)
-    new = tuple.__new__  # FusedHit's own constructor, without its Python-level wrapper
-    return [
-        new(FusedHit, hit)
-        for hit in zip(
-            [names[i] for i in order.tolist()],
-            totals[order].tolist(),
-            zip(*(column[order].tolist() for column in rank_columns)),
-        )
-    ]
+    return Fused(list(first), totals, ranks, order)
+
+
+def fuse(
+    branches: Sequence[Branch],
+    weights: Sequence[float] | None = None,
+    method: FusionMethod = "rrf",
+    rrf_k: float = 60.0,
+) -> list[FusedHit]:
+    """Fuse best-first ranked lists into one best-first list of unique ids.
+
+    Duplicate ids inside one branch keep their first (best) rank. Ties in the
+    fused score keep the order of first appearance across branches.
+    """
+    return fused(branches, weights, method, rrf_k).top()

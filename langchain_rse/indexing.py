@@ -36,6 +36,7 @@ from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.progress import Progress
 from langchain_rse.records import (
+    Contexts,
     DocBody,
     DocRecord,
     RecordStore,
@@ -128,7 +129,7 @@ class Prepared:
             spans=Spans((c.start_index, c.end_index) for c in chunks),
             fallbacks=sum(ctx.method == "fallback" for ctx in contexts),
         )
-        return cls(record, DocBody(text=todo.doc.page_content, contexts=contexts), chunks)
+        return cls(record, DocBody(text=todo.doc.page_content, contexts=Contexts(contexts)), chunks)
 
 
 def indexing(

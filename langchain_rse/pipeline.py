@@ -15,15 +15,14 @@ import logging
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.chunking import chunk_uuid, doc_of, parse_chunk_key
+from langchain_rse.chunking import chunk_uuid, doc_of, in_docs, parse_chunk_key
 from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
-from langchain_rse.fusion import CODE_CORPUS, FusedHit, FusionMethod, fuse, quotes_code
+from langchain_rse.fusion import CODE_CORPUS, FusedHit, FusionMethod, fused, quotes_code
 from langchain_rse.pages import PAGE_OFFSETS, page_range
 from langchain_rse.records import DocBody, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
@@ -174,34 +173,26 @@ def candidates(
         branches += [d.hits, list(lex)]
         texts.update(d.texts)
     weights = list(s.weights) * len(dense)
-    fused = fuse(branches, weights, s.fusion, s.rrf_k)
+    ranking = fused(branches, weights, s.fusion, s.rrf_k)
+    pool = s.candidate_pool + (len(dense) - 1) * (s.candidate_pool // 2)
     route = None
     if routed is not None and router is not None:
-        routed = router.confirmed(routed, [h.id for h in fused])
+        routed = router.confirmed(routed, ranking.ranked_ids(router.check_k))
     if routed is not None and router is not None and not math.isinf(router.boost):
-        fused = boosted(fused, routed, 1.0 + router.boost)
+        ranking = ranking.boosted(in_docs(ranking.ids, routed), 1.0 + router.boost)
         route = Route(frozenset(routed), 1.0 + router.boost)
     elif routed is not None:
         kept = [[h for h in b if doc_of(h[0]) in routed] for b in branches]
         if any(kept):
-            fused = fuse(kept, weights, s.fusion, s.rrf_k)
+            ranking = fused(kept, weights, s.fusion, s.rrf_k)
             route = Route(frozenset(routed), math.inf)
         else:  # not ours, or not found by either branch: a filter would return nothing
             logger.debug("no candidates in the routed documents %s; searching all", routed)
-    pool = s.candidate_pool + (len(dense) - 1) * (s.candidate_pool // 2)
     out = []
-    for hit in fused[:pool]:
+    for hit in ranking.top(pool):
         doc_id, version, idx = parse_chunk_key(hit.id)
         out.append(Candidate(hit.id, doc_id, version, idx, hit, texts.get(hit.id)))
     return out, route
-
-
-def boosted(fused: list[FusedHit], docs: set[str], factor: float) -> list[FusedHit]:
-    """``fused`` re-ranked with the scores of the chunks of ``docs`` multiplied by
-    ``factor`` (ties keep their order)."""
-    scored = [FusedHit(h.id, h.score * factor, h.ranks) if doc_of(h.id) in docs else h
-              for h in fused]  # fmt: skip
-    return sorted(scored, key=attrgetter("score"), reverse=True)  # stable: ties keep order
 
 
 def current(

@@ -3,17 +3,28 @@ another version's text, and a body that vanished before it was cached is a stale
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from langchain_core.documents import Document
 from langchain_core.stores import InMemoryByteStore
+from pydantic import ValidationError
 
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
 from langchain_rse.enrichment import ChunkContext
 from langchain_rse.persistence import default_vectorstore
-from langchain_rse.records import DocBody, DocRecord, RecordStore, Spans, StaleRead, body_key
+from langchain_rse.records import (
+    Contexts,
+    DocBody,
+    DocRecord,
+    RecordStore,
+    Spans,
+    StaleRead,
+    body_key,
+    local_form,
+)
 
 
 class CountingStore(InMemoryByteStore):
@@ -122,3 +133,24 @@ def test_spans_are_a_compact_sequence_of_pairs() -> None:
     assert DocRecord(doc_id="d", version="v", metadata={}, spans=[0, 5, 5, 12, 12, 40]) == pointer
     with pytest.raises(ValueError):
         Spans([0, 5, 7])
+
+
+def test_body_contexts_round_trip_and_are_built_when_read() -> None:
+    contexts = [ChunkContext("Title: A", "header"), ChunkContext("", "none")]
+    body = DocBody(text="ab", contexts=contexts)
+    for raw in (body.to_bytes(), local_form(body_key("d", "v"), body.to_bytes())):
+        read = DocBody.from_bytes(raw)
+        assert read == body and isinstance(read.contexts, Contexts)
+        assert read.contexts.pairs == [["Title: A", "header"], ["", "none"]]  # as stored
+        assert read.contexts[0] == contexts[0] and list(read.contexts) == contexts
+        assert read.contexts[-1:] == contexts[1:]
+    assert json.loads(body.to_bytes())["contexts"] == [["Title: A", "header"], ["", "none"]]
+
+
+@pytest.mark.parametrize(
+    "contexts", [[["only text"]], [["text", 1]], ["text"], [["a", "b", "c"]], [None]]
+)
+def test_a_malformed_stored_context_is_a_clear_error(contexts: list[Any]) -> None:
+    raw = json.dumps({"text": "ab", "contexts": contexts}).encode()
+    with pytest.raises(ValidationError, match=r"\[text, method\] pair of strings"):
+        DocBody.from_bytes(raw)

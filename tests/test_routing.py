@@ -315,15 +315,24 @@ def test_soft_boost_favours_without_filtering() -> None:
 
 
 def test_boosted_reorders_by_multiplied_scores_stably() -> None:
-    from langchain_rse.chunking import chunk_key
-    from langchain_rse.fusion import FusedHit
-    from langchain_rse.pipeline import boosted
+    from langchain_rse.chunking import chunk_key, in_docs
+    from langchain_rse.fusion import fused
 
     keys = [chunk_key(d, "v", i) for d, i in (("a", 0), ("b", 0), ("a", 1), ("b", 1))]
-    fused = [FusedHit(k, s, (1,)) for k, s in zip(keys, (0.4, 0.3, 0.2, 0.2))]
-    out = boosted(fused, {"b"}, 2.0)
-    assert [h.id for h in out] == [keys[1], keys[0], keys[3], keys[2]]
-    assert [h.score for h in out] == [0.6, 0.4, 0.4, 0.2]  # a tie keeps the fused order
+    ranking = fused([[(k, None) for k in keys]], [1.0], "rrf", rrf_k=0.0)  # 1, 1/2, 1/3, 1/4
+    out = ranking.boosted(in_docs(ranking.ids, {"b"}), 2.0).top()
+    assert [h.id for h in out] == [keys[0], keys[1], keys[3], keys[2]]
+    assert [h.score for h in out] == [1.0, 1.0, 0.5, 1 / 3]  # a tie keeps the fused order
+    assert [h.ranks for h in out] == [(1,), (2,), (4,), (3,)]
+
+
+def test_in_docs_parses_keys_whose_doc_id_holds_the_separator() -> None:
+    from langchain_rse.chunking import _SEP, chunk_key, in_docs
+
+    keys = [chunk_key("a", "v", 0), chunk_key(f"a{_SEP}b", "v", 1), chunk_key("b", "v", 0)]
+    assert in_docs(keys, {"a"}).tolist() == [True, False, False]
+    assert in_docs(keys, {f"a{_SEP}b", "b"}).tolist() == [False, True, True]
+    assert in_docs([], {"a"}).tolist() == []
 
 
 def test_built_in_leads_follow_replace_delete_and_load(tmp_path) -> None:
