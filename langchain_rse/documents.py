@@ -88,14 +88,19 @@ class LeadIndex(DocumentIndex):
     ) -> list[Document]:
         return self.search(query)
 
-    def search(self, query: str) -> list[Document]:
-        """The ``k`` best leads for ``query`` (what ``invoke`` returns, without a run)."""
+    def hits(self, query: str) -> list[tuple[str, float]]:
+        """``(doc id, BM25 score)`` of the ``k`` best leads for ``query``, best first."""
         if self._before_search is not None:
             self._before_search()
+        return [(d, score) for d, score in self._bm25.search(query, self.k) if d in self._leads]
+
+    def search(self, query: str) -> list[Document]:
+        """The ``k`` best leads for ``query`` (what ``invoke`` returns, without a run)."""
         out = []
-        for doc_id, score in self._bm25.search(query, self.k):
+        for doc_id, score in self.hits(query):
             lead = self._leads.get(doc_id)
-            if lead is not None:
-                out.append(Document(page_content=lead.page_content, id=doc_id,
-                                    metadata={**lead.metadata, "bm25_score": score}))  # fmt: skip
+            if lead is None:  # deleted since the search
+                continue
+            out.append(Document(page_content=lead.page_content, id=doc_id,
+                                metadata={**lead.metadata, "bm25_score": score}))  # fmt: skip
         return out

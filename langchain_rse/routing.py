@@ -95,7 +95,7 @@ class DocumentRouter(BaseModel):
         handler listens) and the retriever is the built-in lead index."""
         r = self.retriever
         if not traced and isinstance(r, LeadIndex):
-            return self.chosen(r.search(query))
+            return self.chosen_ids(r.hits(query))
         return self.chosen(r.invoke(query, config))
 
     async def aroute(self, query: str, config: RunnableConfig) -> set[str] | None:
@@ -104,16 +104,21 @@ class DocumentRouter(BaseModel):
 
     def chosen(self, hits: Sequence[Document]) -> set[str] | None:
         """The documents the router chose, or None (no filter) when it found none."""
-        scores = [doc.metadata.get("bm25_score") for doc in hits[:2]]
+        return self.chosen_ids(
+            [(d.metadata.get("doc_id", d.id), d.metadata.get("bm25_score")) for d in hits]
+        )
+
+    def chosen_ids(self, hits: Sequence[tuple[Any, Any]]) -> set[str] | None:
+        """:meth:`chosen` from ``(doc id, BM25 score or None)`` pairs, best first."""
+        scores = [score for _, score in hits[:2]]
         if len(scores) == 2 and all(isinstance(x, (int, float)) for x in scores):
             first, second = scores
-            if first < (1.0 + self.margin) * second:  # type: ignore[operator]
+            if first < (1.0 + self.margin) * second:
                 logger.debug("routing skipped: the router's first two documents score "
                              "%.3g and %.3g", first, second)  # fmt: skip
                 return None
         chosen: list[str] = []
-        for doc in hits:
-            doc_id = doc.metadata.get("doc_id", doc.id)
+        for doc_id, _ in hits:
             if doc_id is not None and str(doc_id) not in chosen:
                 chosen.append(str(doc_id))
         if not chosen:

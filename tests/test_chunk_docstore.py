@@ -146,6 +146,25 @@ def test_search_index_gives_the_wrappers_hits_and_scores() -> None:
         assert len(fast) == 10
 
 
+def test_search_index_skips_foreign_rows_and_missing_neighbours() -> None:
+    """Rows another writer put in the store (no chunk key fields, or only some) are not
+    hits, and asking for more neighbours than there are vectors (FAISS pads with -1) gives
+    the chunks there are."""
+    from langchain_rse.search import key_of
+
+    r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    r.add_documents(docs())
+    vs = r.vectorstore
+    vs.add_texts(["fees notice term"], metadatas=[{"source": "elsewhere"}])
+    vs.add_texts(["notice term fees"], metadatas=[{"doc_id": "x", "chunk_index": 0}])
+    n = vs.index.ntotal
+    for q in QUERIES:
+        fast = vs.docstore.search_index(vs, q, n + 5)  # type: ignore[attr-defined]
+        wrapped = vs._similarity_search_with_relevance_scores(q, k=n + 5)
+        ours = [key_of(d) for d, _ in wrapped if key_of(d) is not None]
+        assert [key for key, _ in fast] == ours and len(ours) == n - 2
+
+
 def test_local_faiss_deletes_as_langchains_faiss_does() -> None:
     """``LocalFAISS.delete`` (one pass over the id map) leaves the same index, id map,
     docstore and search results as LangChain's ``FAISS.delete``; an unknown id raises and

@@ -46,7 +46,7 @@ class ChunkDocstore(Docstore, AddableMixin):
     def __init__(self, metadata: dict[str, dict[str, Any]] | None = None) -> None:
         self._rows: dict[str, tuple[Any, ...]] = {}  # (key names, *values)
         self._schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
-        self._key_at: dict[tuple[str, ...], tuple[int, ...]] = {}
+        self._key_at: dict[int, tuple[int, ...]] = {}  # by id() of a key tuple in _schemas
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
 
@@ -99,21 +99,23 @@ class ChunkDocstore(Docstore, AddableMixin):
             found = relevance(scores[0].astype(np.float64)).tolist()
         else:
             found = [relevance(score) for score in scores[0].tolist()]
-        ids = vectorstore.index_to_docstore_id
+        rows = map(self._rows.get, map(vectorstore.index_to_docstore_id.get, indices[0].tolist()))
         out = []
-        for score, i in zip(found, indices[0].tolist()):
-            row = self._rows.get(ids[i]) if i != -1 else None
+        for score, row in zip(found, rows):  # a row is None for -1 (fewer than k vectors)
             if row is None:
                 continue
-            schema = row[0]
-            at = self._key_at.get(schema)
+            at = self._key_at.get(id(row[0]))  # key tuples are shared: look them up by identity
             if at is None:
-                at = self._key_at[schema] = tuple(
-                    schema.index(f) + 1 if f in schema else -1 for f in _KEY_FIELDS
-                )
-            if -1 not in at:  # a chunk the retriever wrote
-                out.append((chunk_key(str(row[at[0]]), str(row[at[1]]), int(row[at[2]])), score))
+                at = self._key_positions(row[0])
+            if at:  # a chunk the retriever wrote
+                out.append((chunk_key(row[at[0]], row[at[1]], int(row[at[2]])), score))
         return out
+
+    def _key_positions(self, schema: tuple[str, ...]) -> tuple[int, ...]:
+        """Where a row with these key names holds the chunk key's fields (``()``: not all)."""
+        at = tuple(schema.index(f) + 1 for f in _KEY_FIELDS if f in schema)
+        self._key_at[id(schema)] = at = at if len(at) == len(_KEY_FIELDS) else ()
+        return at
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """``(id, metadata)`` of every chunk (for saving)."""
