@@ -22,7 +22,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Filter", "FilterError", "matches", "parse", "search_kwargs", "to_dict", "to_pgvector"]
+__all__ = [
+    "Filter",
+    "FilterError",
+    "doc_ids",
+    "matches",
+    "parse",
+    "search_kwargs",
+    "to_dict",
+    "to_pgvector",
+]
 
 _SCALAR = (str, int, float, bool)
 _ORDER = ("$gt", "$gte", "$lt", "$lte")
@@ -99,6 +108,17 @@ def both(a: Filter | None, b: Filter | None) -> Filter | None:
     if a is None or b is None:
         return a or b
     return Bool("$and", (a, b))
+
+
+def doc_ids(f: Filter | None) -> set[str] | None:
+    """The doc ids ``f`` keeps when it is only ``{"doc_id": ...}`` (an ``$eq`` or ``$in``
+    of strings), else None: such a filter can be served from a store's own index."""
+    if isinstance(f, Cmp) and f.key == "doc_id":
+        if f.op == "$eq" and isinstance(f.value, str):
+            return {f.value}
+        if f.op == "$in" and all(isinstance(v, str) for v in f.value):
+            return set(f.value)
+    return None
 
 
 # ---------------------------------------------------------------- evaluation

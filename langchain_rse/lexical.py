@@ -131,6 +131,11 @@ def group_of(chunk_id: str) -> str:
     return chunk_id.rsplit("\x1f", 1)[0]
 
 
+def _with_doc_id(group: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    """A group's metadata as a filter sees it: with its doc id (see :meth:`BM25Index.search`)."""
+    return {**metadata, "doc_id": group.rsplit("\x1f", 1)[0]}
+
+
 class BM25Index:
     """BM25 over chunk texts, keyed by chunk id; incremental, with read-your-writes.
 
@@ -398,8 +403,10 @@ class BM25Index:
         self, query: str, k: int, allowed: Callable[[dict[str, Any]], bool] | None = None
     ) -> list[LexicalHit]:
         """The ``k`` best chunks with a positive BM25 score, best first (ties: the earlier
-        added first); with ``allowed``, only chunks whose group metadata it accepts
-        (checked before the top ``k`` is cut, so a selective filter still gets ``k``)."""
+        added first); with ``allowed``, only chunks whose group metadata it accepts, with
+        the group's ``doc_id`` added (its name up to the last ``\x1f``: the doc id of the
+        retriever's chunk keys), checked before the top ``k`` is cut, so a selective filter
+        still gets ``k``."""
         q = tokenize(query)
         if not q or k <= 0:
             return []
@@ -415,11 +422,8 @@ class BM25Index:
         gids = self._bm25.gid[docs]
         uniq, inverse = np.unique(gids, return_inverse=True)
         groups, names = self._groups, self._group_keys
-        verdict = np.fromiter(
-            (bool(allowed(groups.get(names[g], {}))) for g in uniq.tolist()),
-            dtype=bool,
-            count=len(uniq),
-        )
+        seen = (_with_doc_id(names[g], groups.get(names[g], {})) for g in uniq.tolist())
+        verdict = np.fromiter((bool(allowed(m)) for m in seen), dtype=bool, count=len(uniq))
         return verdict[inverse]
 
     # ------------------------------------------------------------------ persistence

@@ -157,26 +157,54 @@ class Route:
 # ---------------------------------------------------------------- stages (pure)
 
 
+def branches_of(
+    dense: Sequence[DenseResult], lexical: Sequence[list[Hit]]
+) -> tuple[list[list[Hit]], dict[str, str]]:
+    """The fused branches in order (each query's dense, then lexical, hits) and the texts
+    the dense branches returned."""
+    branches: list[list[Hit]] = []
+    texts: dict[str, str] = {}
+    for d, lex in zip(dense, lexical):
+        branches += [d.hits, list(lex)]
+        texts.update(d.texts)
+    return branches, texts
+
+
+def confirmed_route(
+    s: QuerySettings,
+    dense: Sequence[DenseResult],
+    lexical: Sequence[list[Hit]],
+    routed: set[str] | None,
+    router: DocumentRouter | None,
+) -> set[str] | None:
+    """The routed documents the unrouted ranking agrees with (see
+    :meth:`DocumentRouter.confirmed`), None when there are none."""
+    if routed is None or router is None:
+        return None
+    branches, _ = branches_of(dense, lexical)
+    ranking = fused(branches, list(s.weights) * len(dense), s.fusion, s.rrf_k)
+    return router.confirmed(routed, ranking.ranked_ids(router.check_k))
+
+
 def candidates(
     s: QuerySettings,
     dense: Sequence[DenseResult],
     lexical: Sequence[list[Hit]],
     routed: set[str] | None = None,
     router: DocumentRouter | None = None,
+    confirmed: bool = False,
 ) -> tuple[list[Candidate], Route | None]:
     """Fuse (dense, lexical) hits of each query into candidates, best first; with
     ``routed``, the chunks of those documents boosted, or only those chunks (if the
-    unrouted ranking agrees). Also the route that holds, if one does."""
-    branches: list[list[Hit]] = []
-    texts: dict[str, str] = {}
-    for d, lex in zip(dense, lexical):
-        branches += [d.hits, list(lex)]
-        texts.update(d.texts)
+    unrouted ranking agrees; ``confirmed``: ``routed`` was checked already). Also the
+    route that holds, if one does. Branches beyond those of ``s.queries`` (the focus
+    searches) are fused with the same weights but do not widen the candidate pool."""
+    branches, texts = branches_of(dense, lexical)
     weights = list(s.weights) * len(dense)
     ranking = fused(branches, weights, s.fusion, s.rrf_k)
-    pool = s.candidate_pool + (len(dense) - 1) * (s.candidate_pool // 2)
+    pool = s.candidate_pool + (len(s.queries) - 1) * (s.candidate_pool // 2)
     route = None
-    if routed is not None and router is not None:
+    if routed is not None and router is not None and not confirmed:
         routed = router.confirmed(routed, ranking.ranked_ids(router.check_k))
     if routed is not None and router is not None and not math.isinf(router.boost):
         ranking = ranking.boosted(in_docs(ranking.ids, routed), 1.0 + router.boost)
@@ -199,14 +227,15 @@ def current(
     cands: list[Candidate], metas: dict[str, DocRecord], f: Filter | None = None
 ) -> list[Candidate]:
     """Drop candidates of deleted or replaced document versions, and of documents the
-    filter rejects (a store that ignored or mistranslated it costs results, never leaks)."""
+    filter rejects (a store that ignored or mistranslated it costs results, never leaks).
+    The filter sees a document's metadata with its ``doc_id``, as the chunks' do."""
     return [
         c
         for c in cands
         if (m := metas.get(c.doc_id)) is not None
         and m.version == c.version
         and c.chunk_index < len(m.spans)
-        and matches(f, m.metadata)
+        and (f is None or matches(f, {**m.metadata, "doc_id": c.doc_id}))
     ]
 
 
@@ -390,9 +419,20 @@ def retrieve(
 ) -> Generator[Request, Any, list[Document]]:
     """Search → fuse → :func:`run_pipeline`: one retrieval after its settings are made.
     ``("search", s)`` is answered with ``(dense, lexical, routed)``: each query's branch
-    results and the routed documents (``None`` without a route)."""
+    results and the routed documents (``None`` without a route). When a route holds and
+    the router focuses, ``("focus", (query, routed, filter))`` is answered with the dense
+    and lexical results of the query's clauses other than the one naming the document,
+    searched inside the routed documents, or None (see ``DocumentRouter.focus``)."""
     dense, lexical, routed = yield ("search", s)
-    return (yield from _retrying(s, *candidates(s, dense, lexical, routed, router)))
+    confirmed = False
+    if routed is not None and router is not None and router.focuses(s.queries[0]):
+        routed, confirmed = confirmed_route(s, dense, lexical, routed, router), True
+        if routed is not None:
+            extra = yield ("focus", (s.queries[0], routed, s.filter))
+            if extra is not None:  # the query's other clauses, inside the routed documents
+                dense, lexical = [*dense, extra[0]], [*lexical, extra[1]]
+    found = candidates(s, dense, lexical, routed, router, confirmed)
+    return (yield from _retrying(s, *found))
 
 
 THROWN = (RerankError, StaleRead)

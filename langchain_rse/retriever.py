@@ -451,9 +451,11 @@ class RSERetriever(DocumentIndex):
                                 asynchronous)  # fmt: skip
         if asynchronous:
             out["search"] = lambda s: search.arun(s.queries, s.filter, router, config)
+            out["focus"] = lambda a: search.afocus(a[0], a[1], a[2], router, config)
             out["expand"] = lambda q: expander.aexpand(q, callbacks=callbacks)
         else:
             out["search"] = lambda s: search.run(s.queries, s.filter, router, config)
+            out["focus"] = lambda a: search.focus(a[0], a[1], a[2], router, config)
             out["expand"] = lambda q: expander.expand(q, callbacks=callbacks)
         return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from langchain_rse.chunking import document_leads, parse_chunk_key
 from langchain_rse.documents import LeadIndex
 
-__all__ = ["DEFAULT_BOOST", "DocumentRouter", "as_router"]
+__all__ = ["DEFAULT_BOOST", "DocumentRouter", "as_router", "query_clauses"]
 
 DEFAULT_MARGIN = 0.25
 """The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
@@ -27,6 +28,17 @@ DEFAULT_BOOST = 2.0
 ``benchmarks/RESULTS.md``)."""
 
 logger = logging.getLogger(__name__)
+
+_CLAUSE_END = re.compile(r";|(?<=[.?!])\s+(?=[A-Z])|\n")
+"""Where a query's clauses end: a semicolon, a sentence end before a capital letter (not
+the full stop of ``Inc. and``), a line break."""
+
+
+def query_clauses(query: str) -> list[str]:
+    """The clauses of ``query`` (see ``_CLAUSE_END``), stripped, empty ones dropped:
+    ``"Consider the Supply Agreement between Acme and Beta; The date of the contract"``
+    has two."""
+    return [c for c in (part.strip() for part in _CLAUSE_END.split(query)) if c]
 
 
 class DocumentRouter(BaseModel):
@@ -73,6 +85,15 @@ class DocumentRouter(BaseModel):
     mode a segment of another document must be worth ``1 + boost`` times the preset's
     ``min_segment_value`` (strong passages elsewhere still come back, weak ones do not).
     ``inf``: only their chunks are kept (a filter)."""
+    focus: bool = True
+    """When the route holds and the query has several clauses (:func:`query_clauses`), the
+    clauses other than the one that names the document (the one the routed document's lead
+    matches best) also search the routed document: a question such as ``"Consider the
+    Supply Agreement between Acme and Beta; The date of the contract"`` ranks that
+    contract's chunks by ``"The date of the contract"`` too, so the words that name the
+    document, which every chunk's header repeats, do not decide the ranking inside it.
+    The two extra searches (dense and lexical, filtered to the routed documents) are fused
+    with the query's own, with the same weights. Needs the built-in lead index."""
 
     @classmethod
     def leads(cls, boost: float = DEFAULT_BOOST, **kwargs: Any) -> DocumentRouter:
@@ -101,6 +122,27 @@ class DocumentRouter(BaseModel):
     async def aroute(self, query: str, config: RunnableConfig) -> set[str] | None:
         """Async :meth:`route` (always a child run)."""
         return self.chosen(await self.retriever.ainvoke(query, config))
+
+    def focuses(self, query: str) -> bool:
+        """Whether :attr:`focus` applies to ``query`` (several clauses, the built-in lead
+        index), before any search."""
+        return (
+            self.focus and isinstance(self.retriever, LeadIndex) and len(query_clauses(query)) > 1
+        )
+
+    def focus_query(self, query: str, routed: set[str]) -> str | None:
+        """``query`` without the clause that names the ``routed`` documents (the clause
+        whose lead-index score for them is highest), or None when :meth:`focuses` is false
+        or no clause matches their leads."""
+        r = self.retriever
+        if not self.focuses(query) or not isinstance(r, LeadIndex):
+            return None
+        clauses = query_clauses(query)
+        scores = [max((s for d, s in r.hits(c) if d in routed), default=0.0) for c in clauses]
+        naming = max(range(len(clauses)), key=scores.__getitem__)
+        if scores[naming] <= 0:
+            return None
+        return " ".join(c for i, c in enumerate(clauses) if i != naming)
 
     def chosen(self, hits: Sequence[Document]) -> set[str] | None:
         """The documents the router chose, or None (no filter) when it found none."""
@@ -154,7 +196,8 @@ class DocumentRouter(BaseModel):
     def settings(self) -> dict[str, Any]:
         """The saved settings (the retriever itself is saved by its owner)."""
         return {"documents": self.documents, "fetch_k": self.fetch_k, "check_k": self.check_k,
-                "sync": self.sync, "boost": self.boost, "margin": self.margin}  # fmt: skip
+                "sync": self.sync, "boost": self.boost, "margin": self.margin,
+                "focus": self.focus}  # fmt: skip
 
 
 def as_router(value: Any) -> Any:

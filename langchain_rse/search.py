@@ -19,7 +19,15 @@ from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from langchain_rse.chunking import chunk_key
-from langchain_rse.filters import Filter, Translator, matches, search_kwargs
+from langchain_rse.filters import (
+    Filter,
+    Translator,
+    both,
+    doc_ids,
+    matches,
+    parse,
+    search_kwargs,
+)
 from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.threads import Beside
@@ -106,6 +114,15 @@ def _dense_kwargs(vs: VectorStore, f: Filter | None, translator: Translator | No
     return kwargs
 
 
+def _within(f: Filter | None, docs: set[str]) -> Filter:
+    """``f`` and "the chunk belongs to one of ``docs``"."""
+    ids = sorted(docs)
+    inside = parse({"doc_id": ids[0] if len(ids) == 1 else {"$in": ids}})
+    out = both(f, inside)
+    assert out is not None
+    return out
+
+
 @dataclass
 class SearchBranches:
     """The dense and lexical searches of one retriever configuration."""
@@ -135,6 +152,8 @@ class SearchBranches:
             fast = getattr(getattr(vs, "docstore", None), "search_index", None)
             if fast is not None and request["filter"] is None:  # ChunkDocstore: keys only
                 return DenseResult(fast(vs, query, k))
+            if fast is not None and (docs := doc_ids(request["filter"])) is not None:
+                return DenseResult(fast(vs, query, k, docs))  # inside some documents
             if isinstance(vs, InMemoryVectorStore):  # no relevance function; scores are cosines
                 return DenseResult(*_keyed(list(vs.similarity_search_with_score(query, k, **kw))))
             hits: list[tuple[Document, float | None]]
@@ -200,6 +219,26 @@ class SearchBranches:
             *([router.aroute(queries[0], config)] if router else []),
         )
         return list(found[:n]), list(found[n : 2 * n]), found[2 * n] if router else None
+
+    def focus(self, query: str, routed: set[str], f: Filter | None, router: Any,
+              config: RunnableConfig) -> tuple[DenseResult, list[Hit]] | None:  # fmt: skip
+        """Both branches for ``router.focus_query(query, routed)`` (the query's clauses
+        other than the one naming the routed documents), filtered to those documents; None
+        when there is no such text (see ``DocumentRouter.focus``)."""
+        text = router.focus_query(query, routed)
+        if text is None:
+            return None
+        dense, lexical, _ = self.run([text], _within(f, routed), None, config)
+        return dense[0], lexical[0]
+
+    async def afocus(self, query: str, routed: set[str], f: Filter | None, router: Any,
+                     config: RunnableConfig) -> tuple[DenseResult, list[Hit]] | None:  # fmt: skip
+        """Async :meth:`focus` (the lead index is searched in a thread)."""
+        text = await asyncio.to_thread(router.focus_query, query, routed)
+        if text is None:
+            return None
+        dense, lexical, _ = await self.arun([text], _within(f, routed), None, config)
+        return dense[0], lexical[0]
 
     def lexical_search(self, request: SearchRequest) -> list[Hit]:
         f, query = request["filter"], request["query"]

@@ -47,6 +47,7 @@ class ChunkDocstore(Docstore, AddableMixin):
         self._rows: dict[str, tuple[Any, ...]] = {}  # (key names, *values)
         self._schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._key_at: dict[int, tuple[int, ...]] = {}  # by id() of a key tuple in _schemas
+        self._doc_rows: dict[str, list[int]] | None = None  # FAISS positions by doc id
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
 
@@ -62,6 +63,7 @@ class ChunkDocstore(Docstore, AddableMixin):
         if overlapping:
             raise ValueError(f"Tried to add ids that already exist: {overlapping}")
         self._rows.update((i, self._row(doc.metadata)) for i, doc in texts.items())
+        self._doc_rows = None
 
     def delete(self, ids: list[str]) -> None:
         """Remove these ids (all of them must be present, as in ``InMemoryDocstore``)."""
@@ -70,6 +72,7 @@ class ChunkDocstore(Docstore, AddableMixin):
             raise ValueError(f"Tried to delete ids that does not exist: {missing}")
         for i in ids:
             del self._rows[i]
+        self._doc_rows = None
 
     def metadata(self, chunk_id: str) -> dict[str, Any] | None:
         """The metadata of one chunk (a new dict), or None when the id is unknown."""
@@ -83,17 +86,24 @@ class ChunkDocstore(Docstore, AddableMixin):
             return f"ID {search} not found."
         return Document(page_content="", metadata=metadata, id=search)
 
-    def search_index(self, vectorstore: Any, query: str, k: int) -> list[tuple[str, float]]:
+    def search_index(
+        self, vectorstore: Any, query: str, k: int, docs: set[str] | None = None
+    ) -> list[tuple[str, float]]:
         """``(chunk key, relevance score)`` of the ``k`` nearest chunks in ``vectorstore``
         (a LangChain ``FAISS`` over this docstore), best first, the same hits and scores
         as its ``_similarity_search_with_relevance_scores`` without building a
-        ``Document`` per hit (the retriever's dense branch needs only the keys)."""
+        ``Document`` per hit (the retriever's dense branch needs only the keys). With
+        ``docs``, only chunks of those doc ids: FAISS searches just their vectors (an ID
+        selector over their positions, indexed once per version of the store)."""
         import faiss
 
         vector = np.asarray([vectorstore._embed_query(query)], dtype=np.float32)
         if vectorstore._normalize_L2:
             faiss.normalize_L2(vector)
-        scores, indices = vectorstore.index.search(vector, k)
+        if docs is None:
+            scores, indices = vectorstore.index.search(vector, k)
+        else:
+            scores, indices = self._search_docs(vectorstore, vector, k, docs)
         relevance = vectorstore._select_relevance_score_fn()
         if relevance in _ARITHMETIC:  # 1 - d / c: one array operation for every hit
             found = relevance(scores[0].astype(np.float64)).tolist()
@@ -110,6 +120,34 @@ class ChunkDocstore(Docstore, AddableMixin):
             if at:  # a chunk the retriever wrote
                 out.append((chunk_key(row[at[0]], row[at[1]], int(row[at[2]])), score))
         return out
+
+    def _search_docs(
+        self, vectorstore: Any, vector: np.ndarray, k: int, docs: set[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS's search over the positions of ``docs``' chunks only."""
+        import faiss
+
+        if self._doc_rows is None:  # after a write: one pass over the position map
+            self._doc_rows = {}
+            rows, at = self._rows, _KEY_FIELDS.index("doc_id")
+            for position, name in vectorstore.index_to_docstore_id.items():
+                row = rows.get(name)
+                where = None if row is None else self._key_at.get(id(row[0]))
+                if where is None and row is not None:
+                    where = self._key_positions(row[0])
+                if where:
+                    self._doc_rows.setdefault(row[where[at]], []).append(position)  # type: ignore[index]
+        wanted = [p for d in sorted(docs) for p in self._doc_rows.get(d, ())]
+        if not wanted:
+            return np.zeros((1, 0), dtype=np.float32), np.zeros((1, 0), dtype=np.int64)
+        selector = faiss.IDSelectorBatch(np.asarray(wanted, dtype=np.int64))
+        index = vectorstore.index
+        params = faiss.SearchParameters()
+        if isinstance(index, faiss.IndexIVF):  # the same lists as an unrestricted search
+            params = faiss.SearchParametersIVF()
+            params.nprobe = index.nprobe
+        params.sel = selector  # kept alive by the local name until the search returns
+        return index.search(vector, min(k, len(wanted)), params=params)  # type: ignore[no-any-return]
 
     def _key_positions(self, schema: tuple[str, ...]) -> tuple[int, ...]:
         """Where a row with these key names holds the chunk key's fields (``()``: not all)."""

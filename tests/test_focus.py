@@ -1,0 +1,208 @@
+"""Focus: a routed query's other clauses rank the routed document's chunks (issue 16)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from langchain_core.documents import Document
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from helpers import HashingEmbeddings
+from langchain_rse import DocumentRouter, RSERetriever
+from langchain_rse.documents import LeadIndex
+from langchain_rse.filters import doc_ids, parse
+from langchain_rse.routing import query_clauses
+from langchain_rse.stores.chunk_docstore import ChunkDocstore
+
+QUERY = (
+    "Consider the Orion Supply Agreement between Orion Holdings and the Buyer; "
+    "which state's laws govern"
+)
+LAW = "governed by the laws of the State of Texas"
+
+
+def contract(name: str, state: str) -> Document:
+    """One template for every contract: the name only in the opening, 30 look-alike
+    clauses, and a governing-law clause at the end."""
+    clauses = "\n\n".join(
+        f"{n}. Clause {n}\n\nEither party may end this contract by termination with a notice "
+        f"period of {n * 10} days, and the supplier shall deliver goods within {n} weeks "
+        f"under the payment terms of clause {n}."
+        for n in range(1, 31)
+    )
+    law = f"\n\n31. Governing Law\n\nThis contract is governed by the laws of the State of {state}."
+    opening = f"{name.upper()} SUPPLY AGREEMENT\n\nbetween {name} Holdings and the Buyer.\n\n"
+    return Document(page_content=opening + clauses + law, id=f"{name.lower()}.txt")
+
+
+DOCS = [contract(n, s) for n, s in (("Orion", "Texas"), ("Lyra", "Ohio"), ("Vega", "Utah"))]
+
+
+def build(focus: bool = True, **kwargs: Any) -> RSERetriever:
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        chunk_size=200,
+        router=DocumentRouter.leads(focus=focus),
+        **kwargs,
+    )
+    retriever.add_documents(DOCS)
+    return retriever
+
+
+def test_query_clauses() -> None:
+    assert query_clauses(QUERY) == [
+        "Consider the Orion Supply Agreement between Orion Holdings and the Buyer",
+        "which state's laws govern",
+    ]
+    # a full stop before a lower-case word (Inc. and) does not end a clause
+    assert query_clauses("Between Acme Inc. and Beta Corp. Who pays? The buyer.\nNotes;") == [
+        "Between Acme Inc. and Beta Corp.",
+        "Who pays?",
+        "The buyer.",
+        "Notes",
+    ]
+    assert query_clauses("  one clause only  ") == ["one clause only"]
+    assert query_clauses(" ; \n ") == []
+
+
+def test_the_clause_that_names_the_routed_document_is_dropped() -> None:
+    router = build().router
+    assert router is not None and router.focus and isinstance(router.retriever, LeadIndex)
+    assert router.focuses(QUERY) and not router.focuses("which state's laws govern")
+    assert router.focus_query(QUERY, {"orion.txt"}) == "which state's laws govern"
+    # the other clause may come first
+    swapped = "Which state's laws govern? Consider the Orion Supply Agreement"
+    assert router.focus_query(swapped, {"orion.txt"}) == "Which state's laws govern?"
+    # no clause matches the routed document's lead: nothing to focus on
+    assert router.focus_query("red apples; green pears", {"orion.txt"}) is None
+    assert router.focus_query("which state's laws govern", {"orion.txt"}) is None  # one clause
+    off = DocumentRouter.leads(focus=False)
+    assert not off.focuses(QUERY) and off.focus_query(QUERY, {"orion.txt"}) is None
+
+
+def test_focus_ranks_the_asked_clause_first() -> None:
+    for mode in ("chunks", "segments"):
+        focused = build().invoke(QUERY, k=3, mode=mode)
+        plain = build(focus=False).invoke(QUERY, k=3, mode=mode)
+        assert focused[0].metadata["doc_id"] == plain[0].metadata["doc_id"] == "orion.txt"
+        # the words that name the contract (in every chunk's header) decide without focus
+        assert LAW not in plain[0].page_content and "ORION SUPPLY" in plain[0].page_content
+        assert LAW in focused[0].page_content
+
+
+async def test_focus_async_matches_sync() -> None:
+    retriever = build()
+    sync = retriever.invoke(QUERY, k=4)
+    assert [d.page_content for d in await retriever.ainvoke(QUERY, k=4)] == [
+        d.page_content for d in sync
+    ]
+
+
+def test_focus_searches_only_inside_the_routed_document() -> None:
+    retriever = build()
+    seen: list[Any] = []
+    search = retriever._search()
+    original = search.run
+    search.run = lambda q, f, router, config: (
+        seen.append((q, f, router))
+        or original(  # type: ignore[method-assign]
+            q, f, router, config
+        )
+    )
+    retriever._search = lambda: search  # type: ignore[method-assign]
+    retriever.invoke(QUERY, filter={"tier": {"$ne": "x"}})
+    (main, _, router), (focus, f, none) = seen
+    assert main == [QUERY] and router is not None
+    assert focus == ["which state's laws govern"] and none is None
+    assert f == parse({"$and": [{"tier": {"$ne": "x"}}, {"doc_id": "orion.txt"}]})
+
+
+def test_a_route_that_does_not_hold_has_no_focus() -> None:
+    retriever = build()
+    calls: list[Any] = []
+    router = retriever.router
+    assert router is not None
+    original = router.focus_query
+    object.__setattr__(router, "focus_query", lambda *a: calls.append(a) or original(*a))
+    # names no contract: the leads tie, so the route does not hold and no focus search runs
+    retriever.invoke("Supply agreement between Holdings and the Buyer; which state's laws govern")
+    assert calls == []
+    retriever.invoke(QUERY)
+    assert calls == [(QUERY, {"orion.txt"})]
+
+
+def test_focus_is_saved_and_loaded(tmp_path) -> None:
+    retriever = build(focus=False)
+    retriever.save(tmp_path / "idx")
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+    assert loaded.router is not None and loaded.router.focus is False
+    assert [d.page_content for d in loaded.invoke(QUERY)] == [
+        d.page_content for d in retriever.invoke(QUERY)
+    ]
+
+
+@pytest.mark.parametrize("store", ["memory", "faiss"])
+def test_a_filter_on_doc_id_keeps_that_document(store: str) -> None:
+    # the filter sees each document's doc_id, in the dense branch, the lexical branch and
+    # the check every candidate passes (it used to drop every result)
+    kwargs: dict[str, Any] = {"router": None, "chunk_size": 200}
+    if store == "memory":
+        retriever = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), **kwargs)
+        retriever.add_documents(DOCS)
+    else:
+        retriever = RSERetriever.from_documents(DOCS, embedding=HashingEmbeddings(), **kwargs)
+    for f in ({"doc_id": "lyra.txt"}, {"doc_id": {"$in": ["lyra.txt", "vega.txt"]}}):
+        wanted = set(doc_ids(parse(f)) or ())
+        for mode in ("segments", "chunks"):
+            found = retriever.invoke("termination notice period", k=10, mode=mode, filter=f)
+            assert found and {d.metadata["doc_id"] for d in found} <= wanted
+    assert doc_ids(parse({"doc_id": "a", "tier": "b"})) is None
+    assert doc_ids(parse({"doc_id": {"$ne": "a"}})) is None
+
+
+def test_chunk_docstore_searches_inside_documents() -> None:
+    retriever = RSERetriever.from_documents(
+        DOCS[:2], embedding=HashingEmbeddings(), router=None, chunk_size=200
+    )
+    vs = retriever.vectorstore
+    store = vs.docstore  # type: ignore[attr-defined]
+    assert isinstance(store, ChunkDocstore)
+    query = "termination notice period"
+    everything = store.search_index(vs, query, 10_000)
+    inside = store.search_index(vs, query, 5, {"lyra.txt"})
+    assert len(inside) == 5 and all(k.startswith("lyra.txt") for k, _ in inside)
+    # the same hits and scores as the unrestricted search, in its order
+    expected = [(k, s) for k, s in everything if k.startswith("lyra.txt")][:5]
+    assert [k for k, _ in inside] == [k for k, _ in expected]
+    assert np.allclose([s for _, s in inside], [s for _, s in expected])
+    assert store.search_index(vs, query, 5, {"unknown.txt"}) == []
+    # writes invalidate the positions: a new document is found, a deleted one is not
+    retriever.add_documents([DOCS[2]])
+    assert store.search_index(vs, query, 3, {"vega.txt"})
+    retriever.delete(["lyra.txt"])
+    assert store.search_index(vs, query, 3, {"lyra.txt"}) == []
+    assert all(k.startswith("vega.txt") for k, _ in store.search_index(vs, query, 3, {"vega.txt"}))
+
+
+def test_chunk_docstore_searches_inside_documents_of_an_ivf_index() -> None:
+    import faiss
+
+    retriever = RSERetriever.from_documents(
+        DOCS, embedding=HashingEmbeddings(), router=None, chunk_size=200
+    )
+    vs = retriever.vectorstore
+    store = vs.docstore  # type: ignore[attr-defined]
+    flat = store.search_index(vs, "termination notice period", 100, {"lyra.txt"})  # all of it
+    vectors = vs.index.reconstruct_n(0, vs.index.ntotal)  # type: ignore[attr-defined]
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatL2(vectors.shape[1]), vectors.shape[1], 2)
+    ivf.cp.min_points_per_centroid = 1  # a tiny training set
+    ivf.train(vectors)
+    ivf.add(vectors)
+    ivf.nprobe = 2  # every list: the IVF search is exact, and must restrict as the flat one
+    vs.index = ivf  # type: ignore[attr-defined]
+    ivf_hits = store.search_index(vs, "termination notice period", 100, {"lyra.txt"})
+    assert len(flat) > 5 and all(k.startswith("lyra.txt") for k, _ in flat)
+    assert {k for k, _ in ivf_hits} == {k for k, _ in flat}  # ties may come in another order
+    assert np.allclose(sorted(s for _, s in ivf_hits), sorted(s for _, s in flat))
