@@ -47,7 +47,7 @@ class ChunkDocstore(Docstore, AddableMixin):
         self._rows: dict[str, tuple[Any, ...]] = {}  # (key names, *values)
         self._schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._key_at: dict[int, tuple[int, ...]] = {}  # by id() of a key tuple in _schemas
-        self._doc_rows: dict[str, list[int]] | None = None  # FAISS positions by doc id
+        self._doc_rows: dict[str, np.ndarray] | None = None  # FAISS positions by doc id
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
 
@@ -127,8 +127,9 @@ class ChunkDocstore(Docstore, AddableMixin):
         """FAISS's search over the positions of ``docs``' chunks only."""
         import faiss
 
-        if self._doc_rows is None:  # after a write: one pass over the position map
-            self._doc_rows = {}
+        by_doc = self._doc_rows
+        if by_doc is None:  # after a write: one pass over the position map
+            found: dict[str, list[int]] = {}
             rows, at = self._rows, _KEY_FIELDS.index("doc_id")
             for position, name in vectorstore.index_to_docstore_id.items():
                 row = rows.get(name)
@@ -136,11 +137,14 @@ class ChunkDocstore(Docstore, AddableMixin):
                 if where is None and row is not None:
                     where = self._key_positions(row[0])
                 if where:
-                    self._doc_rows.setdefault(row[where[at]], []).append(position)  # type: ignore[index]
-        wanted = [p for d in sorted(docs) for p in self._doc_rows.get(d, ())]
-        if not wanted:
+                    found.setdefault(row[where[at]], []).append(position)  # type: ignore[index]
+            by_doc = {d: np.asarray(p, dtype=np.int64) for d, p in found.items()}
+            self._doc_rows = by_doc  # whole, so a concurrent reader never sees a part
+        parts = [by_doc[d] for d in sorted(docs) if d in by_doc]
+        if not parts:
             return np.zeros((1, 0), dtype=np.float32), np.zeros((1, 0), dtype=np.int64)
-        selector = faiss.IDSelectorBatch(np.asarray(wanted, dtype=np.int64))
+        wanted = np.concatenate(parts)
+        selector = faiss.IDSelectorBatch(wanted)
         index = vectorstore.index
         params = faiss.SearchParameters()
         if isinstance(index, faiss.IndexIVF):  # the same lists as an unrestricted search
