@@ -142,6 +142,13 @@ def make_methods(
     if "default" in which:  # the retriever as configured: the library's default pipeline
         default = retriever.model_copy(update={"mode": "segments"})
         methods["default"] = lambda q: spans_of(default.invoke(q, k=100))
+    if "default(no focus)" in which:  # the default with the router's focus off (issue 16)
+        leads = retriever.router
+        unfocused = retriever.model_copy(update={
+            "mode": "segments",
+            "router": None if leads is None else leads.model_copy(update={"focus": False}),
+        })  # fmt: skip
+        methods["default(no focus)"] = lambda q: spans_of(unfocused.invoke(q, k=100))
     if "default(chunks)" in which:
         default_chunks = retriever.model_copy(update={"mode": "chunks", "candidate_pool": pool})
         methods["default(chunks)"] = lambda q: spans_of(default_chunks.invoke(q, k=n_chunks))

@@ -31,6 +31,7 @@ import argparse
 import itertools
 import json
 import math
+import re
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -144,6 +145,13 @@ class Config:
     """Drop segments worth less than ``rel_floor`` times the best segment (a per-query stop)."""
     route_only: bool | Literal["cands"] = False  # proto
     off_route_floor: float = 1.0  # proto
+    focus: Literal["none", "global", "within", "lexical_within"] = "none"  # proto
+    """``route="soft"``: when the route holds, the query's clauses other than the one that
+    names a document (:func:`focus_text`) rank the routed document's chunks too, as two more
+    fused branches: ``"global"`` keeps their hits in the global top ``fetch_k`` that fall in
+    the routed document, ``"within"`` searches inside it (the library's ``focus``),
+    ``"lexical_within"`` searches dense globally and BM25 inside."""
+    focus_weights: tuple[float, float] = (4.0, 1.0)
     """``route="soft"``: when the route holds, a segment of another document must be worth
     ``off_route_floor`` times ``min_segment_value``."""
     """``route="soft"``: when the route holds, drop segments of other documents."""
@@ -181,6 +189,7 @@ class Config:
             or self.rel_floor > 0
             or self.route_only
             or self.off_route_floor != 1.0
+            or self.focus != "none"
         )
 
 
@@ -252,6 +261,23 @@ class Branches:
     doc_rank: list[int]  # document-level ranking from the title search (proto)
     doc_ranks: dict[str, list[int]] = field(default_factory=dict)  # by doc_source
     lead_scores: list[float] = field(default_factory=list)  # BM25 lead scores, best first
+    focus_cosine: np.ndarray | None = None  # the focus text's cosines over all rows
+    focus_lexical: list[tuple[int, float]] = field(default_factory=list)  # its BM25 hits
+
+
+_CLAUSE = re.compile(r";\s*|(?<=[.?!])\s+(?=[A-Z])|\n+")
+
+
+def focus_text(query: str, leads: BM25Index) -> str | None:
+    """The query without the clause that names a document: split at semicolons, sentence
+    ends and line breaks, drop the clause whose best lead scores highest; None when the
+    query is one clause."""
+    parts = [p.strip() for p in _CLAUSE.split(query) if p and p.strip()]
+    if len(parts) < 2:
+        return None
+    best = [max((s for _, s in leads.search(p, 1)), default=0.0) for p in parts]
+    naming = int(np.argmax(best))
+    return " ".join(p for i, p in enumerate(parts) if i != naming)
 
 
 def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -> list[Branches]:
@@ -263,6 +289,9 @@ def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -
     lead_vecs = _unit(embeddings.embed_array(leads, "passage"))
     lead_bm25 = BM25Index()
     lead_bm25.add([str(i) for i in range(len(leads))], leads)
+    focus = [focus_text(q.text, lead_bm25) for q in data.queries]
+    fv = embeddings.embed_array([f for f in focus if f], "query")
+    fcos = iter([_cosine_similarity([v.tolist()], corpus.vectors)[0] for v in fv])
     out = []
     lead_cos = _unit(qv) @ lead_vecs.T
     for q, c, lc in zip(data.queries, cos, lead_cos):
@@ -292,6 +321,10 @@ def precompute(data: CuadSubset, corpus: Corpus, embeddings: CachedEmbeddings) -
                 [float(sc) for _, sc in lex_docs],
             )
         )
+    for br, f in zip(out, focus):
+        if f:
+            br.focus_cosine = next(fcos)
+            br.focus_lexical = [(corpus.row_of[k], s) for k, s in corpus.bm25.search(f, 10**9)]
     return out
 
 
@@ -377,6 +410,8 @@ def run_query(
     chosen_docs: set[int] | None = None
     if cfg.route == "soft":
         chosen_docs = _route_choice(cfg, corpus, br, fused)
+        if cfg.focus != "none" and chosen_docs and br.focus_cosine is not None:
+            fused = _focused(cfg, corpus, br, chosen_docs, dense, lexical)
         fused = _soft_route(cfg, corpus, br, fused)
     fused = fused[: cfg.candidate_pool]
     cands = [int(h.id) for h in fused]
@@ -522,6 +557,40 @@ def _route_choice(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -
         near = {int(corpus.doc[int(h.id)]) for h in fused[: cfg.route_check]}
         top = [d for d in top if d in near]
     return set(top) or None
+
+
+def _focused(
+    cfg: Config,
+    corpus: Corpus,
+    br: Branches,
+    docs: set[int],
+    dense: list[tuple[int, float]],
+    lexical: list[tuple[int, float]],
+) -> list[Any]:
+    """The fusion with the focus text's branches over the routed documents' chunks."""
+    assert br.focus_cosine is not None
+    cos = br.focus_cosine
+    if cfg.focus == "within":
+        rows = np.concatenate([corpus.doc_rows[d] for d in sorted(docs)])
+        fd = [int(r) for r in rows[cos[rows].argsort(kind="stable")[::-1]]][: cfg.fetch_k]
+    else:
+        top = np.argsort(-cos, kind="stable")[: cfg.fetch_k]
+        fd = [int(r) for r in top if int(corpus.doc[r]) in docs]
+    if cfg.focus == "global":
+        fl = [r for r, _ in br.focus_lexical[: cfg.fetch_k] if int(corpus.doc[r]) in docs]
+    else:
+        fl = [r for r, _ in br.focus_lexical if int(corpus.doc[r]) in docs][: cfg.fetch_k]
+    return fuse(
+        [
+            [(str(r), None) for r, _ in dense],
+            [(str(r), s) for r, s in lexical],
+            [(str(r), None) for r in fd],
+            [(str(r), None) for r in fl],
+        ],
+        [*cfg.weights, *cfg.focus_weights],
+        cfg.fusion,
+        cfg.rrf_k,
+    )
 
 
 def _soft_route(cfg: Config, corpus: Corpus, br: Branches, fused: list[Any]) -> list[Any]:
@@ -838,6 +907,12 @@ def grid(name: str) -> Iterable[Config]:
                                 irrelevant_chunk_penalty=pen, decay_rate=decay,
                                 max_total_chunks=total, merge_touching=True)  # fmt: skip
                     yield Config(params=params, **ROUTED)
+    if name == "focus":  # the query's other clauses rank the routed document (issue 16)
+        seg = dict(params=get_preset("default"), off_route_floor=1.0 + DEFAULT_BOOST, **LIBRARY)
+        yield Config(**seg)
+        for focus in ("global", "within", "lexical_within"):
+            for fw in ((4.0, 1.0), (8.0, 2.0), (4.0, 0.0), (2.0, 0.5)):
+                yield Config(focus=focus, focus_weights=fw, **seg)
     if name == "order":  # segments ordered by their best chunk (issue 16)
         for seg, total, mv, pen, decay in ((3, 24, 0.2, 0.2, 20.0), (2, 12, 0.3, 0.3, 10.0)):
             params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
