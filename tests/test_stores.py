@@ -356,3 +356,19 @@ async def test_filters_hold_on_the_async_path_and_with_several_queries(make) -> 
                   await r.ainvoke("termination", queries=["Acme payment"], filter=f)):  # fmt: skip
         assert found and {d.metadata["doc_id"] for d in found} <= {"globex-service",
                                                                    "globex-licence"}  # fmt: skip
+
+
+def test_a_doc_id_filter_and_focus_search_inside_one_document(make) -> None:
+    from test_focus import DOCS, LAW, QUERY
+
+    r = make(chunk_size=200)
+    r.add_documents(DOCS)
+    for mode in ("segments", "chunks"):
+        found = r.invoke(
+            "termination notice period", k=10, mode=mode, filter={"doc_id": "lyra.txt"}
+        )
+        assert found and {d.metadata["doc_id"] for d in found} == {"lyra.txt"}
+    assert all(d.metadata["lexical_rank"] is not None for d in found)  # BM25 under it too
+    # the routed question's asking clause is searched inside the contract it names
+    focused = r.invoke(QUERY, k=3, mode="chunks")
+    assert focused[0].metadata["doc_id"] == "orion.txt" and LAW in focused[0].page_content
