@@ -913,6 +913,13 @@ def grid(name: str) -> Iterable[Config]:
         for focus in ("global", "within", "lexical_within"):
             for fw in ((4.0, 1.0), (8.0, 2.0), (4.0, 0.0), (2.0, 0.5)):
                 yield Config(focus=focus, focus_weights=fw, **seg)
+    if name == "focus_preset":  # the preset and boost again, under focus (issue 16)
+        for seg, mv, pen in ((2, 0.2, 0.2), (3, 0.2, 0.2), (4, 0.2, 0.2), (3, 0.3, 0.3)):
+            for boost in (2.0, 3.0):
+                params = _p(get_preset("default"), max_segment_chunks=seg,
+                            min_segment_value=mv, irrelevant_chunk_penalty=pen)  # fmt: skip
+                yield Config(params=params, off_route_floor=1.0 + boost, focus="within",
+                             **{**LIBRARY, "doc_boost": boost})  # fmt: skip
     if name == "order":  # segments ordered by their best chunk (issue 16)
         for seg, total, mv, pen, decay in ((3, 24, 0.2, 0.2, 20.0), (2, 12, 0.3, 0.3, 10.0)):
             params = _p(dp, max_segment_chunks=seg, min_segment_value=mv,
