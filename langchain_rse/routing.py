@@ -142,7 +142,9 @@ class DocumentRouter(BaseModel):
         naming = max(range(len(clauses)), key=scores.__getitem__)
         if scores[naming] <= 0:
             return None
-        return " ".join(c for i, c in enumerate(clauses) if i != naming)
+        text = " ".join(c for i, c in enumerate(clauses) if i != naming)
+        logger.debug("focus: %r searched inside %s", text, sorted(routed))
+        return text
 
     def chosen(self, hits: Sequence[Document]) -> set[str] | None:
         """The documents the router chose, or None (no filter) when it found none."""

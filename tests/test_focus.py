@@ -206,3 +206,18 @@ def test_chunk_docstore_searches_inside_documents_of_an_ivf_index() -> None:
     assert len(flat) > 5 and all(k.startswith("lyra.txt") for k, _ in flat)
     assert {k for k, _ in ivf_hits} == {k for k, _ in flat}  # ties may come in another order
     assert np.allclose(sorted(s for _, s in ivf_hits), sorted(s for _, s in flat))
+
+
+def test_focus_with_a_hard_route_and_with_several_queries() -> None:
+    hard = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        chunk_size=200,
+        router=DocumentRouter.leads(boost=float("inf")),
+    )
+    hard.add_documents(DOCS)
+    found = hard.invoke(QUERY, k=3, mode="chunks")
+    assert {d.metadata["doc_id"] for d in found} == {"orion.txt"} and LAW in found[0].page_content
+    # extra queries keep their own ranks; the focus branches are not one of them
+    several = build().invoke(QUERY, k=3, mode="chunks", queries=["governing law of Texas"])
+    assert LAW in several[0].page_content
+    assert set(several[0].metadata["query_ranks"]) <= {QUERY, "governing law of Texas"}
