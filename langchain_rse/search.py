@@ -10,6 +10,7 @@ normalisation, so any monotone score will do.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -21,6 +22,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from langchain_rse.chunking import chunk_key
 from langchain_rse.filters import (
     Filter,
+    FilterError,
     Translator,
     both,
     doc_ids,
@@ -33,6 +35,8 @@ from langchain_rse.locks import ReadWriteLock
 from langchain_rse.threads import Beside
 
 __all__ = ["Hit", "SearchBranches", "SearchRequest", "is_local", "key_of", "ls_params", "sync_only"]
+
+logger = logging.getLogger(__name__)
 
 Hit = tuple[str, "float | None"]
 """``(chunk key, score)``; the score is None when the store gives none."""
@@ -226,19 +230,33 @@ class SearchBranches:
         other than the one naming the routed documents), filtered to those documents; None
         when there is no such text (see ``DocumentRouter.focus``)."""
         text = router.focus_query(query, routed)
-        if text is None:
+        within = None if text is None else self._filterable(_within(f, routed))
+        if text is None or within is None:
             return None
-        dense, lexical, _ = self.run([text], _within(f, routed), None, config)
+        dense, lexical, _ = self.run([text], within, None, config)
         return dense[0], lexical[0]
 
     async def afocus(self, query: str, routed: set[str], f: Filter | None, router: Any,
                      config: RunnableConfig) -> tuple[DenseResult, list[Hit]] | None:  # fmt: skip
         """Async :meth:`focus` (the lead index is searched in a thread)."""
         text = await asyncio.to_thread(router.focus_query, query, routed)
-        if text is None:
+        within = None if text is None else self._filterable(_within(f, routed))
+        if text is None or within is None:
             return None
-        dense, lexical, _ = await self.arun([text], _within(f, routed), None, config)
+        dense, lexical, _ = await self.arun([text], within, None, config)
         return dense[0], lexical[0]
+
+    def _filterable(self, f: Filter) -> Filter | None:
+        """``f`` when both stores can take it, else None (and a log line): focus needs a
+        ``doc_id`` filter, a query without one does not, so it must not fail for lack of it."""
+        try:
+            search_kwargs(self.vectorstore, f, self.translator)
+            if self.lexical_store is not None:
+                search_kwargs(self.lexical_store, f, self.translator)
+        except FilterError as exc:
+            logger.info("no focus search: %s", exc)
+            return None
+        return f
 
     def lexical_search(self, request: SearchRequest) -> list[Hit]:
         f, query = request["filter"], request["query"]

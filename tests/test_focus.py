@@ -221,3 +221,13 @@ def test_focus_with_a_hard_route_and_with_several_queries() -> None:
     several = build().invoke(QUERY, k=3, mode="chunks", queries=["governing law of Texas"])
     assert LAW in several[0].page_content
     assert set(several[0].metadata["query_ranks"]) <= {QUERY, "governing law of Texas"}
+
+
+def test_a_store_without_filters_answers_without_focus() -> None:
+    from test_filters import _opaque_store
+
+    opaque = RSERetriever(vectorstore=_opaque_store(), chunk_size=200)
+    opaque.add_documents(DOCS)
+    assert opaque.router is not None and opaque.router.focus
+    found = opaque.invoke(QUERY, k=3)  # the focus search would need a filter: skipped
+    assert found and found[0].metadata["doc_id"] == "orion.txt"
