@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
+from test_routing import contract as routing_contract
 
 from helpers import HashingEmbeddings
 from langchain_rse import DocumentRouter, RSERetriever
@@ -26,15 +27,8 @@ LAW = "governed by the laws of the State of Texas"
 def contract(name: str, state: str) -> Document:
     """One template for every contract: the name only in the opening, 30 look-alike
     clauses, and a governing-law clause at the end."""
-    clauses = "\n\n".join(
-        f"{n}. Clause {n}\n\nEither party may end this contract by termination with a notice "
-        f"period of {n * 10} days, and the supplier shall deliver goods within {n} weeks "
-        f"under the payment terms of clause {n}."
-        for n in range(1, 31)
-    )
     law = f"\n\n31. Governing Law\n\nThis contract is governed by the laws of the State of {state}."
-    opening = f"{name.upper()} SUPPLY AGREEMENT\n\nbetween {name} Holdings and the Buyer.\n\n"
-    return Document(page_content=opening + clauses + law, id=f"{name.lower()}.txt")
+    return routing_contract(name, 30, law)
 
 
 DOCS = [contract(n, s) for n, s in (("Orion", "Texas"), ("Lyra", "Ohio"), ("Vega", "Utah"))]

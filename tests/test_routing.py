@@ -21,16 +21,17 @@ QUERY = "termination notice period of the Orion supply agreement"
 REQUEST = {"query": QUERY, "filter": None}
 
 
-def contract(name: str) -> Document:
-    """A contract whose name is only in its opening: the body could belong to any of them."""
+def contract(name: str, clauses: int = 8, tail: str = "") -> Document:
+    """A contract whose name is only in its opening: the body (``clauses`` look-alike
+    clauses, then ``tail``) could belong to any of them."""
     body = "\n\n".join(
         f"{n}. Clause {n}\n\nEither party may end this contract by termination with a notice "
         f"period of {n * 10} days, and the supplier shall deliver goods within {n} weeks "
         f"under the payment terms of clause {n}."
-        for n in range(1, 9)
+        for n in range(1, clauses + 1)
     )
     opening = f"{name.upper()} SUPPLY AGREEMENT\n\nbetween {name} Holdings and the Buyer.\n\n"
-    return Document(page_content=opening + body, id=f"{name.lower()}.txt")
+    return Document(page_content=opening + body + tail, id=f"{name.lower()}.txt")
 
 
 def build(**kwargs: Any) -> tuple[RSERetriever, list[Document]]:
