@@ -132,8 +132,10 @@ class DocumentRouter(BaseModel):
 
     def focus_query(self, query: str, routed: set[str]) -> str | None:
         """``query`` without the clause that names the ``routed`` documents (the clause
-        whose lead-index score for them is highest), or None when :meth:`focuses` is false
-        or no clause matches their leads."""
+        whose lead-index score for them is highest), or None when :meth:`focuses` is false,
+        no clause matches their leads, or the naming clause is itself a question (it ends in
+        ``?``: in ``"What was 3M's capital expenditure in 2018? Round to two decimals."``
+        the other clause is an instruction, not what is asked)."""
         r = self.retriever
         if not self.focuses(query) or not isinstance(r, LeadIndex):
             return None
@@ -141,6 +143,9 @@ class DocumentRouter(BaseModel):
         scores = [max((s for d, s in r.hits(c) if d in routed), default=0.0) for c in clauses]
         naming = max(range(len(clauses)), key=scores.__getitem__)
         if scores[naming] <= 0:
+            return None
+        if clauses[naming].endswith("?"):
+            logger.debug("no focus: the clause %r that names the document asks", clauses[naming])
             return None
         text = " ".join(c for i, c in enumerate(clauses) if i != naming)
         logger.debug("focus: %r searched inside %s", text, sorted(routed))

@@ -72,6 +72,11 @@ def test_the_clause_that_names_the_routed_document_is_dropped() -> None:
     # no clause matches the routed document's lead: nothing to focus on
     assert router.focus_query("red apples; green pears", {"orion.txt"}) is None
     assert router.focus_query("which state's laws govern", {"orion.txt"}) is None  # one clause
+    # a naming clause that is itself a question is not dropped: the other clause is an
+    # instruction, not what is asked; the question mark is what tells the two apart
+    asked = "Which state's laws govern the Orion Supply Agreement? Answer briefly."
+    assert router.focus_query(asked, {"orion.txt"}) is None
+    assert router.focus_query(asked.replace("?", "."), {"orion.txt"}) == "Answer briefly."
     off = DocumentRouter.leads(focus=False)
     assert not off.focuses(QUERY) and off.focus_query(QUERY, {"orion.txt"}) is None
 
