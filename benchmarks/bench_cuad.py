@@ -50,11 +50,13 @@ from common import (
 from cuad_data import (
     DEFAULT_CONTRACTS,
     DEFAULT_SEED,
+    WORDINGS,
     CuadSubset,
     build_retriever,
     build_router,
     load_cuad,
     make_enricher,
+    reworded,
 )
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
@@ -370,12 +372,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="RSEParams for extra tuned rows (replayed; 'proto' rows route to the top "
         "document), e.g. max_segment_chunks=2,min_segment_value=0.3",
     )
+    ap.add_argument(
+        "--wording",
+        default="consider",
+        choices=WORDINGS,
+        help="consider: CUAD's questions; asked: one question naming the contract, then an "
+        "instruction",
+    )
     ap.add_argument("--tag", default=None, help="name of the JSON/PNG outputs")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-    data = load_cuad(None if args.all else args.contracts, args.seed)
+    data = reworded(load_cuad(None if args.all else args.contracts, args.seed), args.wording)
     n_chars = sum(len(t) for t in data.contracts.values())
     n_queries = len(data.queries)
     log(f"{len(data.contracts)} contracts ({n_chars / 1e6:.2f}M chars), {n_queries} queries")
@@ -410,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     subset = "all" if args.all else f"{len(data.contracts)} (seed {args.seed})"
     config = (
-        f"CUAD dev, contracts: {subset}, queries: {len(data.queries)}, "
+        f"CUAD dev, contracts: {subset}, queries: {len(data.queries)} ({args.wording}), "
         f"chunk_size={args.chunk_size}, enricher={args.enricher}, fusion={args.fusion}, "
         f"weights={args.weights}, fetch_k={args.fetch_k}, candidate_pool={args.candidate_pool}, "
         f"rse={params}"

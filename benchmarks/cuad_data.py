@@ -54,6 +54,30 @@ def load_cuad(n_contracts: int | None = DEFAULT_CONTRACTS, seed: int = DEFAULT_S
     return CuadSubset(contracts, queries)
 
 
+WORDINGS = ("consider", "asked")
+"""How ``bench_cuad.py --wording`` phrases the questions: ``consider`` as CUAD does
+(``Consider the <name>; <what is asked>``); ``asked`` as one question that names the
+contract, then an instruction (``In the <name>, <what is asked>? Quote the contract.``), the
+form of benchmarks that ask about a named filing and say how to answer."""
+
+
+def reworded(data: CuadSubset, wording: str) -> CuadSubset:
+    """``data`` with its questions in ``wording`` (see :data:`WORDINGS`)."""
+    if wording not in WORDINGS:
+        raise ValueError(f"wording must be one of {WORDINGS}, got {wording!r}")
+    if wording == "consider":
+        return data
+    queries = []
+    for q in data.queries:
+        head, sep, ask = q.text.partition("; ")
+        if not sep or not head.startswith("Consider the "):
+            raise ValueError(f"not a CUAD question: {q.text!r}")
+        name, ask = head.removeprefix("Consider the "), ask.strip().rstrip("?.")
+        text = f"In the {name}, {ask[:1].lower()}{ask[1:]}? Quote the contract."
+        queries.append(Query(text, q.gold, q.category))
+    return CuadSubset(data.contracts, queries)
+
+
 def build_retriever(
     data: CuadSubset,
     embeddings: CachedEmbeddings,
