@@ -132,22 +132,33 @@ class DocumentRouter(BaseModel):
 
     def focus_query(self, query: str, routed: set[str]) -> str | None:
         """``query`` without the clause that names the ``routed`` documents (the clause
-        whose lead-index score for them is highest), or None when :meth:`focuses` is false,
-        no clause matches their leads, or the naming clause is itself a question (it ends in
-        ``?``: in ``"What was 3M's capital expenditure in 2018? Round to two decimals."``
-        the other clause is an instruction, not what is asked)."""
+        whose lead-index score for them is highest), or None when :meth:`focuses` is false
+        or no clause matches their leads.
+
+        A naming clause that is itself a question (it ends in ``?``) keeps what it asks: it
+        is split at its commas and only the part that names the documents is dropped
+        (``"In the Orion Supply Agreement, which law governs? Answer briefly."`` is focused
+        to ``"which law governs? Answer briefly."``); where nothing is left of the question
+        without that part (``"What was 3M's capital expenditure in 2018? Round to two
+        decimals."``), there is no focus, as the other clause is an instruction."""
         r = self.retriever
         if not self.focuses(query) or not isinstance(r, LeadIndex):
             return None
         clauses = query_clauses(query)
-        scores = [max((s for d, s in r.hits(c) if d in routed), default=0.0) for c in clauses]
-        naming = max(range(len(clauses)), key=scores.__getitem__)
-        if scores[naming] <= 0:
+        naming = _naming(r, clauses, routed)
+        if naming is None:
             return None
-        if clauses[naming].endswith("?"):
-            logger.debug("no focus: the clause %r that names the document asks", clauses[naming])
-            return None
-        text = " ".join(c for i, c in enumerate(clauses) if i != naming)
+        rest = clauses[naming]
+        if rest.endswith("?"):
+            parts = [p for p in (p.strip() for p in rest.split(",")) if p]
+            name = _naming(r, parts, routed)
+            if name is None or parts[name].endswith("?"):
+                logger.debug("no focus: the question %r names the document", rest)
+                return None
+            clauses[naming] = " ".join(p for i, p in enumerate(parts) if i != name)
+        else:
+            del clauses[naming]
+        text = " ".join(clauses)
         logger.debug("focus: %r searched inside %s", text, sorted(routed))
         return text
 
@@ -211,3 +222,11 @@ def as_router(value: Any) -> Any:
     """A bare retriever as a :class:`DocumentRouter` with its defaults (the field validator
     of ``RSERetriever.router``); anything else unchanged."""
     return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value
+
+
+def _naming(leads: LeadIndex, parts: list[str], routed: set[str]) -> int | None:
+    """The index of the part of a query whose lead-index score for the ``routed``
+    documents is highest, or None when none matches their leads."""
+    scores = [max((s for d, s in leads.hits(p) if d in routed), default=0.0) for p in parts]
+    best = max(range(len(parts)), key=scores.__getitem__)
+    return best if scores[best] > 0 else None
