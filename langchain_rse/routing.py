@@ -137,10 +137,11 @@ class DocumentRouter(BaseModel):
         or no clause matches their leads.
 
         A naming clause that is itself a question (it ends in ``?``) keeps what it asks: it
-        is split at its commas and only the part that names the documents is dropped
-        (``"In the Orion Supply Agreement, which law governs? Answer briefly."`` is focused
-        to ``"which law governs? Answer briefly."``); where nothing is left of the question
-        without that part (``"What was 3M's capital expenditure in 2018? Round to two
+        is split at its commas, and the parts that their leads match better than the last
+        part (the one that asks) name the documents and are dropped (``"In the Orion Supply
+        Agreement, between Orion Holdings and the Buyer, which law governs? Answer
+        briefly."`` is focused to ``"which law governs? Answer briefly."``); where no part
+        names them (``"What was 3M's capital expenditure in 2018? Round to two
         decimals."``), there is no focus, as the other clause is an instruction."""
         r = self.retriever
         if not self.focuses(query) or not isinstance(r, LeadIndex):
@@ -152,11 +153,12 @@ class DocumentRouter(BaseModel):
         rest = clauses[naming]
         if rest.endswith("?"):
             parts = [p for p in (p.strip() for p in rest.split(",")) if p]
-            name = _naming(r, parts, routed)
-            if name is None or parts[name].endswith("?"):
+            scores = _lead_scores(r, parts, routed)
+            keep = [p for p, score in zip(parts, scores) if score <= scores[-1]]
+            if len(keep) == len(parts):
                 logger.debug("no focus: the question %r names the document", rest)
                 return None
-            clauses[naming] = " ".join(p for i, p in enumerate(parts) if i != name)
+            clauses[naming] = " ".join(keep)
         else:
             del clauses[naming]
         text = " ".join(clauses)
@@ -225,9 +227,15 @@ def as_router(value: Any) -> Any:
     return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value
 
 
+def _lead_scores(leads: LeadIndex, parts: list[str], routed: set[str]) -> list[float]:
+    """Each part of a query's best lead-index score among the ``routed`` documents (0:
+    no match)."""
+    return [max((s for d, s in leads.hits(p) if d in routed), default=0.0) for p in parts]
+
+
 def _naming(leads: LeadIndex, parts: list[str], routed: set[str]) -> int | None:
     """The index of the part of a query whose lead-index score for the ``routed``
     documents is highest, or None when none matches their leads."""
-    scores = [max((s for d, s in leads.hits(p) if d in routed), default=0.0) for p in parts]
+    scores = _lead_scores(leads, parts, routed)
     best = max(range(len(parts)), key=scores.__getitem__)
     return best if scores[best] > 0 else None

@@ -77,9 +77,12 @@ def test_the_clause_that_names_the_routed_document_is_dropped() -> None:
     asked = "Which state's laws govern the Orion Supply Agreement? Answer briefly."
     assert router.focus_query(asked, {"orion.txt"}) is None
     assert router.focus_query(asked.replace("?", "."), {"orion.txt"}) == "Answer briefly."
-    # a question that names the document in a part of its own keeps the rest of it
-    named = "In the Orion Supply Agreement, which state's laws govern? Answer briefly."
+    # a question that names the document in parts of its own keeps the rest of it: every
+    # part the lead matches better than the asking part is dropped
     expected = "which state's laws govern? Answer briefly."
+    named = "In the Orion Supply Agreement, which state's laws govern? Answer briefly."
+    assert router.focus_query(named, {"orion.txt"}) == expected
+    named = named.replace("Agreement,", "Agreement, between Orion Holdings and the Buyer,")
     assert router.focus_query(named, {"orion.txt"}) == expected
     off = DocumentRouter.leads(focus=False)
     assert not off.focuses(QUERY) and off.focus_query(QUERY, {"orion.txt"}) is None
