@@ -125,11 +125,13 @@ class DocumentRouter(BaseModel):
         return self.chosen(await self.retriever.ainvoke(query, config))
 
     def focuses(self, query: str) -> bool:
-        """Whether :attr:`focus` applies to ``query`` (several clauses, the built-in lead
-        index), before any search."""
-        return (
-            self.focus and isinstance(self.retriever, LeadIndex) and len(query_clauses(query)) > 1
-        )
+        """Whether :attr:`focus` applies to ``query`` (the built-in lead index, and several
+        clauses or one question in parts: ``"In the Orion Supply Agreement, which law
+        governs?"``), before any search."""
+        if not self.focus or not isinstance(self.retriever, LeadIndex):
+            return False
+        clauses = query_clauses(query)
+        return len(clauses) > 1 or (len(clauses) == 1 and _in_parts(clauses[0]))
 
     def focus_query(self, query: str, routed: set[str]) -> str | None:
         """``query`` without the clause that names the ``routed`` documents (the clause
@@ -142,7 +144,9 @@ class DocumentRouter(BaseModel):
         Agreement, between Orion Holdings and the Buyer, which law governs? Answer
         briefly."`` is focused to ``"which law governs? Answer briefly."``); where no part
         names them (``"What was 3M's capital expenditure in 2018? Round to two
-        decimals."``), there is no focus, as the other clause is an instruction."""
+        decimals."``), there is no focus, as the other clause is an instruction. A query that
+        is one such question is focused the same way (``"In the Orion Supply Agreement,
+        which law governs?"`` to ``"which law governs?"``)."""
         r = self.retriever
         if not self.focuses(query) or not isinstance(r, LeadIndex):
             return None
@@ -225,6 +229,11 @@ def as_router(value: Any) -> Any:
     """A bare retriever as a :class:`DocumentRouter` with its defaults (the field validator
     of ``RSERetriever.router``); anything else unchanged."""
     return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value
+
+
+def _in_parts(clause: str) -> bool:
+    """Whether ``clause`` is a question in comma-separated parts."""
+    return clause.endswith("?") and "," in clause
 
 
 def _lead_scores(leads: LeadIndex, parts: list[str], routed: set[str]) -> list[float]:

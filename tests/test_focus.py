@@ -84,6 +84,10 @@ def test_the_clause_that_names_the_routed_document_is_dropped() -> None:
     assert router.focus_query(named, {"orion.txt"}) == expected
     named = named.replace("Agreement,", "Agreement, between Orion Holdings and the Buyer,")
     assert router.focus_query(named, {"orion.txt"}) == expected
+    # one question in parts is focused the same way; one without commas is not
+    alone = "In the Orion Supply Agreement, which state's laws govern?"
+    assert router.focuses(alone) and not router.focuses("Which state's laws govern Orion?")
+    assert router.focus_query(alone, {"orion.txt"}) == "which state's laws govern?"
     off = DocumentRouter.leads(focus=False)
     assert not off.focuses(QUERY) and off.focus_query(QUERY, {"orion.txt"}) is None
 
