@@ -377,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="consider",
         choices=WORDINGS,
         help="consider: CUAD's questions; asked: one question naming the contract, then an "
-        "instruction",
+        "instruction; question: that question alone",
     )
     ap.add_argument("--tag", default=None, help="name of the JSON/PNG outputs")
     ap.add_argument("--no-plot", action="store_true")

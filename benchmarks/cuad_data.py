@@ -54,11 +54,12 @@ def load_cuad(n_contracts: int | None = DEFAULT_CONTRACTS, seed: int = DEFAULT_S
     return CuadSubset(contracts, queries)
 
 
-WORDINGS = ("consider", "asked")
+WORDINGS = ("consider", "asked", "question")
 """How ``bench_cuad.py --wording`` phrases the questions: ``consider`` as CUAD does
 (``Consider the <name>; <what is asked>``); ``asked`` as one question that names the
 contract, then an instruction (``In the <name>, <what is asked>? Quote the contract.``), the
-form of benchmarks that ask about a named filing and say how to answer."""
+form of benchmarks that ask about a named filing and say how to answer; ``question`` as the
+question alone (``In the <name>, <what is asked>?``)."""
 
 
 def reworded(data: CuadSubset, wording: str) -> CuadSubset:
@@ -73,7 +74,9 @@ def reworded(data: CuadSubset, wording: str) -> CuadSubset:
         if not sep or not head.startswith("Consider the "):
             raise ValueError(f"not a CUAD question: {q.text!r}")
         name, ask = head.removeprefix("Consider the "), ask.strip().rstrip("?.")
-        text = f"In the {name}, {ask[:1].lower()}{ask[1:]}? Quote the contract."
+        text = f"In the {name}, {ask[:1].lower()}{ask[1:]}?"
+        if wording == "asked":
+            text += " Quote the contract."
         queries.append(Query(text, q.gold, q.category))
     return CuadSubset(data.contracts, queries)
 
