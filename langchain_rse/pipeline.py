@@ -11,6 +11,7 @@ the logic.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Generator, Sequence
@@ -89,6 +90,9 @@ class QuerySettings:
     """Checked on every candidate's document metadata, whatever the stores returned."""
     trace: bool = False
     """Also yield ``("trace", Trace)`` before returning (for ``RSERetriever.explain``)."""
+    rerank_queries: list[str] | None = None
+    """What the reranker scores against, when not ``queries`` (with focus: also the focus
+    text)."""
 
     @classmethod
     def of(
@@ -384,7 +388,8 @@ def run_pipeline(
         need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
         bodies.update(zip((m.doc_id for m in need), (yield ("bodies", need))))
         try:
-            reranked = yield ("rerank", (s.queries, rerank_inputs(cands, bodies, metas)))
+            queries = s.rerank_queries or s.queries
+            reranked = yield ("rerank", (queries, rerank_inputs(cands, bodies, metas)))
         except RerankError as exc:
             if s.strict_rerank:
                 raise
@@ -420,9 +425,10 @@ def retrieve(
     """Search → fuse → :func:`run_pipeline`: one retrieval after its settings are made.
     ``("search", s)`` is answered with ``(dense, lexical, routed)``: each query's branch
     results and the routed documents (``None`` without a route). When a route holds and
-    the router focuses, ``("focus", (query, routed, filter))`` is answered with the dense
-    and lexical results of the query's clauses other than the one naming the document,
-    searched inside the routed documents, or None (see ``DocumentRouter.focus``)."""
+    the router focuses, ``("focus", (query, routed, filter))`` is answered with the query's
+    clauses other than the one naming the document (the focus text) and their dense and
+    lexical results inside the routed documents, or None (see ``DocumentRouter.focus``);
+    a reranker then scores the candidates against the focus text too."""
     dense, lexical, routed = yield ("search", s)
     confirmed = False
     if routed is not None and router is not None and router.focuses(s.queries[0]):
@@ -430,7 +436,9 @@ def retrieve(
         if routed is not None:
             extra = yield ("focus", (s.queries[0], routed, s.filter))
             if extra is not None:  # the query's other clauses, inside the routed documents
-                dense, lexical = [*dense, extra[0]], [*lexical, extra[1]]
+                text, focus_dense, focus_lexical = extra
+                dense, lexical = [*dense, focus_dense], [*lexical, focus_lexical]
+                s = dataclasses.replace(s, rerank_queries=[*s.queries, text])
     found = candidates(s, dense, lexical, routed, router, confirmed)
     return (yield from _retrying(s, *found))
 

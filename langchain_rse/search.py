@@ -99,6 +99,8 @@ class DenseResult:
 
 Found = tuple[list[DenseResult], list[list[Hit]], "set[str] | None"]
 """Each query's dense and lexical results, and the routed documents (None: no route)."""
+Focused = tuple[str, DenseResult, list[Hit]]
+"""A focus search: the focus text, its dense and its lexical results."""
 
 
 class SearchRequest(TypedDict):
@@ -224,27 +226,29 @@ class SearchBranches:
         )
         return list(found[:n]), list(found[n : 2 * n]), found[2 * n] if router else None
 
-    def focus(self, query: str, routed: set[str], f: Filter | None, router: Any,
-              config: RunnableConfig) -> tuple[DenseResult, list[Hit]] | None:  # fmt: skip
-        """Both branches for ``router.focus_query(query, routed)`` (the query's clauses
-        other than the one naming the routed documents), filtered to those documents; None
-        when there is no such text (see ``DocumentRouter.focus``)."""
+    def focus(
+        self, query: str, routed: set[str], f: Filter | None, router: Any, config: RunnableConfig
+    ) -> Focused | None:
+        """The text of ``router.focus_query(query, routed)`` (the query's clauses other than
+        the one naming the routed documents) and both branches for it, filtered to those
+        documents; None when there is no such text (see ``DocumentRouter.focus``)."""
         text = router.focus_query(query, routed)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None
         dense, lexical, _ = self.run([text], within, None, config)
-        return dense[0], lexical[0]
+        return text, dense[0], lexical[0]
 
-    async def afocus(self, query: str, routed: set[str], f: Filter | None, router: Any,
-                     config: RunnableConfig) -> tuple[DenseResult, list[Hit]] | None:  # fmt: skip
+    async def afocus(
+        self, query: str, routed: set[str], f: Filter | None, router: Any, config: RunnableConfig
+    ) -> Focused | None:
         """Async :meth:`focus` (the lead index is searched in a thread)."""
         text = await asyncio.to_thread(router.focus_query, query, routed)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None
         dense, lexical, _ = await self.arun([text], within, None, config)
-        return dense[0], lexical[0]
+        return text, dense[0], lexical[0]
 
     def _filterable(self, f: Filter) -> Filter | None:
         """``f`` when both stores can take it, else None (and a log line): focus needs a

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from langchain_core.documents import Document
+from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.vectorstores import InMemoryVectorStore
 from test_routing import contract as routing_contract
 
@@ -127,6 +127,31 @@ def test_focus_searches_only_inside_the_routed_document() -> None:
     assert main == [QUERY] and router is not None
     assert focus == ["which state's laws govern"] and none is None
     assert f == parse({"$and": [{"tier": {"$ne": "x"}}, {"doc_id": "orion.txt"}]})
+
+
+class _Recording(BaseDocumentCompressor):
+    """Keeps the documents in order and records each query it reranks for."""
+
+    queries: list[str] = []
+
+    def compress_documents(self, documents, query, callbacks=None):  # type: ignore[override]
+        self.queries.append(query)
+        return list(documents)
+
+
+async def test_the_reranker_also_scores_against_the_focus_text() -> None:
+    for focus, expected in ((True, [QUERY, "which state's laws govern"]), (False, [QUERY])):
+        reranker = _Recording(queries=[])
+        retriever = build(focus=focus, reranker=reranker)
+        retriever.invoke(QUERY)
+        assert reranker.queries == expected
+        reranker.queries.clear()
+        await retriever.ainvoke(QUERY)
+        assert reranker.queries == expected
+    # a query with one clause has no focus text
+    reranker = _Recording(queries=[])
+    build(reranker=reranker).invoke("which state's laws govern")
+    assert reranker.queries == ["which state's laws govern"]
 
 
 def test_a_route_that_does_not_hold_has_no_focus() -> None:
