@@ -144,12 +144,10 @@ def make_methods(
     if "default" in which:  # the retriever as configured: the library's default pipeline
         default = retriever.model_copy(update={"mode": "segments"})
         methods["default"] = lambda q: spans_of(default.invoke(q, k=100))
+    leads = retriever.router
+    no_focus = None if leads is None else leads.model_copy(update={"focus": False})
     if "default(no focus)" in which:  # the default with the router's focus off (issue 16)
-        leads = retriever.router
-        unfocused = retriever.model_copy(update={
-            "mode": "segments",
-            "router": None if leads is None else leads.model_copy(update={"focus": False}),
-        })  # fmt: skip
+        unfocused = retriever.model_copy(update={"mode": "segments", "router": no_focus})
         methods["default(no focus)"] = lambda q: spans_of(unfocused.invoke(q, k=100))
     if "default(chunks)" in which:
         default_chunks = retriever.model_copy(update={"mode": "chunks", "candidate_pool": pool})
@@ -175,6 +173,15 @@ def make_methods(
             update={"mode": "chunks", "candidate_pool": pool, "reranker": reranker, **before}
         )
         methods["hybrid+rerank"] = lambda q: spans_of(reranked.invoke(q, k=n_chunks))
+    # The default pipeline with the reranker and its preset, with and without focus.
+    with_reranker = {"mode": "segments", "reranker": reranker,
+                     "rse_params": rerank_params or get_preset("reranked")}  # fmt: skip
+    if "default+rerank" in which:
+        default_rr = retriever.model_copy(update=with_reranker)
+        methods["default+rerank"] = lambda q: spans_of(default_rr.invoke(q, k=100))
+    if "default+rerank(no focus)" in which:
+        unfocused_rr = retriever.model_copy(update={**with_reranker, "router": no_focus})
+        methods["default+rerank(no focus)"] = lambda q: spans_of(unfocused_rr.invoke(q, k=100))
     if "rse+rerank" in which:
         update: dict[str, Any] = {"mode": "segments", "reranker": reranker, **before}
         update["rse_params"] = rerank_params or get_preset("reranked")
@@ -352,7 +359,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--methods",
         default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid,rse,default",
-        help="comma-separated subset of the methods (also: default(chunks); hybrid+rerank, "
+        help="comma-separated subset of the methods (also: default(chunks), default(no focus), "
+        "default+rerank, default+rerank(no focus); hybrid+rerank, "
         "rse+rerank, with the offline EmbeddingReranker; dense+route, rse+route, with "
         "document routing)",
     )
