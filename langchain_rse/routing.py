@@ -93,8 +93,9 @@ class DocumentRouter(BaseModel):
     contract's chunks by ``"The date of the contract"`` too, so the words that name the
     document, which every chunk's header repeats, do not decide the ranking inside it.
     The two extra searches (dense and lexical, filtered to the routed documents) are fused
-    with the query's own, with the same weights. A naming clause that is itself a question
-    keeps what it asks (:meth:`focus_query`). Needs the built-in lead index."""
+    with the query's own, with the same weights, and a reranker scores the candidates
+    against that text too. A naming clause that is itself a question keeps what it asks
+    (:meth:`focus_query`). Needs the built-in lead index."""
 
     @classmethod
     def leads(cls, boost: float = DEFAULT_BOOST, **kwargs: Any) -> DocumentRouter:
