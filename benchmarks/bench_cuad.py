@@ -183,9 +183,7 @@ def make_methods(
         unfocused_rr = retriever.model_copy(update={**with_reranker, "router": no_focus})
         methods["default+rerank(no focus)"] = lambda q: spans_of(unfocused_rr.invoke(q, k=100))
     if "rse+rerank" in which:
-        update: dict[str, Any] = {"mode": "segments", "reranker": reranker, **before}
-        update["rse_params"] = rerank_params or get_preset("reranked")
-        rse_rr = retriever.model_copy(update=update)
+        rse_rr = retriever.model_copy(update={**before, **with_reranker})
         methods["rse+rerank"] = lambda q: spans_of(rse_rr.invoke(q, k=100))
     if router is not None:
         # The library's document routing: top document only, dense-only fusion inside it.

@@ -129,10 +129,11 @@ class DocumentRouter(BaseModel):
         """Whether :attr:`focus` applies to ``query`` (the built-in lead index, and several
         clauses or one question in parts: ``"In the Orion Supply Agreement, which law
         governs?"``), before any search."""
-        if not self.focus or not isinstance(self.retriever, LeadIndex):
-            return False
-        clauses = query_clauses(query)
-        return len(clauses) > 1 or (len(clauses) == 1 and _in_parts(clauses[0]))
+        return (
+            self.focus
+            and isinstance(self.retriever, LeadIndex)
+            and _focusable(query_clauses(query))
+        )
 
     def focus_query(self, query: str, routed: set[str]) -> str | None:
         """``query`` without the clause that names the ``routed`` documents (the clause
@@ -149,9 +150,9 @@ class DocumentRouter(BaseModel):
         is one such question is focused the same way (``"In the Orion Supply Agreement,
         which law governs?"`` to ``"which law governs?"``)."""
         r = self.retriever
-        if not self.focuses(query) or not isinstance(r, LeadIndex):
-            return None
         clauses = query_clauses(query)
+        if not self.focus or not isinstance(r, LeadIndex) or not _focusable(clauses):
+            return None
         naming = _naming(r, clauses, routed)
         if naming is None:
             return None
@@ -232,9 +233,12 @@ def as_router(value: Any) -> Any:
     return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value
 
 
-def _in_parts(clause: str) -> bool:
-    """Whether ``clause`` is a question in comma-separated parts."""
-    return clause.endswith("?") and "," in clause
+def _focusable(clauses: list[str]) -> bool:
+    """Whether a query of these clauses can be focused: several clauses, or one question in
+    comma-separated parts."""
+    return len(clauses) > 1 or (
+        len(clauses) == 1 and clauses[0].endswith("?") and "," in clauses[0]
+    )
 
 
 def _lead_scores(leads: LeadIndex, parts: list[str], routed: set[str]) -> list[float]:
