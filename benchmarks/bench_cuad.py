@@ -54,6 +54,7 @@ from cuad_data import (
     CuadSubset,
     build_retriever,
     build_router,
+    halves,
     load_cuad,
     make_enricher,
     reworded,
@@ -268,8 +269,13 @@ def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else math.nan
 
 
-def report(results: dict[str, dict[str, Any]], budgets: Sequence[int] = BUDGETS) -> str:
-    """The method × budget table and the RSE / dense ratios at the target budget."""
+def report(
+    results: dict[str, dict[str, Any]],
+    budgets: Sequence[int] = BUDGETS,
+    by_half: dict[str, list[int]] | None = None,
+) -> str:
+    """The method × budget table and the ratios to dense at the target budget (also per
+    half of the contracts, when ``by_half`` gives the halves' query positions)."""
     header = ["method", *[f"{b // 1000}k R / P (%)" for b in budgets], "chars@4k",
               "wrong doc @4k (%)", "s/query"]  # fmt: skip
     rows = []
@@ -291,10 +297,16 @@ def report(results: dict[str, dict[str, Any]], budgets: Sequence[int] = BUDGETS)
             if name == "dense":
                 continue
             cur = res["budgets"][str(TARGET_BUDGET)]
-            lines.append(
+            line = (
                 f"{name} / dense at 4k: recall x{cur['recall'] / base['recall']:.2f}, "
                 f"precision x{cur['precision'] / base['precision']:.2f}"
             )
+            for h, idx in (by_half or {}).items():
+                r, p = (_mean([cur[f"per_query_{m}"][i] for i in idx])
+                        / _mean([base[f"per_query_{m}"][i] for i in idx])
+                        for m in ("recall", "precision"))  # fmt: skip
+                line += f"; half {h} x{r:.2f} / x{p:.2f}"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -438,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if any("+route" in m for m in methods):
         config += f"; route: top document, weights 1,0, rse+route={route_params}"
     print(config)
-    print(report(results))
+    print(report(results, by_half=halves(data)))
     tag = args.tag or f"cuad_{len(data.contracts)}_{args.chunk_size}_{args.enricher}"
     (CACHE_DIR / "results").mkdir(parents=True, exist_ok=True)
     out = {"config": config, "args": vars(args), "results": results}

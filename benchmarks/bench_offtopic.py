@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import tune_cuad as T
 from common import CachedEmbeddings, base_embeddings, fmt_table, log
-from cuad_data import CuadSubset, Query, build_retriever, load_cuad, make_enricher
+from cuad_data import CuadSubset, Query, build_retriever, halves, load_cuad, make_enricher
 
 from langchain_rse.rerank import EmbeddingReranker
 from langchain_rse.rerank.calibration import apply_rank_decay, calibrate
@@ -133,16 +133,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         ["off-topic", *(f"{v:.3f}" for v in np.percentile(top_off, pct))],
     ]))  # fmt: skip
 
-    names = sorted(data.contracts)
-    halves: dict[str, list[int]] = {}
-    for h, part in (("a", set(names[0::2])), ("b", set(names[1::2]))):
-        halves[h] = [i for i, q in enumerate(data.queries) if q.gold[0][0] in part]
+    by_half = halves(data)
     rows = []
     for label, over in settings():
         off_empty = 100 * np.mean([r == [] for r in _run(label, over, corpus, off_br)])
         real = _run(label, over, corpus, real_br)
         cells = [label, f"{off_empty:.0f}", f"{100 * np.mean([r == [] for r in real]):.1f}"]
-        for idx in [halves["a"], halves["b"], list(range(len(real)))]:
+        for idx in [by_half["a"], by_half["b"], list(range(len(real)))]:
             sub = CuadSubset(data.contracts, [data.queries[i] for i in idx])
             rec, prec = _recall_precision(sub, [real[i] for i in idx])
             cells.append(f"{rec:.1f} / {prec:.2f}")
@@ -152,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"\nrse+rerank (EmbeddingReranker, rank decay 20, preset {PRESET}), CUAD dev "
         f"{len(data.contracts)} contracts, chunk_size={args.chunk_size}, "
         f"enricher={args.enricher}; {len(questions)} off-topic "
-        f"questions; real: half a {len(halves['a'])}, half b {len(halves['b'])} queries"
+        f"questions; real: half a {len(by_half['a'])}, half b {len(by_half['b'])} queries"
     )
     print(fmt_table(
         ["calibration", "off-topic empty %", "real empty %", "half a R/P@4k", "half b R/P@4k",

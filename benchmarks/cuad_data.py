@@ -54,6 +54,15 @@ def load_cuad(n_contracts: int | None = DEFAULT_CONTRACTS, seed: int = DEFAULT_S
     return CuadSubset(contracts, queries)
 
 
+def halves(data: CuadSubset) -> dict[str, list[int]]:
+    """Query positions of each half: ``a`` asks about the contracts at even positions in
+    name order, ``b`` about the odd ones (all stay indexed). Tune on one, check on the other."""
+    names = sorted(data.contracts)
+    parts = {"a": set(names[0::2]), "b": set(names[1::2])}
+    return {h: [i for i, q in enumerate(data.queries) if q.gold[0][0] in part]
+            for h, part in parts.items()}  # fmt: skip
+
+
 WORDINGS = ("consider", "asked", "question")
 """How ``bench_cuad.py --wording`` phrases the questions: ``consider`` as CUAD does
 (``Consider the <name>; <what is asked>``); ``asked`` as one question that names the

@@ -54,6 +54,7 @@ from cuad_data import (
     DEFAULT_SEED,
     CuadSubset,
     build_retriever,
+    halves,
     lead_title,
     load_cuad,
     make_enricher,
@@ -1063,12 +1064,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     branches = precompute(data, corpus, embeddings)
     log(f"branches precomputed in {time.perf_counter() - t0:.1f}s")
     if args.half is not None:
-        names = sorted(data.contracts)
-        half = set(names[0 if args.half == "a" else 1 :: 2])
-        keep = [i for i, q in enumerate(data.queries) if q.gold[0][0] in half]
+        keep = halves(data)[args.half]
         data = CuadSubset(data.contracts, [data.queries[i] for i in keep])
         branches = [branches[i] for i in keep]
-        log(f"half {args.half}: {len(keep)} queries of {len(half)} contracts")
+        log(f"half {args.half}: {len(keep)} queries")
     gold_doc = [corpus.doc_names.index(q.gold[0][0]) for q in data.queries]
     for source in ("fused", "bm25", "dense"):
         for n in (1, 2, 3):
