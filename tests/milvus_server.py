@@ -52,6 +52,17 @@ def milvus_server(tmp: Path) -> Iterator[str]:
 # and inverts a COSINE ranking).
 DENSE_INDEX = {"index_type": "FLAT", "metric_type": "COSINE", "params": {}}
 
+# pymilvus pings every 10 s, idle or not; the milvus-lite server keeps gRPC's default
+# policy (one ping per 5 minutes) and answers with GOAWAY "too_many_pings", which can
+# land while a client is connecting ("Fail connecting to server"). Ping as the server
+# allows.
+GRPC_OPTIONS = {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_without_calls": False}
+
+
+def connection_args(uri: str) -> dict[str, Any]:
+    """What every test client of the server passes to pymilvus."""
+    return {"uri": uri, "grpc_options": dict(GRPC_OPTIONS)}
+
 
 def milvus_stores(uri: str, name: str, embedding: Embeddings | None = None) -> tuple[Any, Any]:
     """A dense collection and a BM25 collection for one index (as every worker opens them)."""
@@ -62,10 +73,10 @@ def milvus_stores(uri: str, name: str, embedding: Embeddings | None = None) -> t
     dense = Milvus(
         embedding or HashingEmbeddings(),
         collection_name=f"d_{name}",
-        connection_args={"uri": uri},
+        connection_args=connection_args(uri),
         index_params=dict(DENSE_INDEX),
         enable_dynamic_field=True,
         consistency_level="Strong",
     )
-    lexical = MilvusLexicalStore(f"l_{name}", {"uri": uri})
+    lexical = MilvusLexicalStore(f"l_{name}", connection_args(uri))
     return dense, lexical
