@@ -1,4 +1,4 @@
-"""The in-process lexical branch: a code- and prose-aware tokenizer and a BM25 index.
+"""The in-process lexical branch: a BM25 index over :mod:`langchain_rse.tokenizer`'s terms.
 
 The index is incremental (:mod:`langchain_rse.bm25`): every addition and deletion is
 visible to the next search, with statistics exactly those of an index built from scratch.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -17,6 +16,7 @@ import numpy as np
 
 from langchain_rse.bm25 import IncrementalBM25, Segment
 from langchain_rse.locks import ReadWriteLock
+from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
 
 __all__ = ["BM25Index", "LexicalHit", "tokenize"]
 
@@ -24,105 +24,21 @@ logger = logging.getLogger(__name__)
 
 LexicalEngine = Literal["bm25s", "rank_bm25"]
 _VARIANT = {"bm25s": "lucene", "rank_bm25": "okapi"}
-SAVE_FORMAT = 2
-"""Version of :meth:`BM25Index.export_state`'s layout (1: token lists in JSON)."""
+SAVE_FORMAT = 3
+"""Version of :meth:`BM25Index.export_state`'s layout (1: token lists in JSON; 2: arrays,
+terms not stemmed; 3: arrays and the stemmer's name)."""
 _BULK = 20_000  # documents per segment when a whole index is loaded
-
-# Words, numbers and runs of CJK ideographs / kana / hangul (split per character below).
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
-# camelCase / PascalCase / ACRONYMWord / digits.
-_SUBWORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
-
-_SNAKE = re.compile(r"\b\w+_\w+\b")
-_CJK_SPLIT = re.compile(_CJK.pattern + "|" + _CJK.pattern.replace("[", "[^", 1) + "+")
-
-_STOPWORDS = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "but",
-        "by",
-        "for",
-        "from",
-        "has",
-        "have",
-        "if",
-        "in",
-        "into",
-        "is",
-        "it",
-        "its",
-        "of",
-        "on",
-        "or",
-        "such",
-        "that",
-        "the",
-        "their",
-        "then",
-        "there",
-        "these",
-        "they",
-        "this",
-        "to",
-        "was",
-        "were",
-        "will",
-        "with",
-    ]
-)
-
 
 _NO_TERMS = np.zeros(0, dtype=np.int64)
 
-_WORD_TOKENS: dict[str, tuple[str, ...]] = {}
-"""What each word (a ``_WORD`` match) becomes: words repeat, so most are looked up."""
-_WORD_CACHE_MAX = 500_000
-
-
-def _word_tokens(word: str) -> tuple[str, ...]:
-    if _CJK.search(word):
-        return tuple(p.lower() for p in _CJK_SPLIT.findall(word))
-    lowered = word.lower()
-    if lowered in _STOPWORDS:
-        return ()
-    if lowered != word and word.isascii() and not word.isupper():  # mixed case
-        parts = _SUBWORD.findall(word)
-        if len(parts) > 1:
-            return (lowered, *(p.lower() for p in parts))
-    return (lowered,)
-
-
-def tokenize(text: str) -> list[str]:
-    """Lowercased tokens for BM25.
-
-    Splits on punctuation and whitespace, splits identifiers (``getUserName``,
-    ``user_name``, ``HTTPServer``) into their parts while also keeping the whole
-    identifier, indexes CJK text per character, and drops a short list of English
-    stop words.
-    """
-    tokens: list[str] = []
-    cache = _WORD_TOKENS
-    for word in _WORD.findall(text):
-        found = cache.get(word)
-        if found is None:
-            found = _word_tokens(word)
-            if len(cache) < _WORD_CACHE_MAX:
-                cache[word] = found
-        tokens.extend(found)
-    if "_" in text:  # snake_case: `[^\W_]+` split on underscores; keep the identifier too
-        tokens.extend(ident.lower() for ident in _SNAKE.findall(text))
-    return tokens
-
-
 LexicalHit = tuple[str, float]
 """``(chunk_id, bm25_score)``."""
+
+
+def saved_stemmer(header: Mapping[str, Any]) -> str | None:
+    """The stemmer of a saved index's terms (:meth:`BM25Index.export_state`'s header; none
+    before format 3)."""
+    return header.get("stemmer") if header.get("format") == SAVE_FORMAT else None
 
 
 def group_of(chunk_id: str) -> str:
@@ -164,10 +80,13 @@ class BM25Index:
         max_segment_postings: int = 8_000_000,
         background_merges: bool = True,
         compact_min: int = 50_000,
+        stemmer: str | None = DEFAULT_STEMMER,
     ) -> None:
         if engine not in _VARIANT:
             raise ValueError(f"unknown lexical engine {engine!r}; use 'bm25s' or 'rank_bm25'")
         self.engine: LexicalEngine = engine
+        self.stemmer = check_stemmer(stemmer)
+        """The Snowball stemmer of every text and query (:func:`tokenize`)."""
         self.k1 = k1
         self.b = b
         self.background_merges = background_merges
@@ -193,7 +112,7 @@ class BM25Index:
         return len(self._bm25)
 
     def __repr__(self) -> str:
-        return f"BM25Index(engine={self.engine!r}, chunks={len(self)})"
+        return f"BM25Index(engine={self.engine!r}, stemmer={self.stemmer!r}, chunks={len(self)})"
 
     def identifier_density(self) -> float:
         """snake_case identifiers (terms with an underscore) per live chunk: the sum of
@@ -230,7 +149,7 @@ class BM25Index:
         that :meth:`search`'s ``allowed`` is asked about. Visible to the next search."""
         if len(ids) != len(texts):
             raise ValueError("ids and texts must have the same length")
-        tokens = dict(zip(ids, map(tokenize, texts)))  # outside the lock; last duplicate wins
+        tokens = {i: tokenize(t, self.stemmer) for i, t in zip(ids, texts)}  # last duplicate wins
         with self._rw.write():
             self._groups.update(groups or {})
             self._add_locked(list(tokens), list(tokens.values()))
@@ -295,7 +214,7 @@ class BM25Index:
         self, texts: Mapping[str, str], groups: dict[str, dict[str, Any]] | None = None
     ) -> None:
         """Replace the whole index with these chunk texts (a reload)."""
-        self.set_tokens({key: tokenize(text) for key, text in texts.items()}, groups)
+        self.set_tokens({key: tokenize(text, self.stemmer) for key, text in texts.items()}, groups)
 
     def set_tokens(
         self, tokens: Mapping[str, list[str]], groups: dict[str, dict[str, Any]] | None = None
@@ -407,7 +326,7 @@ class BM25Index:
         the group's ``doc_id`` added (its name up to the last ``\x1f``: the doc id of the
         retriever's chunk keys), checked before the top ``k`` is cut, so a selective filter
         still gets ``k``."""
-        q = tokenize(query)
+        q = tokenize(query, self.stemmer)
         if not q or k <= 0:
             return []
         with self._rw.read():
@@ -434,7 +353,8 @@ class BM25Index:
         keys, vocab, indptr, terms, tf, _ = self._export()
         buffer = io.BytesIO()
         np.savez_compressed(buffer, doc_indptr=indptr, terms=terms, tf=tf)
-        header = {"format": SAVE_FORMAT, "keys": keys, "vocab": vocab, "groups": self.groups()}
+        header = {"format": SAVE_FORMAT, "stemmer": self.stemmer, "keys": keys, "vocab": vocab,
+                  "groups": self.groups()}  # fmt: skip
         return header, buffer.getvalue()
 
     def load_state(self, header: Mapping[str, Any], arrays: bytes) -> None:
@@ -445,10 +365,15 @@ class BM25Index:
                 indptr, terms, tf = (np.asarray(data[n]) for n in ("doc_indptr", "terms", "tf"))
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"the BM25 arrays cannot be read: {exc}") from None
-        if header.get("format") != SAVE_FORMAT:
+        if header.get("format") not in (2, SAVE_FORMAT):
             raise ValueError(
                 f"BM25 save format {header.get('format')!r} is not supported "
-                f"(this version reads {SAVE_FORMAT}, and the JSON token lists of 1)"
+                f"(this version reads 2 and {SAVE_FORMAT}, and the JSON token lists of 1)"
+            )
+        if saved_stemmer(header) != self.stemmer:
+            raise ValueError(
+                f"the BM25 index was saved with stemmer={saved_stemmer(header)!r}; "
+                f"this index uses stemmer={self.stemmer!r}"
             )
         keys, vocab = header.get("keys"), header.get("vocab")
         if not isinstance(keys, list) or not isinstance(vocab, list):

@@ -43,6 +43,7 @@ __all__ = [
 
 from langchain_rse.components import describe_component, restore_components
 from langchain_rse.embedding_cache import underlying
+from langchain_rse.lexical import saved_stemmer
 from langchain_rse.records import local_form, plain_form
 
 logger = logging.getLogger(__name__)
@@ -335,9 +336,9 @@ def load_vectorstore(
 
 SAVED_FIELDS = (
     "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
-    "fetch_k", "candidate_pool", "fusion", "weights", "code_weights", "code_corpus_weights",
-    "rrf_k", "relevance", "preset", "max_queries", "max_query_chars", "max_document_chars",
-    "index_batch_size",
+    "lexical_stemmer", "fetch_k", "candidate_pool", "fusion", "weights", "code_weights",
+    "code_corpus_weights", "rrf_k", "relevance", "preset", "max_queries", "max_query_chars",
+    "max_document_chars", "index_batch_size",
 )  # fmt: skip
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
 
@@ -470,9 +471,10 @@ def load_index(
             "pass lexical_store=..."
         )
     lexical = load_checked_json(directory, manifest, "lexical")
-    retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
     if not isinstance(lexical, dict):
         raise IndexFormatError("the lexical index file is malformed")
+    config.setdefault("lexical_stemmer", saved_stemmer(lexical))  # saved before stemming
+    retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
     if lexical.get("format") is not None:  # token ids and frequencies in an .npz
         try:
             retriever._lexical.load_state(lexical, read_checked(directory, manifest, "lexical_tf"))

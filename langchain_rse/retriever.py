@@ -54,6 +54,7 @@ from langchain_rse.routing import DocumentRouter, as_router
 from langchain_rse.sansio import Handlers, Request, adrive, drive
 from langchain_rse.search import SearchBranches, is_local, ls_params
 from langchain_rse.segments import RSEParams, get_preset
+from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.validation import (
     check_delete_ids,
     check_expander,
@@ -161,6 +162,12 @@ class RSERetriever(DocumentIndex):
     ``ElasticsearchStore(strategy=BM25Strategy())``. Chunks are written to it too."""
     lexical_engine: LexicalEngine = Field(default="bm25s", frozen=True)
     """BM25 implementation: ``"bm25s"`` (fast, sparse) or ``"rank_bm25"``."""
+    lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = Field(
+        default=DEFAULT_STEMMER, frozen=True
+    )
+    """Snowball stemmer of the in-process BM25 index (``"english"``, ``"german"``, ... as
+    in ``Stemmer.algorithms()``), or ``None`` to match words as they are. An external
+    ``lexical_store`` analyzes text itself."""
     fetch_k: int = 50
     """Candidates fetched from each branch (dense and lexical)."""
     candidate_pool: int = 50
@@ -244,7 +251,7 @@ class RSERetriever(DocumentIndex):
             self._bind_router()
 
     def model_post_init(self, context: Any, /) -> None:
-        self._lexical = BM25Index(engine=self.lexical_engine)
+        self._lexical = BM25Index(engine=self.lexical_engine, stemmer=self.lexical_stemmer)
         self._records = RecordStore(self.docstore, isinstance(self.docstore, InMemoryByteStore))
         lock = ReadWriteLock(enabled=is_local(self.vectorstore))
         self._writer = Writer(self._records, self.vectorstore, self._lexical,

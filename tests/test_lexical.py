@@ -8,7 +8,7 @@ from langchain_rse.lexical import BM25Index, tokenize
 
 
 def test_tokenizer_splits_identifiers_and_punctuation() -> None:
-    toks = tokenize("The getUserName() of user_name, HTTPServer.run!")
+    toks = tokenize("The getUserName() of user_name, HTTPServer.run!", stemmer=None)
     assert {"getusername", "get", "user", "name", "user_name", "httpserver", "http",
             "server", "run"} <= set(toks)  # fmt: skip
     assert "the" not in toks and "of" not in toks  # stop words
@@ -17,7 +17,34 @@ def test_tokenizer_splits_identifiers_and_punctuation() -> None:
 
 def test_tokenizer_handles_cjk_and_accents() -> None:
     assert tokenize("東京タワー") == ["東", "京", "タ", "ワ", "ー"]
-    assert tokenize("café naïve") == ["café", "naïve"]
+    assert tokenize("café naïve", stemmer=None) == ["café", "naïve"]
+    assert tokenize("café naïve") == ["café", "naïv"]  # the English stemmer keeps accents
+
+
+def test_tokenizer_stems_words_and_keeps_identifiers_whole() -> None:
+    assert tokenize("Executors terminated; termination") == ["executor", "termin", "termin"]
+    assert tokenize("Executors terminated", stemmer=None) == ["executors", "terminated"]
+    toks = tokenize("getRunningTasks() in running_tasks")
+    assert {"get", "run", "task", "running_tasks"} <= set(toks)  # snake_case kept whole
+    assert "running" not in toks and "tasks" not in toks
+    assert tokenize("DiffExecutors") == tokenize("DiffExecutor")  # stemmed like a word
+    assert tokenize("Kündigungen", stemmer="german") == ["kundig"]
+
+
+def test_a_stemmer_must_exist() -> None:
+    with pytest.raises(ValueError, match="unknown stemmer 'klingon'"):
+        tokenize("text", stemmer="klingon")
+    with pytest.raises(ValueError, match="unknown stemmer"):
+        BM25Index(stemmer="klingon")
+
+
+def test_the_index_stems_what_it_indexes_and_what_it_is_asked() -> None:
+    index = BM25Index()
+    index.add(["a", "b"], ["the contract was terminated", "payment is due"])
+    assert [i for i, _ in index.search("termination of contracts", 2)] == ["a"]
+    plain = BM25Index(stemmer=None)
+    plain.add(["a", "b"], ["the contract was terminated", "payment is due"])
+    assert plain.search("termination", 2) == []
 
 
 def corpus() -> BM25Index:

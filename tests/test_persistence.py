@@ -149,6 +149,33 @@ def test_an_index_saved_with_token_lists_still_loads(built, tmp_path) -> None:
         assert np.allclose([got[k] for k in want], list(want.values()))
 
 
+def test_an_index_saved_before_stemming_loads_with_its_words_as_they_were(tmp_path) -> None:
+    """Format 2 (before the stemmer) kept the words unstemmed: so do its queries."""
+    built = RSERetriever.from_documents(
+        corpus_documents(), embedding=HashingEmbeddings(), lexical_stemmer=None
+    )
+    idx = tmp_path / "idx"
+    built.save(idx)
+    header, _ = built._lexical.export_state()
+    _rewrite(idx, "lexical", json.dumps({**header, "format": 2, "stemmer": "english"}).encode())
+    manifest = json.loads((idx / MANIFEST).read_text())
+    del manifest["config"]["lexical_stemmer"]
+    (idx / MANIFEST).write_text(json.dumps(manifest))
+    loaded = RSERetriever.load(idx, embedding=HashingEmbeddings())
+    assert loaded.lexical_stemmer is None and loaded._lexical.stemmer is None
+    assert snapshot(loaded) == snapshot(built)
+    assert loaded._lexical.search("royalties", 50) == built._lexical.search("royalties", 50)
+    assert loaded._lexical.search("royalty", 50) == []  # a stemmed index would find them
+
+
+def test_the_stemmer_is_saved_and_a_different_one_is_refused(built, tmp_path) -> None:
+    built.save(tmp_path / "idx")
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+    assert built.lexical_stemmer == loaded._lexical.stemmer == "english"
+    with pytest.raises(IndexFormatError, match="saved with stemmer='english'.*'german'"):
+        RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), lexical_stemmer="german")
+
+
 @pytest.mark.parametrize("damage", ["term out of range", "unknown format", "object array"])
 def test_malformed_lexical_arrays_are_a_format_error(built, tmp_path, damage) -> None:
     import io
