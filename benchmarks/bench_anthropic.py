@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fusion", default="rrf")
     ap.add_argument(
-        "--weights", default="4,1", help="dense,lexical fusion weights (the library's default)"
+        "--weights", default="2,1", help="dense,lexical fusion weights (the library's default)"
     )
     ap.add_argument("--fetch-k", type=int, default=50)
     ap.add_argument("--rrf-k", type=float, default=60.0, help="RRF's rank constant")

@@ -363,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--decay", type=float, default=None, help="rank->relevance decay rate")
     ap.add_argument("--rse", default=None, help="RSEParams overrides, e.g. max_segment_chunks=4")
     ap.add_argument("--fusion", default="rrf")
-    ap.add_argument("--weights", default="4,1", help="dense,lexical fusion weights")
+    ap.add_argument("--weights", default="2,1", help="dense,lexical fusion weights")
     ap.add_argument("--fetch-k", type=int, default=50)
     ap.add_argument("--candidate-pool", type=int, default=50)
     ap.add_argument(

@@ -54,7 +54,7 @@ def time_writes(retriever: Any, store: Any, corpus: Any, repeats: int = 10) -> W
     _timed(store, "delete", vs_ms)
     # The new document copies document 0 (same vectors, same lead) but for a marker word
     # that only BM25 sees: what is timed is its visibility, so the reading copy fuses 1:1
-    # and does not route (the default 4:1 lets document 0's equal vectors outrank it).
+    # and does not route (dense-heavy weights let document 0's equal vectors outrank it).
     reader = retriever.model_copy(update={"router": None, "weights": (1.0, 1.0)})
     try:
         for i in range(repeats):

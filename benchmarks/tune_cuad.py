@@ -95,8 +95,8 @@ ROUTED: dict[str, Any] = {"route": "soft", "doc_source": "bm25", "route_check": 
                           "fetch_k": 200, "weights": (4.0, 1.0), "doc_boost": 2.0,
                           "doc_margin": 0.25}  # fmt: skip
 """The library's routing and fusion in :class:`Config` terms: lead routing (BM25 over the
-leads, a soft boost of 2, the margin and agreement checks), fusion 4:1 fetching 200 per
-branch."""
+leads, a soft boost of 2, the margin and agreement checks), fusion 4:1 (the library's
+default until session 10, now 2:1) fetching 200 per branch."""
 LIBRARY: dict[str, Any] = {**ROUTED, "order": "best"}
 """The library's default query path: :data:`ROUTED`, segments in the order of their best
 chunk (with ``off_route_floor=3``: the bar)."""

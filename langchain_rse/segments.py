@@ -84,7 +84,7 @@ PRESETS: dict[str, RSEParams] = {
     "precision": RSEParams(4, 12, 0.6, 0.25, 10.0),
     # Long segments, generous budget: for questions whose answer spans sections.
     "find_all": RSEParams(40, 60, 0.4, 0.15, 40.0),
-    # The default pipeline (document routing, fusion 4:1, 300-character chunks): runs of up
+    # The default pipeline (document routing, 300-character chunks): runs of up
     # to 3 chunks, joined when they touch, up to 24 chunks in all; chosen on half a of the
     # CUAD dev split, checked on half b (benchmarks/RESULTS.md).
     "default": RSEParams(3, 24, 0.2, 0.2, 20.0),

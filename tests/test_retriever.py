@@ -351,7 +351,8 @@ def test_a_corpus_of_code_fuses_with_code_corpus_weights(docs, embeddings, tmp_p
     from langchain_rse.pipeline import fusion_weights
 
     code = [Document(python_module(n), id=f"{n}.py") for n in ("loader", "sync", "export")]
-    r = RSERetriever.from_documents(code, embedding=embeddings)
+    # prose weights other than the code corpus's (both are 2:1 by default)
+    r = RSERetriever.from_documents(code, embedding=embeddings, weights=(4.0, 1.0))
     plain, quoting = "How are retries counted?", "What does `read_rows()` return?"
     assert r._lexical.identifier_density() >= CODE_CORPUS
     assert fusion_weights(r, plain) == r.code_corpus_weights == (2.0, 1.0)
@@ -377,15 +378,15 @@ def test_queries_that_quote_code_fuse_with_code_weights(retriever, tmp_path) -> 
     def weights(r: RSERetriever, query: str) -> tuple[float, float]:
         return QuerySettings.of(r, query, 4, None, None, [], None).weights
 
-    assert retriever.weights == (4.0, 1.0) and retriever.code_weights == (1.0, 1.0)
+    assert retriever.weights == (2.0, 1.0) and retriever.code_weights == (1.0, 1.0)
     assert weights(retriever, "What does `terminate_early()` return?") == (1.0, 1.0)
-    assert weights(retriever, "Can the customer terminate early?") == (4.0, 1.0)
+    assert weights(retriever, "Can the customer terminate early?") == (2.0, 1.0)
     retriever.code_weights = (3.0, 2.0)
     retriever.save(tmp_path)
     loaded = RSERetriever.load(tmp_path, embedding=HashingEmbeddings())
     assert weights(loaded, "What does `terminate_early()` return?") == (3.0, 2.0)
     retriever.code_weights = None
-    assert weights(retriever, "What does `terminate_early()` return?") == (4.0, 1.0)
+    assert weights(retriever, "What does `terminate_early()` return?") == (2.0, 1.0)
     with pytest.raises(ValueError, match="code_weights"):
         retriever.code_weights = (0.0, 0.0)
     assert retriever.code_weights is None  # a rejected assignment changes nothing
