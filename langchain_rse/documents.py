@@ -58,6 +58,21 @@ class LeadIndex(DocumentIndex):
     def __repr__(self) -> str:
         return f"LeadIndex(k={self.k}, documents={len(self)})"
 
+    @property
+    def stemmer(self) -> str | None:
+        """The Snowball stemmer of the leads' BM25 terms (``"english"`` unless set)."""
+        return self._bm25.stemmer
+
+    def use_stemmer(self, stemmer: str | None) -> None:
+        """Analyze the leads with ``stemmer`` from now on (the retriever that owns this
+        index passes its ``lexical_stemmer``); the leads held are indexed again."""
+        with self._lock:
+            if stemmer == self._bm25.stemmer:
+                return
+            bm25 = BM25Index(stemmer=stemmer)
+            bm25.add(list(self._leads), [d.page_content for d in self._leads.values()])
+            self._bm25 = bm25
+
     def add_sources(self, sources: Iterable[Document]) -> None:
         """Index (or replace) the leads of these source documents."""
         self.upsert(document_leads(sources))

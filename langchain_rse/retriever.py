@@ -266,6 +266,7 @@ class RSERetriever(DocumentIndex):
             leads = None
         else:
             leads._before_search = self._writer.sync_local
+            leads.use_stemmer(self.lexical_stemmer)  # leads are analyzed as the chunks are
         self._writer.attach_leads(leads)
 
     def _search(self) -> SearchBranches:

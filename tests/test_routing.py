@@ -455,3 +455,18 @@ def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
     dropped = [g for g in unbarred if g not in trace.selection]
     assert dropped and all(d != "orion.txt" and value < bar for d, _, _, value in dropped)
     assert [g for g in unbarred if g not in dropped] == trace.selection
+
+
+def test_the_built_in_lead_index_stems_as_the_retriever_does() -> None:
+    leads = LeadIndex()
+    assert leads.stemmer == "english"
+    leads.add_sources([contract("Orion")])
+    assert [d for d, _ in leads.hits("Orion holding")] == ["orion.txt"]  # "Holdings" stemmed
+    leads.use_stemmer(None)  # the leads held are indexed again, words as written
+    assert leads.hits("Orion holding") and leads.hits("holding") == []
+    for stemmer in (None, "german"):
+        retriever, _ = build(router=DocumentRouter.leads(), lexical_stemmer=stemmer)
+        built_in = retriever.router.retriever
+        assert isinstance(built_in, LeadIndex) and built_in.stemmer == stemmer
+        assert len(built_in) == len(NAMES)
+        assert [d for d, _ in built_in.hits("Orion supply agreement")][0] == "orion.txt"
