@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -150,6 +151,11 @@ def make_methods(
     if "default(no focus)" in which:  # the default with the router's focus off (issue 16)
         unfocused = retriever.model_copy(update={"mode": "segments", "router": no_focus})
         methods["default(no focus)"] = lambda q: spans_of(unfocused.invoke(q, k=100))
+    for name in which:  # the default with the router fetching fewer candidates per branch
+        if (m := re.fullmatch(r"default\(router fetch_k=(\d+)\)", name)) and leads is not None:
+            fewer = leads.model_copy(update={"fetch_k": int(m[1])})
+            variant = retriever.model_copy(update={"mode": "segments", "router": fewer})
+            methods[name] = lambda q, v=variant: spans_of(v.invoke(q, k=100))
     if "default(chunks)" in which:
         default_chunks = retriever.model_copy(update={"mode": "chunks", "candidate_pool": pool})
         methods["default(chunks)"] = lambda q: spans_of(default_chunks.invoke(q, k=n_chunks))
