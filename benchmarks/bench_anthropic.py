@@ -5,9 +5,14 @@ Each of the 737 given chunks is indexed as its own document (id
 retriever keeps it whole; all methods share one ``InMemoryVectorStore`` (same chunks,
 same vectors). Pass@k = per query, the fraction of golden chunks in the top k, averaged.
 
+``reference`` is issue 16's reference row, the hybrid retriever of before the code rules
+and stems (RRF 1:1, words as written), built in the same run; with ``hybrid`` beside it the
+script prints a paired randomization test of the two per Pass@k.
+
 Usage::
 
     python benchmarks/bench_anthropic.py
+    python benchmarks/bench_anthropic.py --methods hybrid,reference
     python benchmarks/bench_anthropic.py --fusion relative_score --weights 1,0.5
 """
 
@@ -21,7 +26,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from common import CACHE_DIR, CachedEmbeddings, base_embeddings, fmt_table, log, require_data
+from common import (
+    CACHE_DIR,
+    CachedEmbeddings,
+    base_embeddings,
+    fmt_table,
+    log,
+    paired_test,
+    require_data,
+)
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -39,6 +52,14 @@ CHUNK_SIZE = 8000
 """Larger than the longest given chunk (3,898 characters): every chunk stays whole."""
 
 Method = Callable[[str], list[str]]
+
+REFERENCE: dict[str, Any] = {
+    "weights": (1.0, 1.0),
+    "code_weights": None,
+    "code_corpus_weights": None,
+    "lexical_stemmer": None,
+}
+"""Issue 16's reference row: the hybrid default before the code rules and stems."""
 
 
 def load() -> tuple[list[Document], list[dict[str, Any]]]:
@@ -58,7 +79,9 @@ def load() -> tuple[list[Document], list[dict[str, Any]]]:
     return docs, queries
 
 
-def make_methods(retriever: RSERetriever, which: Sequence[str]) -> dict[str, Method]:
+def make_methods(
+    retriever: RSERetriever, which: Sequence[str], reference: RSERetriever | None = None
+) -> dict[str, Method]:
     from langchain_community.retrievers import BM25Retriever
 
     try:
@@ -93,6 +116,8 @@ def make_methods(retriever: RSERetriever, which: Sequence[str]) -> dict[str, Met
         methods[name] = lambda q, e=ensemble: ids(e.invoke(q))
     if "hybrid" in which:
         methods["hybrid"] = lambda q: ids(retriever.invoke(q, k=k))
+    if reference is not None:
+        methods["reference"] = lambda q: ids(reference.invoke(q, k=k))
     return methods
 
 
@@ -114,8 +139,19 @@ def evaluate(methods: dict[str, Method], queries: Sequence[dict[str, Any]]) -> d
             "pass_a": dict(zip(KS, (100 * scores[0::2].mean(axis=0)).tolist())),
             "pass_b": dict(zip(KS, (100 * scores[1::2].mean(axis=0)).tolist())),
             "seconds_per_query": seconds / len(queries),
+            "per_query": scores.tolist(),
         }
     return results
+
+
+def paired_rows(results: dict[str, Any], a: str, b: str) -> list[list[str]]:
+    """``a`` against ``b`` per Pass@k: mean difference, randomization p, wins / losses."""
+    sa, sb = np.asarray(results[a]["per_query"]), np.asarray(results[b]["per_query"])
+    rows = []
+    for j, k in enumerate(KS):
+        t = paired_test(100 * sa[:, j], 100 * sb[:, j])
+        rows.append([f"Pass@{k}", f"{t.diff:+.2f}", f"{t.p:.2f}", f"{t.wins} / {t.losses}"])
+    return rows
 
 
 def pair(value: str) -> tuple[float, float] | None:
@@ -142,7 +178,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="2,1",
         help="weights for the other queries when the corpus is code (as it is here), or 'none'",
     )
-    ap.add_argument("--methods", default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid")
+    ap.add_argument(
+        "--methods", default="dense,bm25,ensemble(split),ensemble(tokenize),hybrid,reference"
+    )
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -150,23 +188,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     inner, model_name = base_embeddings()
     embeddings = CachedEmbeddings(inner, model_name)
     embeddings.embed_array([q["query"] for q in queries], "query")  # batched, cached
-    dense_w, lexical_w = (float(x) for x in args.weights.split(","))
-    retriever = RSERetriever(
-        vectorstore=InMemoryVectorStore(embeddings),
-        mode="chunks",
-        chunk_size=CHUNK_SIZE,
-        fusion=args.fusion,
-        rrf_k=args.rrf_k,
-        weights=(dense_w, lexical_w),
+    which = args.methods.split(",")
+
+    def build(**settings: Any) -> RSERetriever:
+        retriever = RSERetriever(
+            vectorstore=InMemoryVectorStore(embeddings),
+            mode="chunks",
+            chunk_size=CHUNK_SIZE,
+            fusion=args.fusion,
+            rrf_k=args.rrf_k,
+            fetch_k=args.fetch_k,
+            candidate_pool=max(args.fetch_k, max(KS)),
+            show_progress=False,
+            **settings,
+        )
+        log(f"indexing {len(docs)} chunks")
+        retriever.add_documents(docs)
+        return retriever
+
+    retriever = build(
+        weights=pair(args.weights),
         code_weights=pair(args.code_weights),
         code_corpus_weights=pair(args.code_corpus_weights),
-        fetch_k=args.fetch_k,
-        candidate_pool=max(args.fetch_k, max(KS)),
-        show_progress=False,
     )
-    log(f"indexing {len(docs)} chunks")
-    retriever.add_documents(docs)
-    results = evaluate(make_methods(retriever, args.methods.split(",")), queries)
+    reference = build(**REFERENCE) if "reference" in which else None
+    results = evaluate(make_methods(retriever, which, reference), queries)
 
     rows = [
         [label, *(f"{res[key][k]:.2f}" for k in KS), f"{res['seconds_per_query']:.3f}"]
@@ -183,6 +229,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{retriever._lexical.identifier_density():.2f} snake_case identifiers per chunk"
     )
     print(fmt_table(["method", *(f"Pass@{k}" for k in KS), "s/query"], rows))
+    if "hybrid" in results and "reference" in results:
+        print(f"\nhybrid - reference over the same {len(queries)} questions (paired, sign flips):")
+        print(fmt_table(["", "difference", "p", "wins / losses"],
+                        paired_rows(results, "hybrid", "reference")))  # fmt: skip
     tag = (
         f"{args.fusion}_{args.weights}_{args.code_weights}_{args.code_corpus_weights}_"
         f"{args.rrf_k:g}"
