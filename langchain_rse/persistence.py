@@ -76,11 +76,16 @@ def _faiss_classes() -> tuple[Any, Any, Any, Any]:
     return faiss, LocalFAISS, InMemoryDocstore, DistanceStrategy
 
 
-def default_vectorstore(embedding: Embeddings) -> VectorStore:
-    """The default local store: exact cosine search in FAISS, else ``InMemoryVectorStore``.
+def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
+    """The default local store: exact cosine search in FAISS, else ``InMemoryVectorStore``,
+    over ``embedding`` (the bundled ``LocalEmbeddings`` when None).
 
     Its docstore is a :class:`~langchain_rse.stores.chunk_docstore.ChunkDocstore`: the
     chunks' metadata without their text, which the record store already holds."""
+    if embedding is None:
+        from langchain_rse.embeddings import LocalEmbeddings
+
+        embedding = LocalEmbeddings()
     try:
         faiss, FAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
     except ImportError:

@@ -24,7 +24,6 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertResponse
 from langchain_core.retrievers import LangSmithRetrieverParams
-from langchain_core.runnables import RunnableConfig
 from langchain_core.stores import BaseStore, InMemoryByteStore
 from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
@@ -47,12 +46,12 @@ from langchain_rse.fusion import FusionMethod
 from langchain_rse.indexing import Writer, index_steps
 from langchain_rse.lexical import BM25Index, LexicalEngine
 from langchain_rse.locks import ReadWriteLock
-from langchain_rse.persistence import load_index, save_index
+from langchain_rse.persistence import default_vectorstore, load_index, save_index
 from langchain_rse.records import RecordStore
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, as_router
 from langchain_rse.sansio import Handlers, Request, adrive, drive
-from langchain_rse.search import SearchBranches, is_local, ls_params
+from langchain_rse.search import SearchBranches, is_local, ls_params, query_handlers
 from langchain_rse.segments import RSEParams, get_preset
 from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.validation import (
@@ -316,12 +315,6 @@ class RSERetriever(DocumentIndex):
         bundled offline model (``LocalEmbeddings``) is used.
         """
         if vectorstore is None:
-            if embedding is None:
-                from langchain_rse.embeddings import LocalEmbeddings
-
-                embedding = LocalEmbeddings()
-            from langchain_rse.persistence import default_vectorstore
-
             vectorstore = default_vectorstore(embedding)
         retriever = cls(vectorstore=vectorstore, **kwargs)
         retriever.add_documents(list(documents))
@@ -453,18 +446,10 @@ class RSERetriever(DocumentIndex):
     def _handlers(self, callbacks: Any, asynchronous: bool) -> Handlers:
         """The I/O of one retrieval: expansion, the searches (child runs under
         ``callbacks``), record reads and the reranker."""
-        config: RunnableConfig = {"callbacks": callbacks}
-        search, router, expander = self._search(), self.router, self.query_expander
         out = pipeline.handlers(self._records, self.reranker, callbacks, current_traces(),
                                 asynchronous)  # fmt: skip
-        if asynchronous:
-            out["search"] = lambda s: search.arun(s.queries, s.filter, router, config)
-            out["focus"] = lambda a: search.afocus(a[0], a[1], a[2], router, config)
-            out["expand"] = lambda q: expander.aexpand(q, callbacks=callbacks)
-        else:
-            out["search"] = lambda s: search.run(s.queries, s.filter, router, config)
-            out["focus"] = lambda a: search.focus(a[0], a[1], a[2], router, config)
-            out["expand"] = lambda q: expander.expand(q, callbacks=callbacks)
+        out.update(query_handlers(self._search(), self.router, self.query_expander, callbacks,
+                                  asynchronous))  # fmt: skip
         return out
 
     def _get_relevant_documents(

@@ -34,7 +34,16 @@ from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.threads import Beside
 
-__all__ = ["Hit", "SearchBranches", "SearchRequest", "is_local", "key_of", "ls_params", "sync_only"]
+__all__ = [
+    "Hit",
+    "SearchBranches",
+    "SearchRequest",
+    "is_local",
+    "key_of",
+    "ls_params",
+    "query_handlers",
+    "sync_only",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -272,3 +281,22 @@ class SearchBranches:
         kw = search_kwargs(self.lexical_store, f, self.translator)
         hits = self.lexical_store.similarity_search_with_score(query, k=self.k, **kw)
         return _keyed([(doc, float(score)) for doc, score in hits])[0]
+
+
+def query_handlers(search: SearchBranches, router: Any, expander: Any, callbacks: Any,
+                   asynchronous: bool) -> dict[str, Callable[[Any], Any]]:  # fmt: skip
+    """The handlers of a retrieval's query-side requests (see
+    :func:`~langchain_rse.pipeline.retrieve`): ``search`` and ``focus`` (both branches, and
+    the route, as child runs under ``callbacks``) and ``expand`` (the query expander)."""
+    config: RunnableConfig = {"callbacks": callbacks}
+    if asynchronous:
+        return {
+            "search": lambda s: search.arun(s.queries, s.filter, router, config),
+            "focus": lambda a: search.afocus(a[0], a[1], a[2], router, config),
+            "expand": lambda q: expander.aexpand(q, callbacks=callbacks),
+        }
+    return {
+        "search": lambda s: search.run(s.queries, s.filter, router, config),
+        "focus": lambda a: search.focus(a[0], a[1], a[2], router, config),
+        "expand": lambda q: expander.expand(q, callbacks=callbacks),
+    }
