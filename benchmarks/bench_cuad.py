@@ -21,6 +21,7 @@ Usage::
 
     python benchmarks/bench_cuad.py                      # 50 seeded dev contracts
     python benchmarks/bench_cuad.py --contracts 100 --seed 1
+    python benchmarks/bench_cuad.py --untuned             # 50 contracts no default saw
     python benchmarks/bench_cuad.py --all --enricher none
 """
 
@@ -363,6 +364,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS)
     ap.add_argument("--all", action="store_true", help="all dev contracts")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ap.add_argument(
+        "--untuned",
+        action="store_true",
+        help="sample among the dev contracts outside the default sample (never tuned on)",
+    )
     ap.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE)
     ap.add_argument("--enricher", default="header", help="header | lead | none")
     ap.add_argument("--preset", default="default")
@@ -408,7 +414,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-    data = reworded(load_cuad(None if args.all else args.contracts, args.seed), args.wording)
+    data = reworded(
+        load_cuad(None if args.all else args.contracts, args.seed, args.untuned), args.wording
+    )
     n_chars = sum(len(t) for t in data.contracts.values())
     n_queries = len(data.queries)
     log(f"{len(data.contracts)} contracts ({n_chars / 1e6:.2f}M chars), {n_queries} queries")
@@ -442,6 +450,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = evaluate(data, methods)
 
     subset = "all" if args.all else f"{len(data.contracts)} (seed {args.seed})"
+    if args.untuned:
+        subset += ", outside the default sample"
     config = (
         f"CUAD dev, contracts: {subset}, queries: {len(data.queries)} ({args.wording}), "
         f"chunk_size={args.chunk_size}, enricher={args.enricher}, fusion={args.fusion}, "

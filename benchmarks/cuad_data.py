@@ -34,11 +34,20 @@ class CuadSubset:
     queries: list[Query]
 
 
-def load_cuad(n_contracts: int | None = DEFAULT_CONTRACTS, seed: int = DEFAULT_SEED) -> CuadSubset:
-    """A seeded sample of dev contracts with all their dev queries (``None``: all)."""
+def load_cuad(
+    n_contracts: int | None = DEFAULT_CONTRACTS, seed: int = DEFAULT_SEED, untuned: bool = False
+) -> CuadSubset:
+    """A seeded sample of dev contracts with all their dev queries (``None``: all).
+
+    ``untuned``: sample only among the dev contracts outside the default sample (50, seed
+    0), the one every default was chosen on, to check the defaults on contracts they never saw.
+    """
     root = require_data("cuad")
     dev = json.loads((root / "dev.json").read_text(encoding="utf-8"))
     files = sorted({s["file_path"] for t in dev["tests"] for s in t["snippets"]})
+    if untuned:
+        tuned = set(random.Random(DEFAULT_SEED).sample(files, DEFAULT_CONTRACTS))
+        files = [f for f in files if f not in tuned]
     if n_contracts is not None and n_contracts < len(files):
         files = sorted(random.Random(seed).sample(files, n_contracts))
     chosen = set(files)
