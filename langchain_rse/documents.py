@@ -30,7 +30,7 @@ class LeadIndex(DocumentIndex):
     """An in-process BM25 index of document leads, as a LangChain ``DocumentIndex``.
 
     It holds one short text per document (:func:`~langchain_rse.chunking.document_leads`:
-    ``metadata["title"]`` and the first 300 characters), so it stays small next to the chunk
+    ``metadata["title"]`` and the first 2,000 characters), so it stays small next to the chunk
     index (one entry per document, not per chunk) and is rebuilt from the record store
     when another worker changed it. Results carry ``metadata["doc_id"]`` and
     ``metadata["bm25_score"]``, best first.

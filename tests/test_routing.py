@@ -86,6 +86,34 @@ def test_document_leads() -> None:
         document_leads(docs, max_chars=0)
 
 
+LEGEND = (
+    "Exhibit 10.1 CERTAIN CONFIDENTIAL INFORMATION CONTAINED IN THIS DOCUMENT, MARKED BY [***], "
+    "HAS BEEN OMITTED BECAUSE THE REGISTRANT HAS DETERMINED THAT THE INFORMATION (I) IS NOT "
+    "MATERIAL AND (II) WOULD LIKELY CAUSE COMPETITIVE HARM TO THE REGISTRANT IF PUBLICLY "
+    "DISCLOSED. Information that has been omitted has been noted in this document with a "
+    "placeholder identified by the mark [***]. Execution Version. "
+)
+
+
+def test_the_lead_reaches_past_a_cover_legend() -> None:
+    """Filed contracts often open with the same several-hundred-character legend: the lead
+    still holds the title and parties behind it, so a question naming them routes."""
+    docs = [Document(LEGEND * 2 + d.page_content, id=d.id) for d in map(contract, NAMES)]
+    assert len(LEGEND * 2) > 600
+    leads = LeadIndex()
+    leads.add_sources(docs)
+    assert "ORION SUPPLY AGREEMENT" in leads.get(["orion.txt"])[0].page_content
+    assert leads.hits(QUERY)[0][0] == "orion.txt"
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200,
+        enricher=NoEnricher())  # fmt: skip
+    retriever.add_documents(docs)
+    assert retriever.router is not None
+    assert retriever.router.route(QUERY, {}) == {"orion.txt"}
+    results = retriever.invoke(QUERY, k=4, mode="chunks")
+    assert results[0].metadata["doc_id"] == "orion.txt"
+
+
 def test_routing_keeps_the_chosen_document() -> None:
     plain, docs = build()
     assert len({d.metadata["doc_id"] for d in plain.invoke(QUERY, k=6, mode="chunks")}) > 1
@@ -376,14 +404,20 @@ def test_built_in_leads_see_another_workers_writes(tmp_path) -> None:
 
 def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
     # Contracts from one template: every lead reads alike, the query names an order number
-    # that no lead holds. Routing would pick a contract at random; the margin keeps it off.
+    # that no lead holds (the template's terms fill the opening the lead keeps). Routing
+    # would pick a contract at random; the margin keeps it off.
+    from langchain_rse.chunking import LEAD_CHARS
+
+    terms = "\n\n".join(f"Term {t}. The supplier and the buyer agree." for t in range(60))
+    assert len(terms) > LEAD_CHARS
+
     def templated(f: int) -> Document:
         clauses = "\n\n".join(
             f"{f}.{c} Clause {c} of contract {f}: the supplier ships order {f * 100 + c} "
             f"within {c + 2} days."
             for c in range(30)
         )
-        return Document(f"CONTRACT {f}\n\n{clauses}\n", id=f"contract{f}.txt")
+        return Document(f"CONTRACT {f}\n\n{terms}\n\n{clauses}\n", id=f"contract{f}.txt")
 
     retriever = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=100)
     retriever.add_documents([templated(f) for f in range(4)])
