@@ -101,8 +101,8 @@ LEAD_CHARS = 2000
 """The opening a document's lead keeps (:func:`document_leads`). Long enough to get past
 the cover matter many filed documents open with (an exhibit number, a several-hundred
 character legend on omitted confidential information, a cover page) to the title, parties
-and date; 300 characters, the first choice, routed a quarter of the CUAD questions of an
-unseen sample wrongly or not at all (``benchmarks/RESULTS.md``)."""
+and date; 300 characters, the first choice, routed 30% of the CUAD questions of an unseen
+sample wrongly or not at all (``benchmarks/RESULTS.md``)."""
 
 
 def document_leads(documents: Iterable[Document], max_chars: int = LEAD_CHARS) -> list[Document]:
@@ -111,9 +111,9 @@ def document_leads(documents: Iterable[Document], max_chars: int = LEAD_CHARS) -
     The text is ``metadata["title"]`` (when set) and the first ``max_chars`` characters of
     the document with whitespace collapsed — for contracts, reports and papers, the name,
     parties, date or abstract that a query naming the document matches, also behind a
-    cover legend (:data:`LEAD_CHARS`). Each lead keeps the
-    input's id (:func:`doc_id_for`) as its ``id`` and ``metadata["doc_id"]``, so routing maps
-    back to the indexed document. Index the leads in any retriever, e.g.::
+    cover legend (:data:`LEAD_CHARS`). Each lead keeps the input's id (:func:`doc_id_for`)
+    as its ``id`` and ``metadata["doc_id"]``, so routing maps back to the indexed document.
+    Index the leads in any retriever, e.g.::
 
         router = RSERetriever.from_documents(
             document_leads(docs), embedding=embeddings, mode="chunks", enricher=NoEnricher()
