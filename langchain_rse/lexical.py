@@ -370,9 +370,9 @@ class BM25Index:
                 f"BM25 save format {header.get('format')!r} is not supported "
                 f"(this version reads 2 and {SAVE_FORMAT}, and the JSON token lists of 1)"
             )
-        if saved_stemmer(header) != self.stemmer:
+        if (saved := saved_stemmer(header)) != self.stemmer:
             raise ValueError(
-                f"the BM25 index was saved with stemmer={saved_stemmer(header)!r}; "
+                f"the BM25 index was saved with stemmer={saved!r}; "
                 f"this index uses stemmer={self.stemmer!r}"
             )
         keys, vocab = header.get("keys"), header.get("vocab")
