@@ -50,10 +50,15 @@ def _grow(array: np.ndarray, size: int, fill: float = 0) -> np.ndarray:
     return out
 
 
-def _tf(counts: np.ndarray) -> np.ndarray:
-    """Term frequencies as stored in postings: 16-bit when they fit (a third less memory
-    than float32 with 32-bit document numbers); scores convert them exactly."""
-    return counts.astype(np.uint16 if counts.max(initial=0) <= 0xFFFF else np.uint32)
+def _postings(tf: np.ndarray, terms: np.ndarray, docs: np.ndarray, shape: tuple[int, int]
+              ) -> sparse.csr_array:  # fmt: skip
+    """The term-major matrix of these ``(term, document, frequency)`` triples. Document
+    numbers and offsets are 32-bit while they fit (scipy keeps the index width of the
+    coordinates it is given: 64-bit ones make a posting 10 bytes instead of 6), and term
+    frequencies 16-bit (32-bit if one exceeds 65,535); scores convert them exactly."""
+    index = np.int32 if max(*shape, len(docs)) < 2**31 else np.int64
+    counts = tf.astype(np.uint16 if tf.max(initial=0) <= 0xFFFF else np.uint32)
+    return sparse.csr_array((counts, (terms.astype(index), docs.astype(index))), shape=shape)
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,7 @@ class IncrementalBM25:
         self.keys.extend(keys)
         self.n_docs, self.n_live = hi, self.n_live + n
         self.total_len += int(lengths.sum())
-        matrix = sparse.csr_array((_tf(tf), (terms, docs + lo)), shape=(len(self.terms), hi))
+        matrix = _postings(tf, terms, docs + lo, (len(self.terms), hi))
         self.segments.append(Segment(lo, hi, matrix))
         self.changes += 1
 
@@ -272,9 +277,7 @@ class IncrementalBM25:
             docs.append(m.indices[keep])
             tf.append(m.data[keep])
         shape = (max(s.matrix.shape[0] for s in run), hi)
-        matrix = sparse.csr_array(
-            (np.concatenate(tf), (np.concatenate(terms), np.concatenate(docs))), shape=shape
-        )
+        matrix = _postings(np.concatenate(tf), np.concatenate(terms), np.concatenate(docs), shape)
         return Segment(lo, hi, matrix)
 
     def install(self, run: Sequence[Segment], merged: Segment, epoch: int) -> bool:
@@ -352,7 +355,7 @@ class IncrementalBM25:
         self.n_docs = self.n_live = n
         self.total_len = int(tf.sum())
         if n:
-            matrix = sparse.csr_array((_tf(tf), (terms, docs)), shape=(v, n))
+            matrix = _postings(tf, terms, docs, (v, n))
             self.segments = [Segment(0, n, matrix)]
         self.changes += 1
 
@@ -414,8 +417,8 @@ class IncrementalBM25:
                     sizes.append(e - s)
         if not docs:
             return empty
-        d = np.concatenate(docs)
-        tf = np.concatenate(tfs).astype(np.float32)  # one cast: float32 arithmetic below
+        d = np.concatenate(docs, dtype=np.intp)  # widened once (numpy indexes with intp)
+        tf = np.concatenate(tfs, dtype=np.float32)  # float32 arithmetic below
         k1, b = self.k1, self.b
         avgdl = self.total_len / self.n_live
         x = self.dl[d]  # float32 throughout: bm25s scores in float32 too
