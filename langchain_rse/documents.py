@@ -22,6 +22,7 @@ from pydantic import PrivateAttr
 
 from langchain_rse.chunking import doc_id_for, document_leads
 from langchain_rse.lexical import BM25Index
+from langchain_rse.records import compressed, decompressed
 
 __all__ = ["LeadIndex"]
 
@@ -47,7 +48,9 @@ class LeadIndex(DocumentIndex):
     """Documents returned per query."""
 
     _bm25: BM25Index = PrivateAttr(default_factory=BM25Index)
-    _leads: dict[str, Document] = PrivateAttr(default_factory=dict)
+    _leads: dict[str, tuple[bytes, dict[str, Any]]] = PrivateAttr(default_factory=dict)
+    """Per doc id, the lead's text (Zstandard-compressed: only ``get`` and ``invoke`` read
+    it) and metadata. For documents shorter than a lead, the lead is the whole text."""
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _before_search: Callable[[], None] | None = PrivateAttr(default=None)
     """Set by the owning retriever: its shared index's generation check."""
@@ -70,7 +73,7 @@ class LeadIndex(DocumentIndex):
             if stemmer == self._bm25.stemmer:
                 return
             bm25 = BM25Index(stemmer=stemmer)
-            bm25.add(list(self._leads), [d.page_content for d in self._leads.values()])
+            bm25.add(list(self._leads), [_text(packed) for packed, _ in self._leads.values()])
             self._bm25 = bm25
 
     def add_sources(self, sources: Iterable[Document]) -> None:
@@ -81,7 +84,10 @@ class LeadIndex(DocumentIndex):
         """Add or replace lead documents (their ids are doc ids)."""
         ids = [doc_id_for(d) for d in items]
         with self._lock:
-            self._leads.update(zip(ids, items))
+            self._leads.update(
+                (i, (compressed(d.page_content.encode()), dict(d.metadata)))
+                for i, d in zip(ids, items)
+            )
             self._bm25.add(ids, [d.page_content for d in items])
         return UpsertResponse(succeeded=ids, failed=[])
 
@@ -96,7 +102,14 @@ class LeadIndex(DocumentIndex):
 
     def get(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]:
         """The leads of these doc ids (unknown ids are skipped)."""
-        return [self._leads[i] for i in ids if i in self._leads]
+        return [lead for i in ids if (lead := self._lead(i)) is not None]
+
+    def _lead(self, doc_id: str, **extra: Any) -> Document | None:
+        """The lead of ``doc_id`` as a new ``Document`` (``extra`` added to its metadata)."""
+        found = self._leads.get(doc_id)
+        if found is None:
+            return None
+        return Document(page_content=_text(found[0]), id=doc_id, metadata={**found[1], **extra})
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
@@ -111,11 +124,9 @@ class LeadIndex(DocumentIndex):
 
     def search(self, query: str) -> list[Document]:
         """The ``k`` best leads for ``query`` (what ``invoke`` returns, without a run)."""
-        out = []
-        for doc_id, score in self.hits(query):
-            lead = self._leads.get(doc_id)
-            if lead is None:  # deleted since the search
-                continue
-            out.append(Document(page_content=lead.page_content, id=doc_id,
-                                metadata={**lead.metadata, "bm25_score": score}))  # fmt: skip
-        return out
+        leads = (self._lead(doc_id, bm25_score=score) for doc_id, score in self.hits(query))
+        return [lead for lead in leads if lead is not None]  # None: deleted since the search
+
+
+def _text(packed: bytes) -> str:
+    return decompressed(packed).decode()

@@ -364,6 +364,23 @@ def test_in_docs_parses_keys_whose_doc_id_holds_the_separator() -> None:
     assert in_docs([], {"a"}).tolist() == []
 
 
+def test_the_lead_index_returns_the_leads_it_was_given() -> None:
+    """Leads are kept compressed, not as the given ``Document``s: ``get``, ``invoke`` and a
+    re-analysis under another stemmer see the same text, id and metadata."""
+    leads = LeadIndex(k=1)
+    meta = {"doc_id": "d1", "source": "s/d1.txt"}
+    lead = Document("Vertrag über Lieferungen — ORION SUPPLY AGREEMENT ✓", id="d1", metadata=meta)
+    leads.upsert([lead, Document("The Vega licence", id="d2", metadata={"doc_id": "d2"})])
+    meta["source"] = "changed by the caller afterwards"
+    assert leads.get(["d1", "unknown"]) == [
+        Document(lead.page_content, id="d1", metadata={"doc_id": "d1", "source": "s/d1.txt"})
+    ]
+    leads.use_stemmer(None)
+    (found,) = leads.invoke("orion supply")
+    assert found.id == "d1" and found.page_content == lead.page_content
+    assert found.metadata["source"] == "s/d1.txt" and found.metadata["bm25_score"] > 0
+
+
 def test_built_in_leads_follow_replace_delete_and_load(tmp_path) -> None:
     retriever = default_retriever()
     retriever.add_documents([contract(n) for n in NAMES])
