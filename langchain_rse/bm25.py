@@ -9,8 +9,8 @@ terms out of the global statistics. The statistics — live documents ``N``, tot
 query scores every segment with the same IDF and length normalisation: the scores equal
 those of an index built from scratch, and a write is visible to the very next query.
 
-Segments are merged like a binary counter (the last ``merge_factor`` segments of one size
-class become one); a merge drops the postings of deleted documents. Small merges run in the
+Segments are merged like a counter (the newest ``merge_factor`` adjacent segments whose size
+classes differ by at most one become one); a merge drops the postings of deleted documents. Small merges run in the
 writing call, large ones on a background thread (searches go on meanwhile: a merge changes
 how postings are stored, never a score). When deleted document numbers outnumber live ones,
 the whole index is renumbered (:meth:`IncrementalBM25.compact`), so the per-document arrays
@@ -77,7 +77,8 @@ class Segment:
     def level(self) -> int:
         """The merge policy's size class."""
         # Level L holds [base * 4**(L-1), base * 4**L) postings (level 0: under base), so
-        # four segments of one level merge into one of the next level (or stay at 0).
+        # four segments of one level merge into one of the next level (or stay at 0); with a
+        # segment one level below among them, into one of the same level or the next.
         return (
             0 if self.postings < _LEVEL_BASE else int(math.log(self.postings / _LEVEL_BASE, 4)) + 1
         )
@@ -241,13 +242,17 @@ class IncrementalBM25:
     # ------------------------------------------------------------------ merges
 
     def merge_candidate(self) -> list[Segment] | None:
-        """The newest run of ``merge_factor`` adjacent segments of one size class, none of
-        them busy, that stays within ``max_segment_postings``; None if there is none."""
+        """The newest run of ``merge_factor`` adjacent segments whose size classes differ
+        by at most one, none of them busy, that stays within ``max_segment_postings``; None if
+        there is none. One class of slack: writes of a few full batches and a remainder
+        (``add_documents`` in groups) leave a smaller segment after each few, and with
+        classes that must be equal those runs never merged (501 segments at 1M chunks)."""
         f = self.merge_factor
         segs = self.segments
         for i in range(len(segs) - f, -1, -1):
             run = segs[i : i + f]
-            if (len({s.level for s in run}) == 1
+            levels = [s.level for s in run]
+            if (max(levels) - min(levels) <= 1
                     and not any(id(s) in self.busy for s in run)
                     and sum(s.postings for s in run) <= self.max_segment_postings):  # fmt: skip
                 return run

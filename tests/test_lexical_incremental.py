@@ -261,3 +261,24 @@ def test_postings_keep_32_bit_document_numbers_through_adds_merges_and_loads() -
     bm = loaded._bm25
     assert widths() == {(np.dtype(np.int32), np.dtype(np.int32))}
     assert_same(loaded, "bm25s", corpus, QUERIES)
+
+
+def test_batches_with_a_smaller_remainder_still_merge(monkeypatch) -> None:
+    """``add_documents`` writes a few full groups and a smaller remainder per call: runs of
+    segments one size class apart merge too, so the segment count stays logarithmic (it
+    grew by four per call when only equal classes merged) and scores stay exact."""
+    from langchain_rse import bm25
+
+    monkeypatch.setattr(bm25, "_LEVEL_BASE", 4)  # size classes at a few postings
+    index = BM25Index(background_merges=False, sync_merge_postings=10**9,
+                      max_segment_postings=10**9)  # type: ignore[arg-type]  # fmt: skip
+    corpus: dict[str, str] = {}
+    for call in range(32):
+        for group, docs in enumerate((4, 4, 4, 2)):  # 16, 16, 16 and 8 postings
+            keys = [f"c{call}-{group}-{d}" for d in range(docs)]
+            texts = [" ".join(WORDS[(call + group + d + j) % len(WORDS)] for j in range(4))
+                     for d in range(docs)]  # fmt: skip
+            index.add(keys, texts)
+            corpus.update(zip(keys, texts))
+    assert index.segments <= 16
+    assert_same(index, "bm25s", corpus, QUERIES)
