@@ -11,7 +11,6 @@ latency, and adding or deleting one document until the next search sees it.
 from __future__ import annotations
 
 import argparse
-import gc
 import multiprocessing
 import sys
 import time
@@ -19,20 +18,18 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def run(size: int, queries: int) -> dict[str, float]:
     from speed_corpus import Corpus, load_sentences
+    from speed_query import rss as resident
 
     from langchain_rse.lexical import BM25Index
 
     corpus = Corpus(size, queries, load_sentences())
-    process = psutil.Process()
-    gc.collect()
-    before = process.memory_info().rss
+    before = resident()
     index = BM25Index()
     build = 0.0
     for d in range(corpus.num_documents):
@@ -44,8 +41,7 @@ def run(size: int, queries: int) -> dict[str, float]:
     start = time.perf_counter()
     index.refresh()  # background merges settle
     settle = time.perf_counter() - start
-    gc.collect()
-    rss = process.memory_info().rss - before
+    rss = resident() - before  # after a GC and malloc_trim, as bench_speed.py measures
     for q in corpus.queries[:3]:
         index.search(q, 50)
     wall, cpu = [], []
