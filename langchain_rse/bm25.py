@@ -10,11 +10,11 @@ query scores every segment with the same IDF and length normalisation: the score
 those of an index built from scratch, and a write is visible to the very next query.
 
 Segments are merged like a counter (the newest ``merge_factor`` adjacent segments whose size
-classes differ by at most one become one); a merge drops the postings of deleted documents. Small merges run in the
-writing call, large ones on a background thread (searches go on meanwhile: a merge changes
-how postings are stored, never a score). When deleted document numbers outnumber live ones,
-the whole index is renumbered (:meth:`IncrementalBM25.compact`), so the per-document arrays
-stay proportional to the live corpus.
+classes differ by at most one become one); a merge drops the postings of deleted documents.
+Small merges run in the writing call, large ones on a background thread (searches go on
+meanwhile: a merge changes how postings are stored, never a score). When deleted document
+numbers outnumber live ones, the whole index is renumbered (:meth:`IncrementalBM25.compact`),
+so the per-document arrays stay proportional to the live corpus.
 
 This class is not thread-safe; :class:`langchain_rse.lexical.BM25Index` wraps it in a
 readers-writer lock.
