@@ -246,7 +246,7 @@ class IncrementalBM25:
         by at most one, none of them busy, that stays within ``max_segment_postings``; None if
         there is none. One class of slack: writes of a few full batches and a remainder
         (``add_documents`` in groups) leave a smaller segment after each few, and with
-        classes that must be equal those runs never merged (501 segments at 1M chunks)."""
+        classes that must be equal those runs never merged (84-501 segments at 1M chunks)."""
         f = self.merge_factor
         segs = self.segments
         for i in range(len(segs) - f, -1, -1):

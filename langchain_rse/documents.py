@@ -85,7 +85,7 @@ class LeadIndex(DocumentIndex):
         ids = [doc_id_for(d) for d in items]
         with self._lock:
             self._leads.update(
-                (i, (compressed(d.page_content.encode()), dict(d.metadata)))
+                (i, (compressed(d.page_content.encode("utf-8", "surrogatepass")), dict(d.metadata)))
                 for i, d in zip(ids, items)
             )
             self._bm25.add(ids, [d.page_content for d in items])
@@ -129,4 +129,4 @@ class LeadIndex(DocumentIndex):
 
 
 def _text(packed: bytes) -> str:
-    return decompressed(packed).decode()
+    return decompressed(packed).decode("utf-8", "surrogatepass")  # any str round-trips

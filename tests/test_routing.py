@@ -369,7 +369,7 @@ def test_the_lead_index_returns_the_leads_it_was_given() -> None:
     re-analysis under another stemmer see the same text, id and metadata."""
     leads = LeadIndex(k=1)
     meta = {"doc_id": "d1", "source": "s/d1.txt"}
-    lead = Document("Vertrag über Lieferungen — ORION SUPPLY AGREEMENT ✓", id="d1", metadata=meta)
+    lead = Document("Vertrag über — ORION SUPPLY AGREEMENT ✓ \ud800", id="d1", metadata=meta)
     leads.upsert([lead, Document("The Vega licence", id="d2", metadata={"doc_id": "d2"})])
     meta["source"] = "changed by the caller afterwards"
     assert leads.get(["d1", "unknown"]) == [
