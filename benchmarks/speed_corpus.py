@@ -111,17 +111,23 @@ class LookupEmbeddings(Embeddings):
 
 
 class Corpus:
-    """``num_chunks`` chunks in documents of 50-100 chunks, and ``num_queries`` queries."""
+    """``num_chunks`` chunks in documents of 50-100 chunks (``doc_chunks``), and
+    ``num_queries`` queries."""
 
     def __init__(
-        self, num_chunks: int, num_queries: int, sentences: list[str], seed: int = 0
+        self,
+        num_chunks: int,
+        num_queries: int,
+        sentences: list[str],
+        seed: int = 0,
+        doc_chunks: tuple[int, int] = DOC_CHUNKS,
     ) -> None:
         self.sentences = sentences
         self.seed = seed
         rng = np.random.default_rng(seed)
         lengths: list[int] = []
         while sum(lengths) < num_chunks:
-            lengths.append(int(rng.integers(DOC_CHUNKS[0], DOC_CHUNKS[1] + 1)))
+            lengths.append(int(rng.integers(doc_chunks[0], doc_chunks[1] + 1)))
         lengths[-1] -= sum(lengths) - num_chunks  # exact total; the last document is shorter
         self.lengths = lengths
         self.num_chunks = num_chunks

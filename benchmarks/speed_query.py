@@ -213,8 +213,9 @@ def ivf_copy(store: FAISS, nprobe: int = 8) -> FAISS:
     )
 
 
-def build_rse(corpus: Corpus) -> tuple[RSERetriever, FAISS, BuildStats]:
-    """Index the corpus into a FAISS-backed ``RSERetriever``, timing and sizing it.
+def build_rse(corpus: Corpus, **settings: Any) -> tuple[RSERetriever, FAISS, BuildStats]:
+    """Index the corpus into a FAISS-backed ``RSERetriever`` (its defaults, or
+    ``settings``), timing and sizing it.
 
     Documents arrive in batches of 100 (one ``add_documents`` call each); only the
     calls are timed, not the generation of the synthetic text between them. The BM25
@@ -222,7 +223,9 @@ def build_rse(corpus: Corpus) -> tuple[RSERetriever, FAISS, BuildStats]:
     measured (before session 12 they could still run during the first queries at 1M).
     """
     store = new_faiss(corpus)
-    retriever = RSERetriever(vectorstore=store, chunk_size=CHUNK_SIZE, show_progress=False)
+    retriever = RSERetriever(
+        vectorstore=store, chunk_size=CHUNK_SIZE, show_progress=False, **settings
+    )
     vs_seconds = 0.0
     add = store.add_documents
 
