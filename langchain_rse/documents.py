@@ -85,8 +85,7 @@ class LeadIndex(DocumentIndex):
         ids = [doc_id_for(d) for d in items]
         with self._lock:
             self._leads.update(
-                (i, (compressed(d.page_content.encode("utf-8", "surrogatepass")), dict(d.metadata)))
-                for i, d in zip(ids, items)
+                (i, (_packed(d.page_content), dict(d.metadata))) for i, d in zip(ids, items)
             )
             self._bm25.add(ids, [d.page_content for d in items])
         return UpsertResponse(succeeded=ids, failed=[])
@@ -128,5 +127,11 @@ class LeadIndex(DocumentIndex):
         return [lead for lead in leads if lead is not None]  # None: deleted since the search
 
 
+def _packed(text: str) -> bytes:
+    """A lead's text as kept: UTF-8 (``surrogatepass``: any str round-trips), compressed."""
+    return compressed(text.encode("utf-8", "surrogatepass"))
+
+
 def _text(packed: bytes) -> str:
-    return decompressed(packed).decode("utf-8", "surrogatepass")  # any str round-trips
+    """The inverse of :func:`_packed`."""
+    return decompressed(packed).decode("utf-8", "surrogatepass")
