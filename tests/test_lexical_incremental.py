@@ -282,3 +282,34 @@ def test_batches_with_a_smaller_remainder_still_merge(monkeypatch) -> None:
             corpus.update(zip(keys, texts))
     assert index.segments <= 16
     assert_same(index, "bm25s", corpus, QUERIES)
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 60])
+def test_the_best_k_are_the_head_of_the_full_ranking(k) -> None:
+    """``search(q, k)`` selects from block maxima and a partition, not a full sort: it
+    must return exactly the first ``k`` of the full ranking (score, then the earlier
+    chunk), ties at the cut included. 24 words make many equal scores."""
+    rng = random.Random(k)
+    index = BM25Index(background_merges=False)
+    corpus = {f"c{i}": text(rng) for i in range(2_000)}
+    index.add(list(corpus), list(corpus.values()))
+    for q in [*QUERIES, "kata kata", "roqu", "nuzo mivi peta"]:
+        full = index.search(q, len(corpus) + 1)
+        assert index.search(q, k) == full[:k], q
+
+
+def test_the_score_floor_never_passes_the_kth_best() -> None:
+    """The floor is a lower bound of the k-th best score (else a result would be lost),
+    none for fewer than 8 k scores, and at 100k scores it leaves few to select from."""
+    from langchain_rse.bm25 import floor
+
+    rng = np.random.default_rng(0)
+    for n, k in [(10, 1), (800, 100), (5_000, 10), (100_000, 200), (100_000, 1)]:
+        scores = np.round(rng.gamma(0.5, 1.0, n) * (rng.random(n) < 0.3), 1)  # zeros, ties
+        kth = np.sort(scores)[::-1][k - 1]
+        cut = floor(scores, k)
+        assert cut <= kth
+        if n < 8 * k:
+            assert cut == 0.0
+        if n == 100_000:
+            assert cut > 0 and (scores >= cut).sum() < n // 20
