@@ -127,8 +127,8 @@ def reader_loop(r: RSERetriever, commands: queue.Queue[str]) -> None:
         # The lexical branch (the in-process BM25 index refreshed through the generation
         # token, or the lexical store) ranks the new document's chunk first, and the record
         # store returns the document. Its rank in the fused top k also depends on the dense
-        # branch, which is not what is checked here: a CI run on Chroma once returned a
-        # fused top 4 without it (lexical rank 1, no dense rank near the top).
+        # branch, which is not what is checked here: a CI run on Chroma + Redis once
+        # returned a fused top 4 without the chunk of lexical rank 1 (ranks 2, 7, 9, 41).
         lexical = r._search().lexical_search({"query": f"the zq{n}vx clause", "filter": None})
         lexical_sees_it = (bool(lexical) and doc_of(lexical[0][0]) == f"w{n}"
                            and [d.id for d in r.get([f"w{n}"])] == [f"w{n}"])  # fmt: skip
