@@ -27,7 +27,14 @@ import zstandard
 from cachetools import LRUCache
 from langchain_core.stores import BaseStore
 from langchain_text_splitters import TextSplitter
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 
 from langchain_rse.chunking import chunk_key, chunk_uuid
 from langchain_rse.enrichment import ChunkContext
@@ -166,10 +173,21 @@ class DocRecord(_Record):
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> DocRecord:
-        data = json.loads(raw)
-        if data.get("format") != RECORD_FORMAT:
+        """Parsed and checked by pydantic's JSON parser (half the time of ``json.loads``
+        and a dict); anything it rejects, or another format, is read again with
+        ``json.loads`` to say why: a format this version does not read, or the error."""
+        try:
+            record = cls.model_validate_json(raw)
+        except ValidationError:
+            pass
+        else:  # the format written in the record, not its default
+            if record.format == RECORD_FORMAT and "format" in record.model_fields_set:
+                return record
+        data = json.loads(raw)  # not JSON: its JSONDecodeError (a ValueError)
+        found = data.get("format") if isinstance(data, dict) else None
+        if found != RECORD_FORMAT:
             raise ValueError(
-                f"record store entry has format {data.get('format')!r}; "
+                f"record store entry has format {found!r}; "
                 f"this version of langchain-rse reads format {RECORD_FORMAT}"
             )
         return cls.model_validate(data)

@@ -154,3 +154,26 @@ def test_a_malformed_stored_context_is_a_clear_error(contexts: list[Any]) -> Non
     raw = json.dumps({"text": "ab", "contexts": contexts}).encode()
     with pytest.raises(ValidationError, match=r"\[text, method\] pair of strings"):
         DocBody.from_bytes(raw)
+
+
+def test_a_pointer_is_read_back_or_refused_with_a_reason() -> None:
+    """Pointers are parsed by pydantic's JSON parser; what it rejects is read again to say
+    why: another record format, a value of the wrong type, or bytes that are not JSON."""
+    pointer = DocRecord(doc_id="d", version="v1", metadata={"title": "caf\u00e9 \u6587", "n": 2},
+                        spans=[(0, 5), (5, 9)], fallbacks=1)  # fmt: skip
+    raw = pointer.to_bytes()
+    again = DocRecord.from_bytes(raw)
+    assert again == pointer and list(again.spans) == [(0, 5), (5, 9)]
+    data = json.loads(raw)
+    with pytest.raises(ValueError, match="has format 99; this version of langchain-rse reads"):
+        DocRecord.from_bytes(json.dumps({**data, "format": 99}).encode())
+    with pytest.raises(ValueError, match="has format None"):
+        DocRecord.from_bytes(json.dumps({k: v for k, v in data.items() if k != "format"}).encode())
+    with pytest.raises(ValueError, match="has format None"):
+        DocRecord.from_bytes(b"[1, 2]")
+    with pytest.raises(ValidationError, match="spans"):
+        DocRecord.from_bytes(json.dumps({**data, "spans": [1, 2, 3]}).encode())
+    with pytest.raises(json.JSONDecodeError):
+        DocRecord.from_bytes(b"not json")
+    with pytest.raises(ValueError):  # not UTF-8 either (a Zstandard frame)
+        DocRecord.from_bytes(b"\x28\xb5\x2f\xfd not json")
