@@ -279,7 +279,8 @@ def build_rse(corpus: Corpus, **settings: Any) -> tuple[RSERetriever, FAISS, Bui
 
 def describe(retriever: RSERetriever) -> str:
     """The retriever settings that shape the query path."""
-    names = ["k", "mode", "fetch_k", "candidate_pool", "fusion", "preset", "relevance"]
+    names = ["k", "mode", "fetch_k", "candidate_pool", "fusion", "preset", "relevance",
+             "faiss_threads"]  # fmt: skip
     fields = [f"{n}={getattr(retriever, n)!r}" for n in names if hasattr(retriever, n)]
     p = retriever.params
     fields.append(
@@ -498,7 +499,8 @@ def run_size(size: int, settings: Settings) -> SizeResult:
     """All query-path measurements at ``size`` chunks (call in a fresh process)."""
     import faiss
 
-    faiss.omp_set_num_threads(settings.faiss_threads)
+    if settings.faiss_threads:  # else FAISS's default
+        faiss.omp_set_num_threads(settings.faiss_threads)
     log = functools.partial(_log, size)
     corpus = Corpus(size, settings.queries + settings.warmup, load_sentences())
     queries = corpus.queries

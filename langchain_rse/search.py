@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -38,6 +40,7 @@ __all__ = [
     "Hit",
     "SearchBranches",
     "SearchRequest",
+    "faiss_threads",
     "is_local",
     "key_of",
     "ls_params",
@@ -88,6 +91,29 @@ def ls_params(vectorstore: VectorStore) -> dict[str, str]:
         if isinstance(model, str):
             params["ls_embedding_model"] = model
     return params
+
+
+@contextmanager
+def faiss_threads(vectorstore: VectorStore, n: int | None) -> Iterator[None]:
+    """FAISS's OpenMP thread count set to ``n`` on the calling thread while it searches
+    ``vectorstore`` (an OpenMP setting is per thread; the old one is restored after); no
+    change for a store that is not FAISS, or with ``n`` None.
+
+    FAISS threads a search over its query vectors, and a branch searches one vector at a
+    time, yet faiss-cpu 1.15 runs one vector on every thread at several times the cost: on
+    a 2-core VM one exact search over 100k vectors took 20.8 ms with FAISS's default two
+    threads and 5.1 ms with one (``benchmarks/RESULTS.md``, session 14)."""
+    faiss = sys.modules.get("faiss")  # a FAISS index exists only once faiss is imported
+    if n is None or faiss is None or not isinstance(getattr(vectorstore, "index", None),
+                                                     faiss.Index):  # fmt: skip
+        yield
+        return
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def sync_only(vectorstore: VectorStore) -> bool:
@@ -151,6 +177,8 @@ class SearchBranches:
     """A custom filter translation, for stores :mod:`langchain_rse.filters` does not know."""
     before_lexical: Callable[[], None] | None = None
     """Called before each in-process lexical search (a shared index's generation check)."""
+    threads: int | None = 1
+    """OpenMP threads of a FAISS store's search (see :func:`faiss_threads`)."""
 
     def __post_init__(self) -> None:
         self.dense_runnable = RunnableLambda(self.dense, afunc=self.adense, name="dense_search")
@@ -163,7 +191,7 @@ class SearchBranches:
     def dense(self, request: SearchRequest) -> DenseResult:
         vs, k, query = self.vectorstore, self.k, request["query"]
         kw = _dense_kwargs(vs, request["filter"], self.translator, k)
-        with self.lock.read():
+        with self.lock.read(), faiss_threads(vs, self.threads):
             fast = getattr(getattr(vs, "docstore", None), "search_index", None)
             if fast is not None and request["filter"] is None:  # ChunkDocstore: keys only
                 return DenseResult(fast(vs, query, k))
