@@ -225,7 +225,10 @@ class RSERetriever(DocumentIndex):
     which FAISS does not split across threads, yet its multi-threaded path costs several
     times more (2-core VM, 100k chunks, exact: 5.1 ms on one thread, 20.8 ms on FAISS's
     default two); ``None`` leaves FAISS's setting (``OMP_NUM_THREADS`` or
-    ``faiss.omp_set_num_threads``) as the caller made it."""
+    ``faiss.omp_set_num_threads``) as the caller made it. The query's embedding runs inside
+    the same call: a model on the same OpenMP runtime as FAISS (one shared ``libgomp``, as
+    in a conda environment) runs on this many threads too; pip wheels bring their own (the
+    bundled model embedded a query in 16 ms either way)."""
     show_progress: bool | None = None
     """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
     ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a
