@@ -8,8 +8,9 @@ child inherits the pool object but none of its threads). A task that no worker h
 started by the time its result is needed runs on the calling thread instead, so a busy
 pool makes a query no slower than running both in turn, never stuck.
 
-The dense search stays on the calling thread: settings a caller makes per thread (FAISS's
-OpenMP thread count is one) keep applying to it.
+The dense search stays on the calling thread: settings a caller makes per thread keep
+applying to it (FAISS's OpenMP thread count is one, which the retriever's ``faiss_threads``
+sets for each search unless it is None).
 """
 
 from __future__ import annotations
