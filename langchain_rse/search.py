@@ -177,8 +177,9 @@ class SearchBranches:
     """A custom filter translation, for stores :mod:`langchain_rse.filters` does not know."""
     before_lexical: Callable[[], None] | None = None
     """Called before each in-process lexical search (a shared index's generation check)."""
-    threads: int | None = 1
-    """OpenMP threads of a FAISS store's search (see :func:`faiss_threads`)."""
+    threads: int | None = None
+    """OpenMP threads of a FAISS store's search (see :func:`faiss_threads`; the retriever
+    passes its ``faiss_threads``); None: FAISS's own setting."""
 
     def __post_init__(self) -> None:
         self.dense_runnable = RunnableLambda(self.dense, afunc=self.adense, name="dense_search")
