@@ -293,12 +293,16 @@ def describe(retriever: RSERetriever) -> str:
 
 
 def cold_caches(retriever: RSERetriever) -> None:
-    """Forget the record store's decoded pointers and bodies, so that each configuration's
-    queries pay for reading the documents they return (before 2026-12-02, session 5, the
-    stage breakdown ran the latency runs' queries again, with every body cached)."""
+    """Forget the record store's decoded pointers and bodies and the FAISS docstore's
+    cached chunk keys, so that each configuration's queries pay for reading the documents
+    they return (before 2026-12-02, session 5, the stage breakdown ran the latency runs'
+    queries again, with every body cached)."""
     records = retriever._records
     records._pointers.clear()
     records._bodies.clear()
+    docstore = getattr(retriever.vectorstore, "docstore", None)
+    if isinstance(docstore, ChunkDocstore):  # since session 15
+        docstore._hit_keys = (None, [])
 
 
 @contextlib.contextmanager

@@ -192,3 +192,67 @@ def test_local_faiss_deletes_as_langchains_faiss_does() -> None:
     ours.index_to_docstore_id = dict(reversed(list(before.items())))  # same map, other order
     ours.delete(["id1"])
     assert list(ours.index_to_docstore_id.values()) == [i for i in before.values() if i != "id1"]
+
+
+def test_cached_hit_keys_follow_adds_and_deletes() -> None:
+    """``search_index`` caches each hit position's chunk key; after every kind of write
+    (the retriever's adds and deletes, a foreign add, LangChain's own ``FAISS.delete``,
+    ``merge_from``, a row deleted from the docstore alone) its hits, first and cached,
+    are still the wrapper's."""
+    from langchain_rse.search import key_of
+
+    emb = HashingEmbeddings()
+    r = RSERetriever(vectorstore=default_vectorstore(emb))
+    r.add_documents(docs())
+    vs: Any = r.vectorstore
+
+    def check(store: Any = None) -> None:
+        store = store or vs
+        n = store.index.ntotal
+        for q in QUERIES:
+            found = store._similarity_search_with_relevance_scores(q, k=n)
+            expected = [key_of(d) for d, _ in found if key_of(d) is not None]
+            for _ in range(2):  # keys built, then read from the cache
+                assert [k for k, _ in store.docstore.search_index(store, q, n)] == expected
+        _, cached = store.docstore._hit_keys
+        assert sum(k is not None for k in cached) == n  # every hit cached
+
+    check()
+    more = [Document(make_contract(f"n{i}", ["notice", "fees"]), metadata={"source": f"n{i}"})
+            for i in range(2)]  # fmt: skip
+    r.add_documents(more)  # positions appended in place
+    check()
+    vs.add_texts(["fees notice term"], metadatas=[{"source": "elsewhere"}])  # not ours
+    check()
+    first = stored_metadata(vs)[0]["doc_id"]
+    r.delete([first])  # LocalFAISS.delete: a new position map
+    check()
+    other = default_vectorstore(emb)
+    other.add_texts(["termination fees"], metadatas=[{"doc_id": "m", "doc_version": "v",
+                                                      "chunk_index": 0}])  # fmt: skip
+    vs.merge_from(other)  # appended in place, rows added
+    check()
+    victim = vs.index_to_docstore_id[0]
+    LangChainFAISS.delete(vs, [victim])  # LangChain's delete: a new map, rows deleted
+    check()
+    # Another store over the same docstore, its vectors in reverse order: another map.
+    import faiss
+
+    n = vs.index.ntotal
+    index = faiss.IndexFlatL2(vs.index.d)
+    index.add(vs.index.reconstruct_n(0, n)[::-1])
+    names = list(vs.index_to_docstore_id.values())[::-1]
+    twin = LocalFAISS(emb, index, vs.docstore, dict(enumerate(names)), normalize_L2=True,
+                      distance_strategy=vs.distance_strategy)  # fmt: skip
+    for store in (twin, vs, twin):
+        check(store)
+    # A row deleted from the docstore alone: its position stays in the map, but not a hit.
+    position, name = next(iter(vs.index_to_docstore_id.items()))
+    gone = key_of(vs.docstore.search(name))
+    assert gone is not None
+    before = {q: [k for k, _ in vs.docstore.search_index(vs, q, vs.index.ntotal)]
+              for q in QUERIES}  # fmt: skip
+    vs.docstore.delete([name])
+    for q in QUERIES:
+        keys = [k for k, _ in vs.docstore.search_index(vs, q, vs.index.ntotal)]
+        assert keys == [k for k in before[q] if k != gone] and len(keys) < len(before[q])

@@ -14,6 +14,7 @@ directly returns that metadata (``doc_id``, ``start_index``, ``end_index``…); 
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -48,6 +49,10 @@ class ChunkDocstore(Docstore, AddableMixin):
         self._schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._key_at: dict[int, tuple[int, ...]] = {}  # by id() of a key tuple in _schemas
         self._doc_rows: dict[str, np.ndarray] | None = None  # FAISS positions by doc id
+        # The position map of a FAISS store and the chunk key of each position that a
+        # search has hit (see `_position_keys`); one attribute, so it is read whole.
+        self._hit_keys: tuple[dict[int, str] | None, list[str | None]] = (None, [])
+        self._hit_keys_lock = threading.Lock()
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
 
@@ -73,6 +78,7 @@ class ChunkDocstore(Docstore, AddableMixin):
         for i in ids:
             del self._rows[i]
         self._doc_rows = None
+        self._hit_keys = (None, [])  # a cached key may name a deleted row
 
     def metadata(self, chunk_id: str) -> dict[str, Any] | None:
         """The metadata of one chunk (a new dict), or None when the id is unknown."""
@@ -109,17 +115,52 @@ class ChunkDocstore(Docstore, AddableMixin):
             found = relevance(scores[0].astype(np.float64)).tolist()
         else:
             found = [relevance(score) for score in scores[0].tolist()]
-        rows = map(self._rows.get, map(vectorstore.index_to_docstore_id.get, indices[0].tolist()))
+        mapping = vectorstore.index_to_docstore_id
+        keys = self._position_keys(mapping)
         out = []
-        for score, row in zip(found, rows):  # a row is None for -1 (fewer than k vectors)
-            if row is None:
-                continue
-            at = self._key_at.get(id(row[0]))  # key tuples are shared: look them up by identity
-            if at is None:
-                at = self._key_positions(row[0])
-            if at:  # a chunk the retriever wrote
-                out.append((chunk_key(row[at[0]], row[at[1]], int(row[at[2]])), score))
+        for position, score in zip(indices[0].tolist(), found):
+            key = keys[position] if 0 <= position < len(keys) else None  # -1: fewer than k
+            if key is None:
+                key = self._key_of(mapping.get(position))
+                if key is None:  # no such chunk (not cached: a write may add it)
+                    continue
+                keys[position] = key
+            if key:  # "": a chunk the retriever did not write
+                out.append((key, score))
         return out
+
+    def _position_keys(self, mapping: dict[int, str]) -> list[str | None]:
+        """The chunk key of each FAISS position of ``mapping`` (a store's
+        ``index_to_docstore_id``) that a search has hit, None for the others.
+
+        Building a hit's key reads the position map, the chunk's row and its fields (about
+        ten cache misses after an exact scan has flushed the CPU caches); a cached key is one
+        list read. The list follows the positions as LangChain changes them: appended to
+        in place (an add: the list grows with None) or replaced by a new map (a delete: the
+        list starts again). Writes to a local store never overlap its searches (the
+        retriever's lock); concurrent searches fill in the same keys."""
+        of, keys = self._hit_keys
+        if of is mapping and len(keys) >= len(mapping):
+            return keys
+        with self._hit_keys_lock:
+            of, keys = self._hit_keys
+            if of is not mapping:  # a new map (positions moved), or the rows changed
+                keys = [None] * len(mapping)
+                self._hit_keys = (mapping, keys)
+            elif len(keys) < len(mapping):  # positions appended
+                keys.extend([None] * (len(mapping) - len(keys)))
+            return keys
+
+    def _key_of(self, docstore_id: str | None) -> str | None:
+        """The chunk key of the row stored under ``docstore_id``: "" for a chunk the
+        retriever did not write, None when there is no such row."""
+        row = self._rows.get(docstore_id) if docstore_id is not None else None
+        if row is None:
+            return None
+        at = self._key_at.get(id(row[0]))  # key tuples are shared: look them up by identity
+        if at is None:
+            at = self._key_positions(row[0])
+        return chunk_key(row[at[0]], row[at[1]], int(row[at[2]])) if at else ""
 
     def _search_docs(
         self, vectorstore: Any, vector: np.ndarray, k: int, docs: set[str]
