@@ -14,7 +14,6 @@ directly returns that metadata (``doc_id``, ``start_index``, ``end_index``…); 
 from __future__ import annotations
 
 import sys
-import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -52,7 +51,6 @@ class ChunkDocstore(Docstore, AddableMixin):
         # The position map of a FAISS store and the chunk key of each position that a
         # search has hit (see `_position_keys`); one attribute, so it is read whole.
         self._hit_keys: tuple[dict[int, str] | None, list[str | None]] = (None, [])
-        self._hit_keys_lock = threading.Lock()
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
 
@@ -133,23 +131,21 @@ class ChunkDocstore(Docstore, AddableMixin):
         """The chunk key of each FAISS position of ``mapping`` (a store's
         ``index_to_docstore_id``) that a search has hit, None for the others.
 
-        Building a hit's key reads the position map, the chunk's row and its fields (about
-        ten cache misses after an exact scan has flushed the CPU caches); a cached key is one
-        list read. The list follows the positions as LangChain changes them: appended to
+        Building a hit's key reads the position map, the chunk's row and its fields, and
+        formats the key (slow reads once an exact scan has flushed the CPU caches); a cached
+        key is one list read. The list follows the positions as LangChain changes them: appended to
         in place (an add: the list grows with None) or replaced by a new map (a delete: the
         list starts again). Writes to a local store never overlap its searches (the
-        retriever's lock); concurrent searches fill in the same keys."""
+        retriever's lock). Concurrent searches need no lock: they fill in the same keys, two
+        that extend the list at once only leave None past the map's end (slots for the next
+        positions), and one that starts a new list only drops the other's cached keys."""
         of, keys = self._hit_keys
-        if of is mapping and len(keys) >= len(mapping):
-            return keys
-        with self._hit_keys_lock:
-            of, keys = self._hit_keys
-            if of is not mapping:  # a new map (positions moved), or the rows changed
-                keys = [None] * len(mapping)
-                self._hit_keys = (mapping, keys)
-            elif len(keys) < len(mapping):  # positions appended
-                keys.extend([None] * (len(mapping) - len(keys)))
-            return keys
+        if of is not mapping:  # a new map (positions moved), or the rows changed
+            keys = [None] * len(mapping)
+            self._hit_keys = (mapping, keys)
+        elif len(keys) < len(mapping):  # positions appended
+            keys.extend([None] * (len(mapping) - len(keys)))
+        return keys
 
     def _key_of(self, docstore_id: str | None) -> str | None:
         """The chunk key of the row stored under ``docstore_id``: "" for a chunk the
