@@ -256,3 +256,27 @@ def test_cached_hit_keys_follow_adds_and_deletes() -> None:
     for q in QUERIES:
         keys = [k for k, _ in vs.docstore.search_index(vs, q, vs.index.ntotal)]
         assert keys == [k for k in before[q] if k != gone] and len(keys) < len(before[q])
+
+
+def test_cached_hit_keys_under_concurrent_searches() -> None:
+    """Searches in several threads at once, from an empty cache, all get the wrapper's
+    hits (they fill the cache together; no lock)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from langchain_rse.search import key_of
+
+    r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    r.add_documents(docs())
+    vs: Any = r.vectorstore
+    n = vs.index.ntotal
+    queries = [f"{a} {b}" for a in ("fees", "notice", "term", "liability") for b in QUERIES]
+    expected = {
+        q: [key_of(d) for d, _ in vs._similarity_search_with_relevance_scores(q, k=n)]
+        for q in queries
+    }
+    for _ in range(5):
+        vs.docstore._hit_keys = (None, [])
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda q: [k for k, _ in vs.docstore.search_index(vs, q, n)],
+                                queries * 3))  # fmt: skip
+        assert got == [expected[q] for q in queries * 3]
