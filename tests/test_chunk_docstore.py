@@ -217,15 +217,24 @@ def test_cached_hit_keys_follow_adds_and_deletes() -> None:
         _, cached = store.docstore._hit_keys
         assert sum(k is not None for k in cached) == n  # every hit cached
 
+    def cached() -> int:
+        of, keys = vs.docstore._hit_keys
+        assert of is vs.index_to_docstore_id
+        return sum(k is not None for k in keys)
+
     check()
     more = [Document(make_contract(f"n{i}", ["notice", "fees"]), metadata={"source": f"n{i}"})
-            for i in range(2)]  # fmt: skip
-    r.add_documents(more)  # positions appended in place
+            for i in range(3)]  # fmt: skip
+    n0, new = vs.index.ntotal, r.add_documents(more)  # positions appended in place
+    first = stored_metadata(vs)[0]["doc_id"]
+    first_chunks = sum(m["doc_id"] == first for m in stored_metadata(vs))
+    r.delete([first])  # LocalFAISS.delete: a new map, the cached keys carried over
+    assert cached() == n0 - first_chunks  # the added chunks were never hit
     check()
     vs.add_texts(["fees notice term"], metadatas=[{"source": "elsewhere"}])  # not ours
     check()
-    first = stored_metadata(vs)[0]["doc_id"]
-    r.delete([first])  # LocalFAISS.delete: a new position map
+    r.delete([new[1]])  # positions in the middle: the cached keys after them move up
+    assert cached() == vs.index.ntotal
     check()
     other = default_vectorstore(emb)
     other.add_texts(["termination fees"], metadatas=[{"doc_id": "m", "doc_version": "v",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,15 +68,34 @@ class ChunkDocstore(Docstore, AddableMixin):
         self._rows.update((i, self._row(doc.metadata)) for i, doc in texts.items())
         self._doc_rows = None
 
-    def delete(self, ids: list[str]) -> None:
-        """Remove these ids (all of them must be present, as in ``InMemoryDocstore``)."""
+    def delete(
+        self,
+        ids: list[str],
+        moved: tuple[dict[int, str], dict[int, str], Sequence[int]] | None = None,
+    ) -> None:
+        """Remove these ids (all of them must be present, as in ``InMemoryDocstore``).
+
+        ``moved``, from a store that deletes these ids' vectors: ``(old map, new map,
+        removed positions)``, the positions ascending and the later ones moved up, so the
+        cached keys of the other chunks follow them (see :meth:`_position_keys`) instead of
+        being dropped."""
         missing = set(ids).difference(self._rows)
         if missing:
             raise ValueError(f"Tried to delete ids that does not exist: {missing}")
         for i in ids:
             del self._rows[i]
         self._doc_rows = None
+        of, keys = self._hit_keys
         self._hit_keys = (None, [])  # a cached key may name a deleted row
+        if moved is not None and moved[0] is of:
+            removed = list(moved[2])
+            while removed:  # from the end, a run of consecutive positions at a time
+                end = removed.pop() + 1
+                start = end - 1
+                while removed and removed[-1] == start - 1:
+                    start = removed.pop()
+                del keys[start:end]  # (a no-op past the list's end: never cached)
+            self._hit_keys = (moved[1], keys)
 
     def metadata(self, chunk_id: str) -> dict[str, Any] | None:
         """The metadata of one chunk (a new dict), or None when the id is unknown."""
@@ -133,9 +152,10 @@ class ChunkDocstore(Docstore, AddableMixin):
 
         Building a hit's key reads the position map, the chunk's row and its fields, and
         formats the key (slow reads once an exact scan has flushed the CPU caches); a cached
-        key is one list read. The list follows the positions as LangChain changes them: appended to
-        in place (an add: the list grows with None) or replaced by a new map (a delete: the
-        list starts again). Writes to a local store never overlap its searches (the
+        key is one list read. The list follows the positions as the store changes them: an add appends
+        to the map in place (the list grows with None); ``LocalFAISS``'s delete moves the
+        cached keys up with their positions (see :meth:`delete`); any other new map (such as
+        LangChain's ``FAISS.delete`` builds) starts the list again. Writes to a local store never overlap its searches (the
         retriever's lock). Concurrent searches need no lock: they fill in the same keys, two
         that extend the list at once only leave None past the map's end (slots for the next
         positions), and one that starts a new list only drops the other's cached keys."""
