@@ -152,13 +152,14 @@ class ChunkDocstore(Docstore, AddableMixin):
 
         Building a hit's key reads the position map, the chunk's row and its fields, and
         formats the key (slow reads once an exact scan has flushed the CPU caches); a cached
-        key is one list read. The list follows the positions as the store changes them: an add appends
-        to the map in place (the list grows with None); ``LocalFAISS``'s delete moves the
-        cached keys up with their positions (see :meth:`delete`); any other new map (such as
-        LangChain's ``FAISS.delete`` builds) starts the list again. Writes to a local store never overlap its searches (the
-        retriever's lock). Concurrent searches need no lock: they fill in the same keys, two
-        that extend the list at once only leave None past the map's end (slots for the next
-        positions), and one that starts a new list only drops the other's cached keys."""
+        key is one list read. The list follows the positions as the store changes them: an
+        add appends to the map in place (the list grows with None); ``LocalFAISS``'s delete
+        moves the cached keys up with their positions (see :meth:`delete`); any other new
+        map (such as LangChain's ``FAISS.delete`` builds) starts the list again. Writes to a
+        local store never overlap its searches (the retriever's lock). Concurrent searches
+        need no lock: they fill in the same keys, two that extend the list at once only
+        leave None past the map's end (slots for the next positions), and one that starts a
+        new list only drops the other's cached keys."""
         of, keys = self._hit_keys
         if of is not mapping:  # a new map (positions moved), or the rows changed
             keys = [None] * len(mapping)
