@@ -174,9 +174,7 @@ class ChunkDocstore(Docstore, AddableMixin):
         row = self._rows.get(docstore_id) if docstore_id is not None else None
         if row is None:
             return None
-        at = self._key_at.get(id(row[0]))  # key tuples are shared: look them up by identity
-        if at is None:
-            at = self._key_positions(row[0])
+        at = self._key_positions(row[0])
         return chunk_key(row[at[0]], row[at[1]], int(row[at[2]])) if at else ""
 
     def _search_docs(
@@ -191,9 +189,7 @@ class ChunkDocstore(Docstore, AddableMixin):
             rows, at = self._rows, _KEY_FIELDS.index("doc_id")
             for position, name in vectorstore.index_to_docstore_id.items():
                 row = rows.get(name)
-                where = None if row is None else self._key_at.get(id(row[0]))
-                if where is None and row is not None:
-                    where = self._key_positions(row[0])
+                where = None if row is None else self._key_positions(row[0])
                 if where:
                     found.setdefault(row[where[at]], []).append(position)  # type: ignore[index]
             by_doc = {d: np.asarray(p, dtype=np.int64) for d, p in found.items()}
@@ -212,9 +208,12 @@ class ChunkDocstore(Docstore, AddableMixin):
         return index.search(vector, min(k, len(wanted)), params=params)  # type: ignore[no-any-return]
 
     def _key_positions(self, schema: tuple[str, ...]) -> tuple[int, ...]:
-        """Where a row with these key names holds the chunk key's fields (``()``: not all)."""
-        at = tuple(schema.index(f) + 1 for f in _KEY_FIELDS if f in schema)
-        self._key_at[id(schema)] = at = at if len(at) == len(_KEY_FIELDS) else ()
+        """Where a row with these key names holds the chunk key's fields (``()``: not all);
+        found once per key tuple (they are shared: looked up by identity)."""
+        at = self._key_at.get(id(schema))
+        if at is None:
+            at = tuple(schema.index(f) + 1 for f in _KEY_FIELDS if f in schema)
+            self._key_at[id(schema)] = at = at if len(at) == len(_KEY_FIELDS) else ()
         return at
 
     def items(self) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -51,9 +51,9 @@ class LocalFAISS(FAISS):
             del names[i]
         remaining = dict(enumerate(names))
         dense = positions.size > 0 and int(positions[-1]) == positions.size - 1  # 0..n-1
+        carry: dict[str, Any] = {}
         if isinstance(self.docstore, ChunkDocstore) and dense:  # `gone` are positions then
-            self.docstore.delete(list(dict.fromkeys(ids)), moved=(mapping, remaining, gone))
-        else:
-            self.docstore.delete(list(dict.fromkeys(ids)))
+            carry["moved"] = (mapping, remaining, gone)  # its cached chunk keys follow them
+        self.docstore.delete(list(dict.fromkeys(ids)), **carry)
         self.index_to_docstore_id = remaining
         return True
