@@ -461,22 +461,24 @@ class IncrementalBM25:
 
 
 BLOCK = 64
-"""Scores per block in :func:`floor`."""
+"""Scores per group in :func:`floor`."""
 
 
 def floor(scores: np.ndarray, k: int) -> float:
     """A score that the ``k`` best of ``scores`` all reach, so that only the scores at or
-    above it need selecting (``np.argpartition`` over 100k scores took 1.4 ms, this 0.1).
+    above it need selecting (``np.argpartition`` over 100k scores took 1.4 ms, this 0.04).
 
-    The ``k``-th largest of the maxima of blocks of ``scores``: ``k`` blocks hold a score
-    at least that high, so the ``k``-th best score is too. 0.0 (no bound) for fewer than
-    ``8 k`` scores."""
+    The ``k``-th largest of the maxima of groups of ``scores``: ``k`` groups hold a score
+    at least that high, so the ``k``-th best score is too. A group is every
+    ``len(scores) // size``-th score (a strided group: the maxima are one elementwise
+    maximum of ``size`` rows, three times faster than the maxima of contiguous blocks).
+    0.0 (no bound) for fewer than ``8 k`` scores."""
     size = min(BLOCK, len(scores) // (4 * k)) if k > 0 else 0
     if size < 2:
         return 0.0
-    blocks = len(scores) // size
-    maxima = scores[: blocks * size].reshape(blocks, size).max(axis=1)
-    return float(np.partition(maxima, blocks - k)[blocks - k])
+    groups = len(scores) // size
+    maxima = scores[: groups * size].reshape(size, groups).max(axis=0)
+    return float(np.partition(maxima, groups - k)[groups - k])
 
 
 def best(docs: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
