@@ -369,7 +369,7 @@ def targets(results: list[SizeResult], rse: list[RSETiming]) -> list[str]:
             # thread beside the dense search, the ensemble its retrievers in turn).
             verdict = "PASS" if wall >= target else "FAIL"
             floor = ""
-            if store == FLAT and r.read_ms:  # what the exact scan cannot go below
+            if store == FLAT and r.read_ms:  # about the least an exact scan takes
                 floor = (
                     f" (at {target:.0f}x a query has {ens[store].median / target:.2f} ms; one "
                     f"read of the vectors takes {r.read_ms:.2f} ms)"

@@ -297,7 +297,9 @@ def read_floor(store: FAISS, repeats: int = 20) -> float:
     """Median wall ms of reading the flat index's vectors once (a numpy ``max`` over FAISS's
     own buffer, on one thread). An exact search reads every vector, so on one thread it
     takes about this long at least; FAISS's scan took within 10% of it, either way, in
-    session 16's runs (on two threads it was slower: see ``RESULTS.md``, session 14)."""
+    session 16's runs. (FAISS's own two-thread search of one query was slower; a scan split
+    in halves over both cores was faster alone, but not in the retriever, whose other core
+    runs the BM25 search: ``RESULTS.md``, session 14.)"""
     import faiss
 
     index = store.index
