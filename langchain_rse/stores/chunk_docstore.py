@@ -28,7 +28,7 @@ with warnings.catch_warnings():  # langchain-community warns on import
     warnings.simplefilter("ignore", DeprecationWarning)
     from langchain_community.docstore.base import AddableMixin, Docstore
 
-__all__ = ["ChunkDocstore"]
+__all__ = ["ChunkDocstore", "delete_runs"]
 
 _KEY_FIELDS = ("doc_id", "doc_version", "chunk_index")
 """The metadata that names a chunk of the retriever (its chunk key)."""
@@ -38,6 +38,18 @@ _ARITHMETIC = (
     VectorStore._cosine_relevance_score_fn,
 )
 """LangChain's relevance functions that are plain arithmetic, so they map an array."""
+
+
+def delete_runs(items: list[Any], positions: Sequence[int]) -> None:
+    """Delete ``items[i]`` for each of the ascending ``positions``, in place: from the end,
+    one slice deletion (a C memmove of the tail) per run of consecutive positions."""
+    end = len(positions)
+    while end:
+        start = end - 1
+        while start and positions[start - 1] == positions[start] - 1:
+            start -= 1
+        del items[positions[start] : positions[end - 1] + 1]
+        end = start
 
 
 class ChunkDocstore(Docstore, AddableMixin):
@@ -88,13 +100,7 @@ class ChunkDocstore(Docstore, AddableMixin):
         of, keys = self._hit_keys
         self._hit_keys = (None, [])  # a cached key may name a deleted row
         if moved is not None and moved[0] is of:
-            removed = list(moved[2])
-            while removed:  # from the end, a run of consecutive positions at a time
-                end = removed.pop() + 1
-                start = end - 1
-                while removed and removed[-1] == start - 1:
-                    start = removed.pop()
-                del keys[start:end]  # (a no-op past the list's end: never cached)
+            delete_runs(keys, moved[2])  # (a no-op past the list's end: never cached)
             self._hit_keys = (moved[1], keys)
 
     def metadata(self, chunk_id: str) -> dict[str, Any] | None:
