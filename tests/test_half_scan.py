@@ -1,0 +1,143 @@
+"""The half-precision scan returns exactly what FAISS's exact search returns.
+
+``exact_search`` must give the same positions, the same float32 distances and the same
+order (ties included) as ``IndexFlat.search``; ``LocalFAISS`` keeps its copy in step with
+every way LangChain's ``FAISS`` writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import faiss
+import numpy as np
+import pytest
+from langchain_core.documents import Document
+
+from helpers import HashingEmbeddings, make_contract
+from langchain_rse import RSERetriever
+from langchain_rse.persistence import default_vectorstore
+from langchain_rse.stores.faiss import LocalFAISS
+from langchain_rse.stores.half_scan import HalfCopy, exact_search
+
+DIM = 24
+
+
+def vectors(rng: np.random.Generator, n: int, normalized: bool) -> np.ndarray:
+    """Clustered vectors with exact and near duplicates (ties and near-ties)."""
+    centres = rng.standard_normal((20, DIM))
+    x = centres[rng.integers(0, 20, n)] + 0.3 * rng.standard_normal((n, DIM))
+    x[n // 2 : n // 2 + 40] = x[7]  # exact duplicates
+    x[n // 3 : n // 3 + 40] = x[11] + 1e-4 * rng.standard_normal((40, DIM))  # near ones
+    if normalized:
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+    else:
+        x *= 3.0
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def flat_index(x: np.ndarray, metric: int) -> faiss.IndexFlat:
+    index = faiss.IndexFlatL2(DIM) if metric == faiss.METRIC_L2 else faiss.IndexFlatIP(DIM)
+    index.add(x)
+    return index
+
+
+def assert_same(copy: HalfCopy, queries: np.ndarray, ks: list[int]) -> None:
+    for q in queries:
+        one = np.ascontiguousarray(q[None, :], dtype=np.float32)
+        for k in ks:
+            want_d, want_i = copy.source.search(one, k)
+            got_d, got_i = exact_search(copy, one, k)
+            assert np.array_equal(got_i, want_i), (k, got_i, want_i)
+            assert np.array_equal(got_d, want_d)  # bit for bit
+
+
+@pytest.mark.parametrize("metric", [faiss.METRIC_L2, faiss.METRIC_INNER_PRODUCT])
+@pytest.mark.parametrize("normalized", [True, False])
+def test_same_hits_distances_and_order_as_the_exact_scan(metric: int, normalized: bool) -> None:
+    rng = np.random.default_rng(metric * 2 + normalized)
+    x = vectors(rng, 6_000, normalized)
+    copy = HalfCopy.of(flat_index(x, metric))
+    assert copy.n == 6_000 and 0 < copy.error < 1e-2 * copy.norm
+    noisy = x[rng.integers(0, len(x), 30)] + 0.05 * rng.standard_normal((30, DIM))
+    queries = np.concatenate([noisy, x[[7, 11, 3_000, 2_000]], rng.standard_normal((10, DIM))])
+    assert_same(copy, queries.astype(np.float32), [1, 4, 10, 50, 200, 2_999, 3_000, 6_000])
+
+
+@pytest.mark.parametrize("metric", [faiss.METRIC_L2, faiss.METRIC_INNER_PRODUCT])
+def test_a_tie_larger_than_the_first_fetch_widens_the_candidates(metric: int) -> None:
+    rng = np.random.default_rng(5)
+    x = vectors(rng, 3_000, normalized=True)
+    x[1_000:1_500] = x[3]  # 500 equal vectors: the k-th hit ties with hundreds more
+    copy = HalfCopy.of(flat_index(x, metric))
+    fetched: list[int] = []
+
+    class Counting:  # the half-precision index, recording how many hits each scan asks for
+        def search(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+            fetched.append(k)
+            return copy.index.search(vector, k)  # type: ignore[no-any-return]
+
+    assert_same(replace(copy, index=Counting()), x[[3, 1_200]] + np.float32(1e-3), [10, 50, 120])
+    assert max(fetched) >= 500  # it asked again, for more, until the tie was inside
+
+
+def test_values_beyond_half_precision_are_searched_in_float32() -> None:
+    x = vectors(np.random.default_rng(6), 2_000, normalized=False)
+    x[5, 0] = 1e6  # no half-precision number is that large
+    copy = HalfCopy.of(flat_index(x, faiss.METRIC_L2))
+    assert copy.error == float("inf")
+    assert_same(copy, x[:5], [1, 10])
+
+
+def test_local_faiss_keeps_the_copy_in_step_with_every_write() -> None:
+    emb = HashingEmbeddings()
+    texts = [f"clause {i} on topic {i % 17} and term {i % 5}" for i in range(3_000)]
+    store = LocalFAISS.from_texts(texts[:1_000], emb, ids=[f"t{i}" for i in range(1_000)])
+    probe = np.asarray([emb.embed_query("topic 3 and term 2")], dtype=np.float32)
+
+    def check(n: int) -> HalfCopy:
+        assert store.index.ntotal == n
+        assert [a.tolist() for a in store.search_vectors(probe, 20)] == [
+            a.tolist() for a in store.index.search(probe, 20)
+        ]
+        assert store._half is not None and store._half.synced(store.index)
+        return store._half
+
+    first = check(1_000)
+    store.add_texts(texts[1_000:1_500], ids=[f"t{i}" for i in range(1_000, 1_500)])
+    assert check(1_500).index is first.index  # extended, not made again
+    asyncio.run(store.aadd_texts(texts[1_500:2_000], ids=[f"t{i}" for i in range(1_500, 2_000)]))
+    pairs = [(t, emb.embed_query(t)) for t in texts[2_000:2_500]]
+    store.add_embeddings(pairs, ids=[f"t{i}" for i in range(2_000, 2_500)])
+    other = LocalFAISS.from_texts(texts[2_500:], emb, ids=[f"t{i}" for i in range(2_500, 3_000)])
+    store.merge_from(other)
+    assert check(3_000).index is first.index
+    store.delete([f"t{i}" for i in range(0, 3_000, 7)] + ["t2999"])
+    assert check(3_000 - 429 - 1).index is first.index  # removed from the copy as well
+    store.half_precision_scan = False
+    assert [a.tolist() for a in store.search_vectors(probe, 20)] == [
+        a.tolist() for a in store.index.search(probe, 20)
+    ]
+
+
+def test_the_retriever_returns_the_same_with_and_without_the_copy() -> None:
+    topics = ["termination", "payment", "confidentiality", "warranty", "liability", "fees"]
+    r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    r.add_documents(
+        [Document(make_contract(f"c{i}", [topics[i % 6], topics[i * 5 % 6]])) for i in range(40)]
+    )
+    store = r.vectorstore
+    assert isinstance(store, LocalFAISS) and store.index.ntotal > 4 * r.fetch_k
+
+    def run() -> list[list[tuple[str, int, float]]]:
+        return [
+            [(d.page_content, d.metadata["start_index"], d.metadata["score"]) for d in found]
+            for q in ["termination for convenience", "fees and payment", "warranty of title"]
+            for found in (r.invoke(q), r.invoke(q, mode="chunks", k=8))
+        ]
+
+    with_copy = run()
+    assert store._half is not None and store._half.synced(store.index)  # the dense branch used it
+    store.half_precision_scan = False
+    assert run() == with_copy
