@@ -111,6 +111,7 @@ class BuildStats:
     bm25_retriever_rss: int | None = None
     lexical_bytes: int = 0  # our BM25 index's arrays
     lexical_segments: int = 0
+    half_bytes: int = 0  # LocalFAISS's half-precision copy of the vectors (first query)
 
     @property
     def chunks_per_s(self) -> float:
@@ -133,6 +134,8 @@ class SizeResult:
     config: str = ""  # the retriever's query-path settings
     writes: WriteTiming | None = None
     read_ms: float = 0.0  # one read of the flat index's vectors (see `read_floor`)
+    half_read_ms: float = 0.0  # one read of their half-precision copy
+    exact_same: tuple[int, int] | None = None  # (queries with FAISS's exact hits, queries)
 
 
 def rss() -> int:
@@ -166,7 +169,7 @@ def time_queries(
     return wall, cpu, empty
 
 
-def new_faiss(corpus: Corpus) -> FAISS:
+def new_faiss(corpus: Corpus) -> LocalFAISS:
     """The retriever's store, as the library's default builds it: exact FAISS
     (``LocalFAISS``: LangChain's wrapper with a linear-time delete) with a ``ChunkDocstore``
     (each chunk's metadata, no text: the record store holds the texts)."""
@@ -214,7 +217,7 @@ def ivf_copy(store: FAISS, nprobe: int = 8) -> FAISS:
     )
 
 
-def build_rse(corpus: Corpus, **settings: Any) -> tuple[RSERetriever, FAISS, BuildStats]:
+def build_rse(corpus: Corpus, **settings: Any) -> tuple[RSERetriever, LocalFAISS, BuildStats]:
     """Index the corpus into a FAISS-backed ``RSERetriever`` (its defaults, or
     ``settings``), timing and sizing it.
 
@@ -273,6 +276,7 @@ def build_rse(corpus: Corpus, **settings: Any) -> tuple[RSERetriever, FAISS, Bui
         rss_base=before,
         peak_build=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         lexical_bytes=retriever._lexical.nbytes,
+        half_bytes=store._half.nbytes if store._half is not None else 0,
         lexical_segments=retriever._lexical.segments,
     )
     return retriever, store, stats
@@ -293,23 +297,37 @@ def describe(retriever: RSERetriever) -> str:
     return ", ".join(fields)
 
 
-def read_floor(store: FAISS, repeats: int = 20) -> float:
-    """Median wall ms of reading the flat index's vectors once (a numpy ``max`` over FAISS's
-    own buffer, on one thread). An exact search reads every vector, so on one thread it
-    takes about this long at least; FAISS's scan took within 10% of it, either way, in
-    session 16's runs. (FAISS's own two-thread search of one query was slower; a scan split
-    in halves over both cores was faster alone, but not in the retriever, whose other core
-    runs the BM25 search: ``RESULTS.md``, session 14.)"""
+def read_floor(index: Any, repeats: int = 20) -> float:
+    """Median wall ms of reading a flat index's vectors once (a numpy ``max`` over FAISS's
+    own buffer, on one thread), or the codes of ``LocalFAISS``'s half-precision copy. A scan
+    reads every vector, so on one thread it takes about this long at least; FAISS's float32
+    scan took within 10% of it, either way, in session 16's runs. (FAISS's own two-thread
+    search of one query was slower; a scan split in halves over both cores was faster alone,
+    but not in the retriever, whose other core runs the BM25 search: ``RESULTS.md``,
+    session 14.)"""
     import faiss
 
-    index = store.index
-    vectors = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+    if isinstance(index, faiss.IndexScalarQuantizer):  # two bytes a dimension
+        vectors = faiss.rev_swig_ptr(index.codes.data(), index.codes.size()).view(np.uint16)
+    else:
+        vectors = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         vectors.max()
         times.append((time.perf_counter() - start) * 1e3)
     return float(np.median(times))
+
+
+def exact_same(store: Any, corpus: Corpus, queries: list[str], k: int) -> tuple[int, int]:
+    """(queries for which ``LocalFAISS.search_vectors``, the retriever's scan of a
+    half-precision copy, returned FAISS's exact hits, distances and order; queries)."""
+    same = 0
+    for q in queries:
+        vector = np.asarray([corpus.embeddings.embed_query(q)], dtype=np.float32)
+        got, want = store.search_vectors(vector, k), store.index.search(vector, k)
+        same += all(np.array_equal(a, b) for a, b in zip(got, want))
+    return same, len(queries)
 
 
 def cold_caches(retriever: RSERetriever) -> None:
@@ -420,7 +438,7 @@ def stage_targets(store: FAISS) -> list[tuple[str, Any, str]]:
     return [
         ("dense search (SearchBranches.dense, k=fetch_k)", langchain_rse.search.SearchBranches,
          "dense"),
-        ("  faiss index search", type(store.index), "search"),
+        ("  faiss index search", *_dense_search(store)),
         ("lexical search (BM25Index.search)", langchain_rse.lexical.BM25Index, "search"),
         ("  tokenize query", langchain_rse.lexical, "tokenize"),
         ("  BM25 scoring + top-k (IncrementalBM25.top)", langchain_rse.bm25.IncrementalBM25, "top"),
@@ -432,6 +450,15 @@ def stage_targets(store: FAISS) -> list[tuple[str, Any, str]]:
         ("  RSE (pipeline.select: chunk_values + best_segments)", langchain_rse.pipeline, "select"),
         ("  results (pipeline.results: segment Documents)", langchain_rse.pipeline, "results"),
     ]  # fmt: skip
+
+
+def _dense_search(store: FAISS) -> tuple[Any, str]:
+    """Where the retriever's dense branch searches ``store``'s index: ``LocalFAISS``'s
+    ``search_vectors`` (over a flat index: the half-precision copy, then the candidates'
+    vectors), else FAISS's own ``search``."""
+    if isinstance(store, LocalFAISS):
+        return type(store), "search_vectors"
+    return type(store.index), "search"
 
 
 # What the untimed remainder of a stage is (keyed by the stage's first word).
@@ -555,8 +582,15 @@ def run_size(size: int, settings: Settings) -> SizeResult:
             measure("ours", "chunks", store_name, lambda q: retriever.invoke(q, mode="chunks"))
 
     measure_ours(FLAT, store)
-    result.read_ms = read_floor(store)
-    log(f"one read of the flat index's vectors: {result.read_ms:.2f} ms")
+    result.read_ms = read_floor(store.index)
+    if store._half is not None:
+        result.half_read_ms = read_floor(store._half.index)
+    result.exact_same = exact_same(store, corpus, queries, retriever.fetch_k)
+    log(
+        f"one read of the flat index's vectors: {result.read_ms:.2f} ms (of the half-precision "
+        f"copy {result.half_read_ms:.2f} ms); FAISS's exact hits from the half-precision scan "
+        f"for {result.exact_same[0]} of {result.exact_same[1]} queries"
+    )
     start = time.perf_counter()
     ivf = ivf_copy(store)
     build.ivf_s = time.perf_counter() - start
