@@ -171,7 +171,8 @@ def time_queries(
 
 def new_faiss(corpus: Corpus) -> LocalFAISS:
     """The retriever's store, as the library's default builds it: exact FAISS
-    (``LocalFAISS``: LangChain's wrapper with a linear-time delete) with a ``ChunkDocstore``
+    (``LocalFAISS``: LangChain's wrapper with a linear-time delete and a half-precision
+    first scan) with a ``ChunkDocstore``
     (each chunk's metadata, no text: the record store holds the texts)."""
     import faiss
 
@@ -331,16 +332,15 @@ def exact_same(store: Any, corpus: Corpus, queries: list[str], k: int) -> tuple[
 
 
 def cold_caches(retriever: RSERetriever) -> None:
-    """Forget the record store's decoded pointers and bodies and the FAISS docstore's
-    cached chunk keys, so that each configuration's queries pay for reading the documents
-    they return (before 2026-12-02, session 5, the stage breakdown ran the latency runs'
-    queries again, with every body cached)."""
+    """Forget the record store's decoded pointers and bodies, so that each configuration's
+    queries pay for reading the documents they return (before 2026-12-02, session 5, the
+    stage breakdown ran the latency runs' queries again, with every body cached). From
+    session 15 to 16 it also dropped the FAISS docstore's chunk keys, then cached per hit;
+    since session 17 the docstore builds every position's key at the first search after a
+    write, and this leaves them."""
     records = retriever._records
     records._pointers.clear()
     records._bodies.clear()
-    docstore = getattr(retriever.vectorstore, "docstore", None)
-    if isinstance(docstore, ChunkDocstore):  # since session 15
-        docstore._hit_keys = (None, [])
 
 
 @contextlib.contextmanager

@@ -195,10 +195,10 @@ def test_local_faiss_deletes_as_langchains_faiss_does() -> None:
 
 
 def test_cached_hit_keys_follow_adds_and_deletes() -> None:
-    """``search_index`` caches each hit position's chunk key; after every kind of write
+    """``search_index`` keeps the chunk key of each position; after every kind of write
     (the retriever's adds and deletes, a foreign add, LangChain's own ``FAISS.delete``,
-    ``merge_from``, a row deleted from the docstore alone) its hits, first and cached,
-    are still the wrapper's."""
+    ``merge_from``, a row deleted from the docstore alone) its hits are still the
+    wrapper's."""
     from langchain_rse.search import key_of
 
     emb = HashingEmbeddings()
@@ -212,10 +212,10 @@ def test_cached_hit_keys_follow_adds_and_deletes() -> None:
         for q in QUERIES:
             found = store._similarity_search_with_relevance_scores(q, k=n)
             expected = [key_of(d) for d, _ in found if key_of(d) is not None]
-            for _ in range(2):  # keys built, then read from the cache
+            for _ in range(2):  # keys built (if the map changed), then read
                 assert [k for k, _ in store.docstore.search_index(store, q, n)] == expected
         _, cached = store.docstore._hit_keys
-        assert sum(k is not None for k in cached) == n  # every hit cached
+        assert sum(k is not None for k in cached) == n  # every position's key
 
     def cached() -> int:
         of, keys = vs.docstore._hit_keys
@@ -229,7 +229,7 @@ def test_cached_hit_keys_follow_adds_and_deletes() -> None:
     first = stored_metadata(vs)[0]["doc_id"]
     first_chunks = sum(m["doc_id"] == first for m in stored_metadata(vs))
     r.delete([first])  # LocalFAISS.delete: a new map, the cached keys carried over
-    assert cached() == n0 - first_chunks  # the added chunks were never hit
+    assert cached() == n0 - first_chunks  # the added chunks: keys made at the next search
     check()
     vs.add_texts(["fees notice term"], metadatas=[{"source": "elsewhere"}])  # not ours
     check()
@@ -268,8 +268,8 @@ def test_cached_hit_keys_follow_adds_and_deletes() -> None:
 
 
 def test_cached_hit_keys_under_concurrent_searches() -> None:
-    """Searches in several threads at once, from an empty cache, all get the wrapper's
-    hits (they fill the cache together; no lock)."""
+    """Searches in several threads at once, with no key list yet, all get the wrapper's
+    hits (each may build the list; no lock)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from langchain_rse.search import key_of

@@ -60,8 +60,8 @@ class ChunkDocstore(Docstore, AddableMixin):
         self._schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._key_at: dict[int, tuple[int, ...]] = {}  # by id() of a key tuple in _schemas
         self._doc_rows: dict[str, np.ndarray] | None = None  # FAISS positions by doc id
-        # The position map of a FAISS store and the chunk key of each position that a
-        # search has hit (see `_position_keys`); one attribute, so it is read whole.
+        # The position map of a FAISS store and the chunk key of each of its positions
+        # (see `_position_keys`); one attribute, so it is read whole.
         self._hit_keys: tuple[dict[int, str] | None, list[str | None]] = (None, [])
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
@@ -144,35 +144,35 @@ class ChunkDocstore(Docstore, AddableMixin):
         out = []
         for position, score in zip(indices[0].tolist(), found):
             key = keys[position] if 0 <= position < len(keys) else None  # -1: fewer than k
-            if key is None:
-                key = self._key_of(mapping.get(position))
-                if key is None:  # no such chunk (not cached: a write may add it)
-                    continue
-                keys[position] = key
+            if key is None:  # no such chunk
+                continue
             if key:  # "": a chunk the retriever did not write
                 out.append((key, score))
         return out
 
     def _position_keys(self, mapping: dict[int, str]) -> list[str | None]:
         """The chunk key of each FAISS position of ``mapping`` (a store's
-        ``index_to_docstore_id``) that a search has hit, None for the others.
+        ``index_to_docstore_id``; None where no row is stored).
 
         Building a hit's key reads the position map, the chunk's row and its fields, and
-        formats the key (slow reads once an exact scan has flushed the CPU caches); a cached
-        key is one list read. The list follows the positions as the store changes them: an
-        add appends to the map in place (the list grows with None); ``LocalFAISS``'s delete
-        moves the cached keys up with their positions (see :meth:`delete`); any other new
-        map (such as LangChain's ``FAISS.delete`` builds) starts the list again. Writes to a
-        local store never overlap its searches (the retriever's lock). Concurrent searches
-        need no lock: they fill in the same keys, two that extend the list at once only
-        leave None past the map's end (slots for the next positions), and one that starts a
-        new list only drops the other's cached keys."""
+        formats the key: slow reads once an exact scan has flushed the CPU caches, where a
+        key in this list is one read. The list is made for a new map and follows it as the
+        store changes it: an add appends positions to the map in place (the first search
+        after it makes a longer list, copying this one and building the new keys only);
+        ``LocalFAISS``'s delete moves the keys up with their positions (see
+        :meth:`delete`); any other new map (such as LangChain's ``FAISS.delete`` builds)
+        gets a new list. A list, once published, is never changed by a search, so
+        concurrent searches need no lock (two that both extend it build the same keys);
+        writes to a local store never overlap its searches (the retriever's lock)."""
         of, keys = self._hit_keys
-        if of is not mapping:  # a new map (positions moved), or the rows changed
-            keys = [None] * len(mapping)
+        start = len(keys) if of is mapping else 0
+        if start < len(mapping):  # a new map, or positions appended to it
+            new = [self._key_of(mapping.get(p)) for p in range(start, len(mapping))]
+            keys = keys + new if start else new
             self._hit_keys = (mapping, keys)
-        elif len(keys) < len(mapping):  # positions appended
-            keys.extend([None] * (len(mapping) - len(keys)))
+        elif of is not mapping:  # a new, empty map
+            keys = []
+            self._hit_keys = (mapping, keys)
         return keys
 
     def _key_of(self, docstore_id: str | None) -> str | None:
