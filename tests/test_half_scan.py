@@ -119,6 +119,7 @@ def test_local_faiss_keeps_the_copy_in_step_with_every_write() -> None:
     assert [a.tolist() for a in store.search_vectors(probe, 20)] == [
         a.tolist() for a in store.index.search(probe, 20)
     ]
+    assert store._half is None  # its memory handed back
 
 
 def test_the_retriever_returns_the_same_with_and_without_the_copy() -> None:

@@ -41,7 +41,8 @@ class LocalFAISS(FAISS):
 
     half_precision_scan: bool = True
     """Keep a half-precision copy of a flat index's vectors for :meth:`search_vectors`
-    (2 bytes a dimension); False: scan the float32 vectors (set it on a store)."""
+    (2 bytes a dimension); False: scan the float32 vectors and drop the copy at the next
+    search (set it on a store)."""
     _half: HalfCopy | None = None
 
     def search_vectors(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -58,6 +59,7 @@ class LocalFAISS(FAISS):
             faiss.METRIC_INNER_PRODUCT,
         )
         if not (flat and self.half_precision_scan):
+            self._half = None  # (a copy made before the flag was cleared)
             return index.search(vector, k)  # type: ignore[no-any-return]
         copy = self._half
         if copy is None or not copy.synced(index):
