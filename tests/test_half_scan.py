@@ -1,13 +1,15 @@
 """The half-precision scan returns exactly what FAISS's exact search returns.
 
 ``exact_search`` must give the same positions, the same float32 distances and the same
-order (ties included) as ``IndexFlat.search``; ``LocalFAISS`` keeps its copy in step with
-every way LangChain's ``FAISS`` writes.
+order (ties included) as ``IndexFlat.search`` on one OpenMP thread, as the retriever
+searches (on more, FAISS computes a single query's distances another way); ``LocalFAISS``
+keeps its copy in step with every way LangChain's ``FAISS`` writes.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import replace
 
 import faiss
@@ -18,10 +20,23 @@ from langchain_core.documents import Document
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
 from langchain_rse.persistence import default_vectorstore
+from langchain_rse.search import faiss_threads
 from langchain_rse.stores.faiss import LocalFAISS
 from langchain_rse.stores.half_scan import HalfCopy, exact_search
 
+FAISS = LocalFAISS.__mro__[1]
+"""``langchain_community.vectorstores.FAISS``, as LangChain ships it."""
+
 DIM = 24
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """FAISS on one OpenMP thread in the test's thread, as the retriever searches."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
 
 
 def vectors(rng: np.random.Generator, n: int, normalized: bool) -> np.ndarray:
@@ -115,6 +130,8 @@ def test_local_faiss_keeps_the_copy_in_step_with_every_write() -> None:
     assert check(3_000).index is first.index
     store.delete([f"t{i}" for i in range(0, 3_000, 7)] + ["t2999"])
     assert check(3_000 - 429 - 1).index is first.index  # removed from the copy as well
+    FAISS.delete(store, ["t1", "t2"])  # LangChain's own delete, behind the copy's back
+    assert check(3_000 - 429 - 3).index is not first.index  # made again
     store.half_precision_scan = False
     assert [a.tolist() for a in store.search_vectors(probe, 20)] == [
         a.tolist() for a in store.index.search(probe, 20)
@@ -142,3 +159,22 @@ def test_the_retriever_returns_the_same_with_and_without_the_copy() -> None:
     assert store._half is not None and store._half.synced(store.index)  # the dense branch used it
     store.half_precision_scan = False
     assert run() == with_copy
+
+
+def test_concurrent_first_searches_share_one_copy() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(9)
+    x = vectors(rng, 20_000, normalized=True)
+    store = LocalFAISS(HashingEmbeddings(), flat_index(x, faiss.METRIC_L2), None, {})  # type: ignore[arg-type]
+    queries = [np.ascontiguousarray(q[None, :]) for q in x[rng.integers(0, 20_000, 40)] + 0.01]
+    want = [store.index.search(q, 30) for q in queries]
+
+    def search(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with faiss_threads(store, 1):  # an OpenMP setting is per thread
+            return store.search_vectors(q, 30)
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(search, queries))
+    assert all(np.array_equal(g[1], w[1]) and np.array_equal(g[0], w[0]) for g, w in zip(got, want))
+    assert store._half is not None and store._half.synced(store.index)

@@ -13,7 +13,9 @@ the same hits as ``index.search`` (:mod:`langchain_rse.stores.half_scan`). Every
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +30,8 @@ with warnings.catch_warnings():  # langchain-community warns on import
     from langchain_community.vectorstores import FAISS
 
 __all__ = ["LocalFAISS"]
+
+logger = logging.getLogger(__name__)
 
 
 _BUILDING = threading.Lock()
@@ -47,7 +51,8 @@ class LocalFAISS(FAISS):
 
     def search_vectors(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``self.index.search(vector, k)`` for one float32 query vector (shape ``(1, d)``):
-        the same distances and positions. Over a flat index (``IndexFlatL2`` or
+        the same distances and positions (as FAISS computes them on one OpenMP thread, see
+        :mod:`~langchain_rse.stores.half_scan`). Over a flat index (``IndexFlatL2`` or
         ``IndexFlatIP``) it scans a half-precision copy of the vectors and then the exact
         vectors of the candidates only (:func:`~langchain_rse.stores.half_scan.exact_search`);
         the copy is made at the first search and follows the store's writes."""
@@ -64,9 +69,11 @@ class LocalFAISS(FAISS):
         copy = self._half
         if copy is None or not copy.synced(index):
             with _BUILDING:  # one search makes it; the others wait for it
-                copy = self._half
+                copy, start = self._half, time.perf_counter()
                 if copy is None or copy.source is not index or copy.n > index.ntotal:
                     copy = HalfCopy.of(index)
+                    logger.debug("half-precision copy of %d vectors made in %.2f s", copy.n,
+                                 time.perf_counter() - start)  # fmt: skip
                 elif copy.n < index.ntotal:  # added since (FAISS appends): copy only those
                     copy = copy.extend()
                 self._half = copy

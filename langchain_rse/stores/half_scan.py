@@ -6,7 +6,10 @@ machine). :class:`HalfCopy` keeps the same vectors in half precision (an
 ``IndexScalarQuantizer`` of FAISS, ``QT_fp16``) and :func:`exact_search` scans that copy
 first, then computes the exact distances of the few vectors that can still be among the
 ``k`` nearest, with the flat index's own code: the same hits and the same distances as
-``index.search``, in the same order.
+``index.search`` on one OpenMP thread (the retriever's ``faiss_threads=1``), in the same
+order. (On more threads FAISS splits one query's scan over them and computes its distances
+another way, which differs in the last bits: there the hits can differ only between
+distances that close.)
 
 Why that is exact: rounding a vector ``x`` to half precision moves it by at most ``E``
 (the largest ``||x - half(x)||``, measured on the vectors as FAISS stores them), so by the
@@ -97,8 +100,9 @@ class HalfCopy:
 
 def exact_search(copy: HalfCopy, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """``copy.source.search(vector, k)`` for one query vector (shape ``(1, d)``, float32):
-    the same distances and positions, reading the half-precision copy whole and the flat
-    index only at the candidates (see the module docstring)."""
+    the same distances and positions as that search on one OpenMP thread, reading the
+    half-precision copy whole and the flat index only at the candidates (see the module
+    docstring)."""
     import faiss
 
     flat, n = copy.source, copy.n
