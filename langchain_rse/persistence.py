@@ -323,7 +323,7 @@ def load_vectorstore(
                 i: Document(page_content=d["text"], metadata=d["metadata"], id=i)
                 for i, d in zip(data["ids"], data["documents"])
             })  # fmt: skip
-        return FAISS(  # type: ignore[no-any-return]
+        vs = FAISS(
             embedding,
             index,
             store,
@@ -331,6 +331,8 @@ def load_vectorstore(
             normalize_L2=data["normalize_L2"],
             distance_strategy=DistanceStrategy(data["distance_strategy"]),
         )
+        vs.prepare_search()  # at load, not at the first query
+        return vs  # type: ignore[no-any-return]
     raise ValueError(
         f"this index uses an external vector store ({info.get('class')}); "
         "pass it with RSERetriever.load(path, vectorstore=...)"

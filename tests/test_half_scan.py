@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -139,14 +141,25 @@ def test_local_faiss_keeps_the_copy_in_step_with_every_write() -> None:
     assert store._half is None  # its memory handed back
 
 
-def test_the_retriever_returns_the_same_with_and_without_the_copy() -> None:
+def prepared(store: Any) -> bool:
+    """Whether the copy and the position keys are up to date (no search needed)."""
+    keys = store.docstore._hit_keys
+    synced = keys[0] is store.index_to_docstore_id and len(keys[1]) == store.index.ntotal
+    return synced and store._half is not None and store._half.synced(store.index)
+
+
+def test_the_retriever_returns_the_same_with_and_without_the_copy(tmp_path: Path) -> None:
     topics = ["termination", "payment", "confidentiality", "warranty", "liability", "fees"]
-    r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    emb = HashingEmbeddings()
+    r = RSERetriever(vectorstore=default_vectorstore(emb))
     r.add_documents(
         [Document(make_contract(f"c{i}", [topics[i % 6], topics[i * 5 % 6]])) for i in range(40)]
     )
     store = r.vectorstore
     assert isinstance(store, LocalFAISS) and store.index.ntotal > 4 * r.fetch_k
+    assert prepared(store)  # by the write, not left to the first query
+    r.save(tmp_path)
+    assert prepared(RSERetriever.load(tmp_path, embedding=emb).vectorstore)  # and by the load
 
     def run() -> list[list[tuple[str, int, float]]]:
         return [

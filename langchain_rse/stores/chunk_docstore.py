@@ -61,7 +61,7 @@ class ChunkDocstore(Docstore, AddableMixin):
         self._key_at: dict[int, tuple[int, ...]] = {}  # by id() of a key tuple in _schemas
         self._doc_rows: dict[str, np.ndarray] | None = None  # FAISS positions by doc id
         # The position map of a FAISS store and the chunk key of each of its positions
-        # (see `_position_keys`); one attribute, so it is read whole.
+        # (see `position_keys`); one attribute, so it is read whole.
         self._hit_keys: tuple[dict[int, str] | None, list[str | None]] = (None, [])
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
@@ -89,7 +89,7 @@ class ChunkDocstore(Docstore, AddableMixin):
 
         ``moved``, from a store that deletes these ids' vectors: ``(old map, new map,
         removed positions)``, the positions ascending and the later ones moved up, so the
-        cached keys of the other chunks follow them (see :meth:`_position_keys`) instead of
+        cached keys of the other chunks follow them (see :meth:`position_keys`) instead of
         being dropped."""
         missing = set(ids).difference(self._rows)
         if missing:
@@ -140,7 +140,7 @@ class ChunkDocstore(Docstore, AddableMixin):
         else:
             found = [relevance(score) for score in scores[0].tolist()]
         mapping = vectorstore.index_to_docstore_id
-        keys = self._position_keys(mapping)
+        keys = self.position_keys(mapping)
         out = []
         for position, score in zip(indices[0].tolist(), found):
             key = keys[position] if 0 <= position < len(keys) else None  # -1: fewer than k
@@ -150,7 +150,7 @@ class ChunkDocstore(Docstore, AddableMixin):
                 out.append((key, score))
         return out
 
-    def _position_keys(self, mapping: dict[int, str]) -> list[str | None]:
+    def position_keys(self, mapping: dict[int, str]) -> list[str | None]:
         """The chunk key of each FAISS position of ``mapping`` (a store's
         ``index_to_docstore_id``; None where no row is stored).
 

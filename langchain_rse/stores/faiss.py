@@ -55,7 +55,25 @@ class LocalFAISS(FAISS):
         :mod:`~langchain_rse.stores.half_scan`). Over a flat index (``IndexFlatL2`` or
         ``IndexFlatIP``) it scans a half-precision copy of the vectors and then the exact
         vectors of the candidates only (:func:`~langchain_rse.stores.half_scan.exact_search`);
-        the copy is made at the first search and follows the store's writes."""
+        the copy follows the store's writes (see :meth:`prepare_search`)."""
+        copy = self._synced_half()
+        if copy is None:
+            return self.index.search(vector, k)  # type: ignore[no-any-return]
+        return exact_search(copy, vector, k)
+
+    def prepare_search(self) -> None:
+        """Bring what :meth:`search_vectors` and the retriever's dense branch read up to
+        date now rather than at the next search: the half-precision copy (made, or extended
+        by the vectors added since) and a ``ChunkDocstore``'s key of every position. The
+        retriever calls it after its writes and when it loads an index, holding its write
+        lock; a search that finds them behind brings them up to date itself."""
+        self._synced_half()
+        if isinstance(self.docstore, ChunkDocstore):
+            self.docstore.position_keys(self.index_to_docstore_id)
+
+    def _synced_half(self) -> HalfCopy | None:
+        """The half-precision copy of the index as it is now; None for an index other than
+        an L2 or inner-product flat one, or with :attr:`half_precision_scan` off."""
         import faiss
 
         index = self.index
@@ -65,7 +83,7 @@ class LocalFAISS(FAISS):
         )
         if not (flat and self.half_precision_scan):
             self._half = None  # (a copy made before the flag was cleared)
-            return index.search(vector, k)  # type: ignore[no-any-return]
+            return None
         copy = self._half
         if copy is None or not copy.synced(index):
             with _BUILDING:  # one search makes it; the others wait for it
@@ -77,7 +95,7 @@ class LocalFAISS(FAISS):
                 elif copy.n < index.ntotal:  # added since (FAISS appends): copy only those
                     copy = copy.extend()
                 self._half = copy
-        return exact_search(copy, vector, k)
+        return copy
 
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> bool | None:
         """Delete by id, as ``FAISS.delete`` does: every id must be present (else a
