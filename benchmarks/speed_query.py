@@ -336,8 +336,8 @@ def cold_caches(retriever: RSERetriever) -> None:
     queries pay for reading the documents they return (before 2026-12-02, session 5, the
     stage breakdown ran the latency runs' queries again, with every body cached). From
     session 15 to 16 it also dropped the FAISS docstore's chunk keys, then cached per hit;
-    since session 17 the docstore builds every position's key at the first search after a
-    write, and this leaves them."""
+    since session 17 the docstore builds every position's key with the writes, and this
+    leaves them."""
     records = retriever._records
     records._pointers.clear()
     records._bodies.clear()

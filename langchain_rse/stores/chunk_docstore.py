@@ -157,8 +157,9 @@ class ChunkDocstore(Docstore, AddableMixin):
         Building a hit's key reads the position map, the chunk's row and its fields, and
         formats the key: slow reads once an exact scan has flushed the CPU caches, where a
         key in this list is one read. The list is made for a new map and follows it as the
-        store changes it: an add appends positions to the map in place (the first search
-        after it makes a longer list, copying this one and building the new keys only);
+        store changes it: an add appends positions to the map in place (the next call makes
+        a longer list, copying this one and building the new keys only: the retriever calls
+        it through ``LocalFAISS.prepare_search`` after its writes, else a search does);
         ``LocalFAISS``'s delete moves the keys up with their positions (see
         :meth:`delete`); any other new map (such as LangChain's ``FAISS.delete`` builds)
         gets a new list. A list, once published, is never changed by a search, so
