@@ -150,16 +150,17 @@ class ChunkDocstore(Docstore, AddableMixin):
                 out.append((key, score))
         return out
 
-    def position_keys(self, mapping: dict[int, str]) -> list[str | None]:
+    def position_keys(self, mapping: dict[int, str], writing: bool = False) -> list[str | None]:
         """The chunk key of each FAISS position of ``mapping`` (a store's
         ``index_to_docstore_id``; None where no row is stored).
 
         Building a hit's key reads the position map, the chunk's row and its fields, and
         formats the key: slow reads once an exact scan has flushed the CPU caches, where a
         key in this list is one read. The list is made for a new map and follows it as the
-        store changes it: an add appends positions to the map in place (the next call makes
-        a longer list, copying this one and building the new keys only: the retriever calls
-        it through ``LocalFAISS.prepare_search`` after its writes, else a search does);
+        store changes it: an add appends positions to the map in place, and the next call
+        builds the new positions' keys only (the retriever calls it through
+        ``LocalFAISS.prepare_search`` after its writes, ``writing``: it extends the list in
+        place, no search running; a search that finds keys missing makes a longer copy);
         ``LocalFAISS``'s delete moves the keys up with their positions (see
         :meth:`delete`); any other new map (such as LangChain's ``FAISS.delete`` builds)
         gets a new list. A list, once published, is never changed by a search, so
@@ -169,8 +170,11 @@ class ChunkDocstore(Docstore, AddableMixin):
         start = len(keys) if of is mapping else 0
         if start < len(mapping):  # a new map, or positions appended to it
             new = [self._key_of(mapping.get(p)) for p in range(start, len(mapping))]
-            keys = keys + new if start else new
-            self._hit_keys = (mapping, keys)
+            if start and writing:
+                keys.extend(new)
+            else:
+                keys = keys + new if start else new
+                self._hit_keys = (mapping, keys)
         elif of is not mapping:  # a new, empty map
             keys = []
             self._hit_keys = (mapping, keys)

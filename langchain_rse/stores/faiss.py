@@ -69,7 +69,7 @@ class LocalFAISS(FAISS):
         lock; a search that finds them behind brings them up to date itself."""
         self._synced_half()
         if isinstance(self.docstore, ChunkDocstore):
-            self.docstore.position_keys(self.index_to_docstore_id)
+            self.docstore.position_keys(self.index_to_docstore_id, writing=True)
 
     def _synced_half(self) -> HalfCopy | None:
         """The half-precision copy of the index as it is now; None for an index other than
