@@ -106,6 +106,7 @@ def exact_search(copy: HalfCopy, vector: np.ndarray, k: int) -> tuple[np.ndarray
     import faiss
 
     flat, n = copy.source, copy.n
+    vector = np.ascontiguousarray(vector, dtype=np.float32)  # FAISS reads its buffer
     if k >= n // _FIRST or math.isinf(copy.error):  # most of the index, or no bound
         return flat.search(vector, k)  # type: ignore[no-any-return]
     ip = flat.metric_type == faiss.METRIC_INNER_PRODUCT
