@@ -111,7 +111,7 @@ class BuildStats:
     bm25_retriever_rss: int | None = None
     lexical_bytes: int = 0  # our BM25 index's arrays
     lexical_segments: int = 0
-    half_bytes: int = 0  # LocalFAISS's half-precision copy of the vectors (first query)
+    half_bytes: int = 0  # LocalFAISS's half-precision copy of the vectors
 
     @property
     def chunks_per_s(self) -> float:

@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 
 
 _BUILDING = threading.Lock()
-"""Held while a search builds or extends a store's half-precision copy."""
+"""Held while a store's half-precision copy is made or extended (by a write's
+``prepare_search`` or a search that finds it behind)."""
 
 
 class LocalFAISS(FAISS):
@@ -86,7 +87,7 @@ class LocalFAISS(FAISS):
             return None
         copy = self._half
         if copy is None or not copy.synced(index):
-            with _BUILDING:  # one search makes it; the others wait for it
+            with _BUILDING:  # one caller makes it; the others wait for it
                 copy, start = self._half, time.perf_counter()
                 if copy is None or copy.source is not index or copy.n > index.ntotal:
                     copy = HalfCopy.of(index)

@@ -114,24 +114,21 @@ def exact_search(copy: HalfCopy, vector: np.ndarray, k: int) -> tuple[np.ndarray
     reach = copy.norm + copy.error  # no vector or copy is farther from the origin
     rounding = 2.0**-22 * flat.d  # relative float32 error of a d-term sum, 4x the usual bound
     fetch = _FIRST * k
-    while True:
-        coarse, positions = copy.index.search(vector, fetch)
-        kth = float(coarse[0, k - 1])
-        last = float(coarse[0, -1])
-        if ip:  # similarities: higher is better
-            slack = rounding * q * reach
-            bar = kth - 4 * slack - 2 * q * copy.error
-            done = last < bar
-        else:  # squared distances: lower is better
-            slack = rounding * (q + reach) ** 2
-            upper = (math.sqrt(kth + slack) + copy.error) ** 2 + slack  # the k-th exact
-            bar = (math.sqrt(upper + slack) + copy.error) ** 2 + slack
-            done = last > bar
-        if done:
-            break
+    coarse, positions = copy.index.search(vector, fetch)
+    kth = float(coarse[0, k - 1])  # the same in every longer fetch: so is the bar
+    if ip:  # similarities: higher is better
+        slack = rounding * q * reach
+        bar = kth - 4 * slack - 2 * q * copy.error
+    else:  # squared distances: lower is better
+        slack = rounding * (q + reach) ** 2
+        upper = (math.sqrt(kth + slack) + copy.error) ** 2 + slack  # the k-th exact
+        bar = (math.sqrt(upper + slack) + copy.error) ** 2 + slack
+    sign = -1.0 if ip else 1.0  # past the bar: below it for similarities, above for distances
+    while sign * float(coarse[0, -1]) <= sign * bar:  # the last hit is not past the bar
         if fetch >= n:  # everything is a candidate
             return flat.search(vector, k)  # type: ignore[no-any-return]
         fetch = min(2 * fetch, n)
+        coarse, positions = copy.index.search(vector, fetch)
     keep = coarse[0] >= bar if ip else coarse[0] <= bar
     candidates = np.ascontiguousarray(positions[:, keep])
     distances = np.empty(candidates.shape, dtype=np.float32)
