@@ -20,6 +20,7 @@ Pure numpy, no I/O.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -133,14 +134,18 @@ def chunk_values(
     ``(doc, chunk_index, relevance)``; a chunk hit twice keeps its best relevance.
     Returns ``(values, offsets)`` with document ``d`` at ``values[offsets[d]:offsets[d+1]]``.
     """
-    offsets = np.zeros(len(num_chunks) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(num_chunks, dtype=np.int64), out=offsets[1:])
+    counts = np.asarray(num_chunks, dtype=np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
     relevance = np.zeros(int(offsets[-1]), dtype=np.float64)
-    for doc, idx, rel in hits:
-        if not 0 <= idx < num_chunks[doc]:
-            raise IndexError(f"chunk {idx} out of range for document {doc}")
-        pos = offsets[doc] + idx
-        relevance[pos] = max(relevance[pos], float(rel))
+    found = list(hits)
+    if found:
+        docs, idx, rel = (np.asarray(x) for x in zip(*found))
+        outside = (idx < 0) | (idx >= counts[docs])
+        if outside.any():
+            at = int(np.argmax(outside))
+            raise IndexError(f"chunk {idx[at]} out of range for document {docs[at]}")
+        np.maximum.at(relevance, offsets[docs] + idx, rel.astype(np.float64))
     return relevance - irrelevant_chunk_penalty, offsets
 
 
@@ -159,13 +164,20 @@ def best_segments(
     if n == 0 or budget <= 0:
         return []
     prefix = np.concatenate(([0.0], np.cumsum(values)))
-    doc_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    room = offsets[1:][doc_of] - np.arange(n)  # chunks from each start to its document's end
+    at = np.arange(n)
+    room = offsets[np.searchsorted(offsets, at, side="right")] - at  # chunks to the doc's end
     cap = min(int(max_segment_chunks), budget, n)
     runs = np.full((n, cap), -np.inf)  # runs[i, l - 1]: the run [i, i + l) inside one document
-    for length in range(1, cap + 1):
+    runs[:, 0] = values  # every chunk is a run
+    # A longer run that starts on a negative chunk or ends on a chunk worth at most 0 is
+    # never picked: the run without that chunk is worth more (or as much, and comes first),
+    # and whatever rules it out rules the longer one out too. Leaving them out leaves the
+    # picks as they are and the sort short.
+    starts = values >= 0
+    for length in range(2, cap + 1):
         run = prefix[length:] - prefix[:-length]
-        runs[: run.size, length - 1] = np.where(room[: run.size] >= length, run, -np.inf)
+        ok = (room[: run.size] >= length) & starts[: run.size] & (values[length - 1 :] > 0)
+        runs[: run.size, length - 1] = np.where(ok, run, -np.inf)
     # Runs never change value; a pick only rules out the runs that overlap it or no longer
     # fit the budget. So the greedy picks are the runs worth at least the floor, in the order
     # best value, then first start, then shortest (start-major runs, sorted stably), that are
@@ -175,6 +187,7 @@ def best_segments(
     worthy = np.flatnonzero(flat >= min_segment_value)
     worth = flat[worthy]
     taken = bytearray(n)
+    firsts = offsets.tolist()
     segments: list[Segment] = []
     while worthy.size and budget > 0:
         head = np.ones(worthy.size, dtype=bool)
@@ -189,8 +202,8 @@ def best_segments(
             if length > budget or taken.find(1, i, i + length) != -1:
                 continue
             taken[i : i + length] = b"\x01" * length
-            doc = int(doc_of[i])
-            start = i - int(offsets[doc])
+            doc = bisect_right(firsts, i) - 1
+            start = i - firsts[doc]
             segments.append(Segment(doc, start, start + length, v))
             budget -= length
             if budget == 0:
@@ -228,7 +241,9 @@ def by_best_chunk(segments: Sequence[Segment], values: np.ndarray, offsets: np.n
     decides which segments :func:`best_segments` picks; a reader (and a budget cut) wants
     the most relevant text first, and a run of several middling chunks can be worth more
     in total than one exact hit."""
-    return sorted(
-        segments,
-        key=lambda g: -float(values[offsets[g.doc] + g.start : offsets[g.doc] + g.end].max()),
-    )
+    if not segments:
+        return []
+    firsts = offsets.tolist()
+    bounds = [firsts[g.doc] + x for g in segments for x in (g.start, g.end)]
+    best = np.maximum.reduceat(np.append(values, -np.inf), bounds)[::2].tolist()
+    return [segments[i] for i in sorted(range(len(segments)), key=lambda i: -best[i])]

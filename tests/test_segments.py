@@ -74,6 +74,24 @@ def test_matches_brute_force_when_the_first_batch_of_runs_runs_out(seed: int) ->
     ]
 
 
+@pytest.mark.parametrize("seed", range(200))
+def test_matches_brute_force_with_ties_and_zero_valued_chunks(seed: int) -> None:
+    """Values in quarters (sums exact, so runs tie) with zeros among them, and floors
+    below zero: runs that start or end on a chunk worth nothing or less, which the search
+    leaves out, are never the pick."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 12, size=rng.integers(1, 4))
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    values = rng.choice([-0.5, -0.25, 0.0, 0.25, 0.5], size=offsets[-1])
+    max_len, max_total = int(rng.integers(1, 7)), int(rng.integers(1, 16))
+    min_value = float(rng.choice([-0.5, -0.25, 0.0, 0.25, 0.5]))
+    got = best_segments(values, offsets, max_len, max_total, min_value)
+    want = brute_force(list(values), list(offsets), max_len, max_total, min_value)
+    assert [(offsets[s.doc] + s.start, offsets[s.doc] + s.end) for s in got] == [
+        (a, b) for a, b, _ in want
+    ]
+
+
 def test_invariants_on_a_large_random_case() -> None:
     rng = np.random.default_rng(1)
     counts = rng.integers(1, 400, size=60)
