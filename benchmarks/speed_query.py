@@ -439,7 +439,7 @@ def stage_targets(store: FAISS) -> list[tuple[str, Any, str]]:
         ("dense search (SearchBranches.dense, k=fetch_k)", langchain_rse.search.SearchBranches,
          "dense"),
         ("  faiss index search", *_dense_search(store)),
-        ("lexical search (BM25Index.search)", langchain_rse.lexical.BM25Index, "search"),
+        ("lexical search (BM25Index.ranked)", langchain_rse.lexical.BM25Index, "ranked"),
         ("  tokenize query", langchain_rse.lexical, "tokenize"),
         ("  BM25 scoring + top-k (IncrementalBM25.top)", langchain_rse.bm25.IncrementalBM25, "top"),
         ("fusion (pipeline.candidates: RRF + chunk keys)", langchain_rse.pipeline, "candidates"),

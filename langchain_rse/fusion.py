@@ -1,7 +1,12 @@
 """Fusing ranked lists from several retrieval branches — pure functions.
 
 Each branch is a best-first list of ``(id, score)`` pairs (``score`` may be ``None``
-when a branch only gives ranks). Results are deduplicated by id, never by text.
+when a branch only gives ranks). Results are deduplicated by id, never by text. The
+in-process indexes return :class:`Ranked` branches instead: positions in the index, whose
+keys are read only for the hits fusion keeps, and each hit's key id (``hash`` of its
+key, kept by the index), by which the hits of the branches are matched in one array sort;
+hits matched by a shared key id have their keys compared, so two keys that share one are
+never merged.
 
 * ``"rrf"`` — weighted reciprocal rank fusion: ``sum_b w_b / (c + rank_b)``, ranks
   starting at 1, ``c = 60`` by default (Cormack et al., 2009).
@@ -21,12 +26,23 @@ weights BM25 as much as the dense branch (exact identifiers are BM25's strength)
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Literal, NamedTuple, overload
 
 import numpy as np
 
-__all__ = ["CODE_CORPUS", "Fused", "FusedHit", "FusionMethod", "fuse", "fused", "quotes_code"]
+__all__ = [
+    "CODE_CORPUS",
+    "NO_KEY",
+    "Fused",
+    "FusedHit",
+    "FusionMethod",
+    "Ranked",
+    "fuse",
+    "fused",
+    "key_ids",
+    "quotes_code",
+]
 
 FusionMethod = Literal["rrf", "relative_score", "dist_based"]
 
@@ -59,7 +75,74 @@ class FusedHit(NamedTuple):
     ranks: tuple[int | None, ...]
 
 
+NO_KEY = -1
+"""The key id of a position that holds no chunk of ours (``hash`` never returns -1)."""
+
+
+def key_ids(keys: Iterable[str | None]) -> np.ndarray:
+    """The key id of each key (``hash(key)``, 64 bits), :data:`NO_KEY` for None or "": the
+    ids :class:`Ranked` branches are fused by. Ids are equal for equal keys within one
+    process; two keys may share one (about 3e-8 for some pair among 1M keys), which
+    :func:`fused` checks before it merges hits."""
+    return np.fromiter((hash(k) if k else NO_KEY for k in keys), dtype=np.int64)
+
+
+class Ranked(Sequence[tuple[str, float]]):
+    """A branch's hits, best first, kept as arrays: hit ``i`` is the chunk ``keys[at[i]]``
+    with score ``scores[i]`` and key id ``ids[i]`` (see :func:`key_ids`). A sequence of
+    ``(key, score)`` pairs like any branch, but :func:`fused` reads the keys of the hits
+    it keeps only: an index holds each position's key and key id, and a search returns
+    positions."""
+
+    __slots__ = ("at", "ids", "keys", "scores")
+
+    def __init__(
+        self, keys: Sequence[str | None], at: np.ndarray, ids: np.ndarray, scores: np.ndarray
+    ) -> None:
+        if not len(at) == len(ids) == len(scores):
+            raise ValueError("a ranked branch needs as many positions, ids and scores")
+        self.keys, self.at, self.ids = keys, at, ids
+        self.scores = np.asarray(scores, dtype=np.float64)
+
+    @classmethod
+    def empty(cls) -> Ranked:
+        """A branch with no hits."""
+        return cls([], np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.int64), np.zeros(0))
+
+    def key(self, i: int) -> str:
+        """The key of hit ``i``."""
+        return self.keys[int(self.at[i])]  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, float]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[str, float]]: ...
+    def __getitem__(self, i: int | slice) -> tuple[str, float] | list[tuple[str, float]]:
+        if isinstance(i, slice):
+            keys = self.keys
+            return [(keys[p], x) for p, x in zip(self.at[i].tolist(), self.scores[i].tolist())]  # type: ignore[misc]
+        return self.key(i), float(self.scores[i])
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        return iter(self[:])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Ranked, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Ranked({self[:]!r})"
+
+
 def _branch_scores(branch: Branch) -> np.ndarray:
+    if isinstance(branch, Ranked):
+        return branch.scores
     if any(s is None for _, s in branch):
         return 1.0 / np.arange(1, len(branch) + 1, dtype=np.float64)
     return np.asarray([s for _, s in branch], dtype=np.float64)
@@ -78,16 +161,23 @@ def _normalise(scores: np.ndarray, method: FusionMethod) -> np.ndarray:
     return np.clip((scores - lo) / (hi - lo), 0.0, 1.0)
 
 
-class Fused(NamedTuple):
-    """Every id the branches returned, in order of first appearance (``ids``), with its
-    fused score, its 1-based rank in each branch (``ranks[b]``; 0 where branch ``b`` lacks
-    it) and the ranking (``order``: positions in ``ids``, best first). The arrays stay
-    arrays until :meth:`top` builds the few :class:`FusedHit`\\ s a caller keeps."""
+class Fused:
+    """Every id the branches returned, numbered in order of first appearance, with its
+    fused score (``scores``), its 1-based rank in each branch (``ranks[b]``; 0 where branch
+    ``b`` lacks it) and the ranking (``order``: id numbers, best first). Keys are read
+    when asked for (:meth:`top`, :meth:`ranked_ids`, :attr:`ids`): for :class:`Ranked`
+    branches, from the index only for the hits a caller keeps."""
 
-    ids: list[str]
-    scores: np.ndarray
-    ranks: np.ndarray
-    order: np.ndarray
+    __slots__ = ("_keys", "order", "ranks", "scores")
+
+    def __init__(self, keys: Callable[[list[int]], list[str]], scores: np.ndarray,
+                 ranks: np.ndarray, order: np.ndarray) -> None:  # fmt: skip
+        self._keys, self.scores, self.ranks, self.order = keys, scores, ranks, order
+
+    @property
+    def ids(self) -> list[str]:
+        """The key of every id number."""
+        return self._keys(list(range(len(self.scores))))
 
     def top(self, n: int | None = None) -> list[FusedHit]:
         """The first ``n`` hits of the ranking (all of them without ``n``)."""
@@ -97,7 +187,7 @@ class Fused(NamedTuple):
         return [
             new(FusedHit, hit)
             for hit in zip(
-                [self.ids[i] for i in at.tolist()],
+                self._keys(at.tolist()),
                 self.scores[at].tolist(),
                 zip(*([r or None for r in column] for column in ranks)),
             )
@@ -105,14 +195,70 @@ class Fused(NamedTuple):
 
     def ranked_ids(self, n: int | None = None) -> list[str]:
         """The ids of the first ``n`` hits of the ranking."""
-        return [self.ids[i] for i in self.order[:n].tolist()]
+        return self._keys(self.order[:n].tolist())
 
     def boosted(self, favoured: np.ndarray, factor: float) -> Fused:
         """The scores of the ids where ``favoured`` (a boolean per id) multiplied by
         ``factor``, and the ranking re-sorted by them (ties keep this ranking's order)."""
         scores = np.where(favoured, self.scores * factor, self.scores)
         order = self.order[np.argsort(-scores[self.order], kind="stable")]
-        return self._replace(scores=scores, order=order)
+        return Fused(self._keys, scores, self.ranks, order)
+
+
+class _Numbering(NamedTuple):
+    """The branches' hits numbered by id: each branch's id numbers (``labels``), the first
+    hit of each id (its index over the branches in turn), whether any id is hit twice,
+    and the keys of id numbers."""
+
+    labels: list[np.ndarray]
+    firsts: np.ndarray
+    repeats: bool
+    keys: Callable[[list[int]], list[str]]
+
+
+def _by_key(branches: Sequence[Branch]) -> _Numbering:
+    """Ids numbered in order of first appearance, by key."""
+    first: dict[str, int] = {}
+    labels = [
+        np.fromiter((first.setdefault(hit[0], len(first)) for hit in branch), dtype=np.intp,
+                    count=len(branch))
+        for branch in branches
+    ]  # fmt: skip
+    ids = list(first)
+    hits = sum(len(x) for x in labels)
+    return _Numbering(labels, np.arange(len(ids)), len(ids) < hits, lambda at: [ids[i] for i in at])
+
+
+def _by_key_id(branches: Sequence[Ranked]) -> _Numbering | None:
+    """Ids numbered in order of key id (one sort of the hits' key ids); None when two hits
+    share a key id but not a key (then they must be told apart by key)."""
+    flat = np.concatenate([b.ids for b in branches])
+    order = np.argsort(flat, kind="stable")  # stable: each id's first hit leads its run
+    sorted_ids = flat[order]
+    head = np.empty(len(flat), dtype=bool)
+    head[:1] = True
+    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=head[1:])
+    labels = np.empty(len(flat), dtype=np.intp)
+    labels[order] = np.cumsum(head) - 1
+    firsts = order[head]
+    bounds = np.cumsum([0, *(len(b) for b in branches)])
+    where = np.concatenate([b.at for b in branches])  # each hit's key position
+
+    def hit_keys(hits: np.ndarray) -> list[str]:
+        owner = (np.searchsorted(bounds, hits, side="right") - 1).tolist()
+        lists = [b.keys for b in branches]
+        return [lists[b][p] for b, p in zip(owner, where[hits].tolist())]  # type: ignore[misc]
+
+    def keys(at: list[int]) -> list[str]:
+        return hit_keys(firsts[at])
+
+    repeats = len(firsts) < len(flat)
+    if repeats:  # hits merged with another: their keys must match
+        shared = np.flatnonzero(np.bincount(labels)[labels] > 1)
+        if hit_keys(shared) != keys(labels[shared].tolist()):
+            return None
+    ends = bounds.tolist()
+    return _Numbering([labels[a:b] for a, b in zip(ends, ends[1:])], firsts, repeats, keys)
 
 
 def fused(
@@ -121,7 +267,9 @@ def fused(
     method: FusionMethod = "rrf",
     rrf_k: float = 60.0,
 ) -> Fused:
-    """Fuse best-first ranked lists into one ranking of unique ids (see :func:`fuse`)."""
+    """Fuse best-first ranked lists into one ranking of unique ids (see :func:`fuse`).
+    When every branch is :class:`Ranked`, hits are matched by key id (one array sort) and
+    only the keys of hits that share one are compared; otherwise by key."""
     if weights is None:
         weights = [1.0] * len(branches)
     if len(weights) != len(branches):
@@ -133,25 +281,24 @@ def fused(
     if rrf_k < 0:
         raise ValueError(f"rrf_k must be non-negative, got {rrf_k}")
 
-    # Each id's position in order of first appearance across the branches, per branch.
-    first: dict[str, int] = {}
-    positions = [[first.setdefault(hit[0], len(first)) for hit in branch] for branch in branches]
-    totals = np.zeros(len(first))
-    ranks = np.zeros((len(branches), len(first)), dtype=np.intp)  # 0: not in the branch
-    for b, (branch, pos, weight) in enumerate(zip(branches, positions, weights)):
-        if pos:
-            ids = np.asarray(pos, dtype=np.intp)
-            if len(set(pos)) == len(pos):
-                at = np.arange(len(pos))
-            else:  # duplicates inside a branch keep their first (best) rank
+    numbered = None
+    if branches and all(isinstance(b, Ranked) for b in branches):
+        numbered = _by_key_id(branches)  # type: ignore[arg-type]
+    labels, firsts, repeats, keys = numbered or _by_key(branches)
+    totals = np.zeros(len(firsts))
+    ranks = np.zeros((len(branches), len(firsts)), dtype=np.intp)  # 0: not in the branch
+    for b, (branch, ids, weight) in enumerate(zip(branches, labels, weights)):
+        if len(ids):
+            at = np.arange(len(ids))
+            if repeats and np.bincount(ids).max() > 1:  # repeats in a branch: the first counts
                 ids, at = np.unique(ids, return_index=True)
             if method == "rrf":
                 totals[ids] += weight / (rrf_k + (at + 1.0))
             else:
                 totals[ids] += (weight * _normalise(_branch_scores(branch), method))[at]
             ranks[b, ids] = at + 1
-    order = np.argsort(-totals, kind="stable")  # ties keep the order of first appearance
-    return Fused(list(first), totals, ranks, order)
+    order = np.lexsort((firsts, -totals))  # ties: the order of first appearance
+    return Fused(keys, totals, ranks, order)
 
 
 def fuse(

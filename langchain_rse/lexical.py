@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from langchain_rse.bm25 import IncrementalBM25, Segment
+from langchain_rse.fusion import Ranked
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
 
@@ -326,15 +327,21 @@ class BM25Index:
         the group's ``doc_id`` added (its name up to the last ``\x1f``: the doc id of the
         retriever's chunk keys), checked before the top ``k`` is cut, so a selective filter
         still gets ``k``."""
+        return self.ranked(query, k, allowed)[:]
+
+    def ranked(
+        self, query: str, k: int, allowed: Callable[[dict[str, Any]], bool] | None = None
+    ) -> Ranked:
+        """:meth:`search`'s hits as a :class:`~langchain_rse.fusion.Ranked` branch (keys
+        read only when asked for)."""
         q = tokenize(query, self.stemmer)
         if not q or k <= 0:
-            return []
+            return Ranked.empty()
         with self._rw.read():
             bm = self._bm25
             keep = None if allowed is None else (lambda docs: self._allowed(docs, allowed))
             docs, scores = bm.top(bm.term_ids(q, grow=False), k, keep)
-            keys = bm.keys
-            return [(keys[d], s) for d, s in zip(docs.tolist(), scores.tolist())]  # type: ignore[misc]
+            return Ranked(bm.keys, docs, bm.key_id[docs], scores)
 
     def _allowed(self, docs: np.ndarray, allowed: Callable[[dict[str, Any]], bool]) -> np.ndarray:
         """Which of ``docs`` have a group ``allowed`` accepts (one call per group)."""

@@ -57,7 +57,7 @@ READ_ATTEMPTS = 3
 """Times a query re-reads when documents change under it."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Candidate:
     """A fused candidate chunk on its way to RSE."""
 
@@ -162,14 +162,14 @@ class Route:
 
 
 def branches_of(
-    dense: Sequence[DenseResult], lexical: Sequence[list[Hit]]
-) -> tuple[list[list[Hit]], dict[str, str]]:
+    dense: Sequence[DenseResult], lexical: Sequence[Sequence[Hit]]
+) -> tuple[list[Sequence[Hit]], dict[str, str]]:
     """The fused branches in order (each query's dense, then lexical, hits) and the texts
     the dense branches returned."""
-    branches: list[list[Hit]] = []
+    branches: list[Sequence[Hit]] = []
     texts: dict[str, str] = {}
     for d, lex in zip(dense, lexical):
-        branches += [d.hits, list(lex)]
+        branches += [d.hits, lex]
         texts.update(d.texts)
     return branches, texts
 
@@ -177,7 +177,7 @@ def branches_of(
 def confirmed_route(
     s: QuerySettings,
     dense: Sequence[DenseResult],
-    lexical: Sequence[list[Hit]],
+    lexical: Sequence[Sequence[Hit]],
     routed: set[str] | None,
     router: DocumentRouter | None,
 ) -> set[str] | None:
@@ -193,7 +193,7 @@ def confirmed_route(
 def candidates(
     s: QuerySettings,
     dense: Sequence[DenseResult],
-    lexical: Sequence[list[Hit]],
+    lexical: Sequence[Sequence[Hit]],
     routed: set[str] | None = None,
     router: DocumentRouter | None = None,
     confirmed: bool = False,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -127,14 +127,16 @@ def sync_only(vectorstore: VectorStore) -> bool:
 
 @dataclass
 class DenseResult:
-    hits: list[Hit]
+    hits: Sequence[Hit]
+    """``(chunk key, score)`` best first; a :class:`~langchain_rse.fusion.Ranked` from the
+    default store."""
     texts: dict[str, str] = field(default_factory=dict)
     """Enriched index text of each hit, when the store returned it (saves a read)."""
 
 
-Found = tuple[list[DenseResult], list[list[Hit]], "set[str] | None"]
+Found = tuple[list[DenseResult], list[Sequence[Hit]], "set[str] | None"]
 """Each query's dense and lexical results, and the routed documents (None: no route)."""
-Focused = tuple[str, DenseResult, list[Hit]]
+Focused = tuple[str, DenseResult, Sequence[Hit]]
 """A focus search: the focus text, its dense and its lexical results."""
 
 
@@ -234,11 +236,11 @@ class SearchBranches:
         dense_search: Callable[[SearchRequest], DenseResult] = (
             (lambda r: self.dense_runnable.invoke(r, config)) if traced else self.dense
         )
-        lexical_search: Callable[[SearchRequest], list[Hit]] = (
+        lexical_search: Callable[[SearchRequest], Sequence[Hit]] = (
             (lambda r: self.lexical_runnable.invoke(r, config)) if traced else self.lexical_search
         )
 
-        def lexical_and_route() -> tuple[list[list[Hit]], set[str] | None]:
+        def lexical_and_route() -> tuple[list[Sequence[Hit]], set[str] | None]:
             lexical = [lexical_search(r) for r in requests]
             return lexical, router.route(queries[0], config, traced) if router else None
 
@@ -300,13 +302,13 @@ class SearchBranches:
             return None
         return f
 
-    def lexical_search(self, request: SearchRequest) -> list[Hit]:
+    def lexical_search(self, request: SearchRequest) -> Sequence[Hit]:
         f, query = request["filter"], request["query"]
         if self.lexical_store is None:
             if self.before_lexical is not None:
                 self.before_lexical()
             allowed = None if f is None else (lambda metadata: matches(f, metadata))
-            return list(self.lexical.search(query, self.k, allowed))
+            return self.lexical.ranked(query, self.k, allowed)
         kw = search_kwargs(self.lexical_store, f, self.translator)
         hits = self.lexical_store.similarity_search_with_score(query, k=self.k, **kw)
         return _keyed([(doc, float(score)) for doc, score in hits])[0]

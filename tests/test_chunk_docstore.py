@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from langchain_core.documents import BaseDocumentCompressor, Document
 
@@ -214,11 +215,11 @@ def test_cached_hit_keys_follow_adds_and_deletes() -> None:
             expected = [key_of(d) for d, _ in found if key_of(d) is not None]
             for _ in range(2):  # keys built (if the map changed), then read
                 assert [k for k, _ in store.docstore.search_index(store, q, n)] == expected
-        _, cached = store.docstore._hit_keys
+        cached = store.docstore._hit_keys[1]
         assert sum(k is not None for k in cached) == n  # every position's key
 
     def cached() -> int:
-        of, keys = vs.docstore._hit_keys
+        of, keys, _ = vs.docstore._hit_keys
         assert of is vs.index_to_docstore_id
         return sum(k is not None for k in keys)
 
@@ -227,9 +228,11 @@ def test_cached_hit_keys_follow_adds_and_deletes() -> None:
             for i in range(3)]  # fmt: skip
     new = r.add_documents(more)  # positions appended in place, their keys made by the write
     first = stored_metadata(vs)[0]["doc_id"]
-    _, kept = vs.docstore._hit_keys
+    kept = vs.docstore._hit_keys[1]
+    before = list(kept)
     r.delete([first])  # LocalFAISS.delete: a new map, the keys carried over (moved up)
-    assert vs.docstore._hit_keys[1] is kept and cached() == vs.index.ntotal
+    assert kept == before  # into a new list: hits of a finished search still read the old one
+    assert vs.docstore._hit_keys[1] is not kept and cached() == vs.index.ntotal
     check()
     vs.add_texts(["fees notice term"], metadatas=[{"source": "elsewhere"}])  # not ours
     check()
@@ -284,8 +287,28 @@ def test_cached_hit_keys_under_concurrent_searches() -> None:
         for q in queries
     }
     for _ in range(5):
-        vs.docstore._hit_keys = (None, [])
+        vs.docstore._hit_keys = (None, [], np.zeros(0, dtype=np.int64))
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda q: [k for k, _ in vs.docstore.search_index(vs, q, n)],
                                 queries * 3))  # fmt: skip
         assert got == [expected[q] for q in queries * 3]
+
+
+def test_hits_keep_their_keys_after_a_delete_moves_positions() -> None:
+    """The dense branch returns FAISS positions and fusion reads their keys after the
+    search's lock: a delete that moves the positions up does so in new lists, so the hits
+    of a search that ended before it still name the chunks FAISS found."""
+    from langchain_rse.fusion import key_ids
+
+    r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    r.add_documents(docs())
+    vs: Any = r.vectorstore
+    n = vs.index.ntotal
+    hits = vs.docstore.search_index(vs, "termination fees", n)
+    before = list(hits)
+    assert len(before) == n and hits.ids.tolist() == key_ids(k for k, _ in before).tolist()
+    first = stored_metadata(vs)[0]["doc_id"]
+    r.delete([first])  # positions after its chunks move up
+    assert vs.index.ntotal < n and list(hits) == before
+    after = [k for k, _ in vs.docstore.search_index(vs, "termination fees", n)]
+    assert after == [k for k, _ in before if not k.startswith(first + "\x1f")]

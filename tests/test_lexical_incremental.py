@@ -313,3 +313,23 @@ def test_the_score_floor_never_passes_the_kth_best() -> None:
             assert cut == 0.0
         if n == 100_000:
             assert cut > 0 and (scores >= cut).sum() < n // 20
+
+
+def test_hits_read_their_keys_after_the_index_changes() -> None:
+    """A search returns positions whose keys fusion reads later, outside the index's lock:
+    deleting, replacing and compacting after the search leave its hits' keys as they were,
+    and each hit's key id is its key's."""
+    from langchain_rse.fusion import key_ids
+
+    index = BM25Index(**SMALL)  # type: ignore[arg-type]
+    index.add([f"c{i}" for i in range(30)], ["kata lota" if i % 3 else "kata" for i in range(30)])
+    hits = index.ranked("kata lota", 10)
+    before = list(hits)
+    assert before == index.search("kata lota", 10) and len(before) == 10
+    assert hits.ids.tolist() == key_ids(k for k, _ in before).tolist()
+    index.delete([k for k, _ in before[:5]])
+    index.add([before[5][0]], ["mita"])  # replaced: a new document number
+    index.delete([f"c{i}" for i in range(0, 30, 2)])  # dead outnumber live: renumbered
+    assert index._bm25.n_docs == len(index)  # compacted
+    assert list(hits) == before
+    assert all(k not in {h for h, _ in index.search("kata lota", 30)} for k, _ in before[:6])

@@ -23,6 +23,7 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 
 from langchain_rse.chunking import chunk_key
+from langchain_rse.fusion import NO_KEY, Ranked, key_ids
 
 with warnings.catch_warnings():  # langchain-community warns on import
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -32,6 +33,11 @@ __all__ = ["ChunkDocstore", "delete_runs"]
 
 _KEY_FIELDS = ("doc_id", "doc_version", "chunk_index")
 """The metadata that names a chunk of the retriever (its chunk key)."""
+
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
+HitKeys = tuple["dict[int, str] | None", "list[str | None]", np.ndarray]
+"""A position map, the chunk key of each of its positions, and their key ids."""
 
 _ARITHMETIC = (
     VectorStore._euclidean_relevance_score_fn,
@@ -60,9 +66,9 @@ class ChunkDocstore(Docstore, AddableMixin):
         self._schemas: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._key_at: dict[int, tuple[int, ...]] = {}  # by id() of a key tuple in _schemas
         self._doc_rows: dict[str, np.ndarray] | None = None  # FAISS positions by doc id
-        # The position map of a FAISS store and the chunk key of each of its positions
-        # (see `position_keys`); one attribute, so it is read whole.
-        self._hit_keys: tuple[dict[int, str] | None, list[str | None]] = (None, [])
+        # The position map of a FAISS store, the chunk key of each of its positions and
+        # their key ids (see `position_keys`); one attribute, so it is read whole.
+        self._hit_keys: HitKeys = (None, [], _NO_IDS)
         for i, m in (metadata or {}).items():
             self._rows[i] = self._row(m)
 
@@ -97,11 +103,15 @@ class ChunkDocstore(Docstore, AddableMixin):
         for i in ids:
             del self._rows[i]
         self._doc_rows = None
-        of, keys = self._hit_keys
-        self._hit_keys = (None, [])  # a cached key may name a deleted row
+        of, keys, key_ids = self._hit_keys
+        self._hit_keys = (None, [], _NO_IDS)  # a cached key may name a deleted row
         if moved is not None and moved[0] is of:
-            delete_runs(keys, moved[2])  # (a no-op past the list's end: never cached)
-            self._hit_keys = (moved[1], keys)
+            # New lists: the hits of a finished search still read the old ones.
+            gone = [p for p in moved[2] if p < len(keys)]  # past the end: never cached
+            key_ids = np.delete(key_ids[: len(keys)], gone)
+            keys = keys.copy()
+            delete_runs(keys, gone)
+            self._hit_keys = (moved[1], keys, key_ids)
 
     def metadata(self, chunk_id: str) -> dict[str, Any] | None:
         """The metadata of one chunk (a new dict), or None when the id is unknown."""
@@ -117,11 +127,13 @@ class ChunkDocstore(Docstore, AddableMixin):
 
     def search_index(
         self, vectorstore: Any, query: str, k: int, docs: set[str] | None = None
-    ) -> list[tuple[str, float]]:
+    ) -> Ranked:
         """``(chunk key, relevance score)`` of the ``k`` nearest chunks in ``vectorstore``
         (a LangChain ``FAISS`` over this docstore), best first, the same hits and scores
         as its ``_similarity_search_with_relevance_scores`` without building a
-        ``Document`` per hit (the retriever's dense branch needs only the keys). With
+        ``Document`` per hit (the retriever's dense branch needs only the keys), as a
+        :class:`~langchain_rse.fusion.Ranked` branch: positions whose keys are read when
+        fusion keeps them. With
         ``docs``, only chunks of those doc ids: FAISS searches just their vectors (an ID
         selector over their positions, indexed once per version of the store)."""
         import faiss
@@ -136,49 +148,60 @@ class ChunkDocstore(Docstore, AddableMixin):
             scores, indices = self._search_docs(vectorstore, vector, k, docs)
         relevance = vectorstore._select_relevance_score_fn()
         if relevance in _ARITHMETIC:  # 1 - d / c: one array operation for every hit
-            found = relevance(scores[0].astype(np.float64)).tolist()
+            found = relevance(scores[0].astype(np.float64))
         else:
-            found = [relevance(score) for score in scores[0].tolist()]
-        mapping = vectorstore.index_to_docstore_id
-        keys = self.position_keys(mapping)
-        out = []
-        for position, score in zip(indices[0].tolist(), found):
-            key = keys[position] if 0 <= position < len(keys) else None  # -1: fewer than k
-            if key is None:  # no such chunk
-                continue
-            if key:  # "": a chunk the retriever did not write
-                out.append((key, score))
-        return out
+            found = np.asarray([relevance(x) for x in scores[0].tolist()], dtype=np.float64)
+        keys, ids = self._positions(vectorstore.index_to_docstore_id)
+        # -1: fewer than k hits (FAISS positions end with the map: keys were made for all)
+        inside = (indices[0] >= 0) & (indices[0] < len(keys))
+        at, found = indices[0][inside], found[inside]
+        hit_ids = ids[at]
+        ours = hit_ids != NO_KEY  # not: no such row, or a chunk the retriever did not write
+        return Ranked(keys, at[ours], hit_ids[ours], found[ours])
 
     def position_keys(self, mapping: dict[int, str], writing: bool = False) -> list[str | None]:
         """The chunk key of each FAISS position of ``mapping`` (a store's
-        ``index_to_docstore_id``; None where no row is stored).
+        ``index_to_docstore_id``; None where no row is stored, "" for a chunk the retriever
+        did not write).
 
         Building a hit's key reads the position map, the chunk's row and its fields, and
         formats the key: slow reads once an exact scan has flushed the CPU caches, where a
-        key in this list is one read. The list is made for a new map and follows it as the
-        store changes it: an add appends positions to the map in place, and the next call
-        builds the new positions' keys only (the retriever calls it through
+        key in this list is one read. Beside it, each key's id (``fusion.key_ids``), which
+        the retriever fuses hits by, so that a search returns positions and only the hits
+        fusion keeps have their key read. The list is made for a new map and follows it as
+        the store changes it: an add appends positions to the map in place, and the next
+        call builds the new positions' keys only (the retriever calls it through
         ``LocalFAISS.prepare_search`` after its writes, ``writing``: it extends the list in
         place, no search running; a search that finds keys missing makes a longer copy);
-        ``LocalFAISS``'s delete moves the keys up with their positions (see
+        ``LocalFAISS``'s delete moves the keys up with their positions into a new list (see
         :meth:`delete`); any other new map (such as LangChain's ``FAISS.delete`` builds)
-        gets a new list. A list, once published, is never changed by a search, so
-        concurrent searches need no lock (two that both extend it build the same keys);
-        writes to a local store never overlap its searches (the retriever's lock)."""
-        of, keys = self._hit_keys
+        gets a new list. A published list is only ever appended to, so the hits of a search
+        read their keys after it ended, and concurrent searches need no lock (two that both
+        extend it build the same keys); writes to a local store never overlap its searches
+        (the retriever's lock)."""
+        return self._positions(mapping, writing)[0]
+
+    def _positions(self, mapping: dict[int, str], writing: bool = False
+                   ) -> tuple[list[str | None], np.ndarray]:  # fmt: skip
+        """:meth:`position_keys` and their key ids (``ids[p]`` for ``p < len(keys)``)."""
+        of, keys, ids = self._hit_keys
         start = len(keys) if of is mapping else 0
         if start < len(mapping):  # a new map, or positions appended to it
             new = [self._key_of(mapping.get(p)) for p in range(start, len(mapping))]
             if start and writing:
                 keys.extend(new)
+                if len(ids) < len(keys):  # room for a quarter more (amortised appends)
+                    ids = np.concatenate([ids[:start], np.empty(len(keys) // 4 + len(new),
+                                                                dtype=np.int64)])  # fmt: skip
+                ids[start : len(keys)] = key_ids(new)
             else:
                 keys = keys + new if start else new
-                self._hit_keys = (mapping, keys)
+                ids = np.concatenate([ids[:start], key_ids(new)])
+            self._hit_keys = (mapping, keys, ids)
         elif of is not mapping:  # a new, empty map
-            keys = []
-            self._hit_keys = (mapping, keys)
-        return keys
+            keys, ids = [], _NO_IDS
+            self._hit_keys = (mapping, keys, ids)
+        return keys, ids
 
     def _key_of(self, docstore_id: str | None) -> str | None:
         """The chunk key of the row stored under ``docstore_id``: "" for a chunk the
