@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate
 from typing import Literal, NamedTuple, overload
 
 import numpy as np
@@ -241,7 +242,7 @@ def _by_key_id(branches: Sequence[Ranked]) -> _Numbering | None:
     labels = np.empty(len(flat), dtype=np.intp)
     labels[order] = np.cumsum(head) - 1
     firsts = order[head]
-    bounds = np.cumsum([0, *(len(b) for b in branches)])
+    bounds = list(accumulate((len(b) for b in branches), initial=0))
     where = np.concatenate([b.at for b in branches])  # each hit's key position
 
     def hit_keys(hits: np.ndarray) -> list[str]:
@@ -257,8 +258,7 @@ def _by_key_id(branches: Sequence[Ranked]) -> _Numbering | None:
         shared = np.flatnonzero(np.bincount(labels)[labels] > 1)
         if hit_keys(shared) != keys(labels[shared].tolist()):
             return None
-    ends = bounds.tolist()
-    return _Numbering([labels[a:b] for a, b in zip(ends, ends[1:])], firsts, repeats, keys)
+    return _Numbering([labels[a:b] for a, b in zip(bounds, bounds[1:])], firsts, repeats, keys)
 
 
 def fused(
