@@ -223,10 +223,19 @@ def decompressed(raw: bytes) -> bytes:
     return _ZSTD.decompressor.decompress(raw)  # type: ignore[no-any-return]
 
 
+_PACKED = b"\x00"
+"""The first byte of a body in the form an in-process store keeps (see :meth:`DocBody.packed`);
+JSON starts with ``{``."""
+
+
 def json_bytes(raw: bytes) -> bytes:
-    """A stored record as JSON: bodies an in-process store keeps compressed (Zstandard)
-    are decompressed (JSON starts with ``{``, a Zstandard frame never does)."""
-    return decompressed(raw) if raw[:1] != b"{" else raw
+    """A stored record as JSON: a body an in-process store keeps (Zstandard-compressed,
+    packed or JSON) is decompressed, and a packed one written as JSON again (JSON starts
+    with ``{``, a Zstandard frame never does)."""
+    if raw[:1] == b"{":
+        return raw
+    raw = decompressed(raw)
+    return DocBody.from_bytes(raw).to_bytes() if raw[:1] == _PACKED else raw
 
 
 def plain_form(key: str, raw: bytes) -> bytes:
@@ -236,11 +245,11 @@ def plain_form(key: str, raw: bytes) -> bytes:
 
 def local_form(key: str, raw: bytes) -> bytes:
     """How a record store in this process keeps the JSON record ``raw`` stored at ``key``:
-    bodies (most of the bytes, and read only for the documents a query returns) are
-    Zstandard-compressed at level 3; the rest stays JSON. Level 3 keeps CUAD text at
-    0.36 of its JSON and decompresses in a fifth of the time of zlib at level 1
-    (``benchmarks/RESULTS.md``)."""
-    return compressed(raw) if key.startswith(_BODY) else raw
+    bodies (most of the bytes, and read only for the documents a query returns) packed
+    (:meth:`DocBody.packed`) and Zstandard-compressed at level 3; the rest stays JSON.
+    Level 3 keeps CUAD text at 0.36 of its JSON and decompresses in a fifth of the time of
+    zlib at level 1 (``benchmarks/RESULTS.md``)."""
+    return DocBody.from_bytes(raw).local_bytes() if key.startswith(_BODY) else raw
 
 
 class Contexts(Sequence[ChunkContext]):
@@ -249,7 +258,7 @@ class Contexts(Sequence[ChunkContext]):
     body of every document it returns and reads one context or none: building them all
     (pydantic checking each as a dataclass) took three quarters of decoding a body."""
 
-    __slots__ = ("pairs",)
+    __slots__ = ("_json", "_pairs")
 
     def __init__(self, contexts: Iterable[Any] = ()) -> None:
         """From :class:`ChunkContext`\\ s or ``[text, method]`` pairs."""
@@ -259,7 +268,24 @@ class Contexts(Sequence[ChunkContext]):
             for p in pairs
         ):
             raise ValueError("each chunk context must be a [text, method] pair of strings")
-        self.pairs: list[Any] = pairs
+        self._pairs: list[Any] | None = pairs
+        self._json: bytes | None = None
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Contexts:
+        """The pairs of this JSON array, parsed (and checked) when first read: a query that
+        returns segments reads none of them."""
+        out = cls.__new__(cls)
+        out._pairs, out._json = None, raw
+        return out
+
+    @property
+    def pairs(self) -> list[Any]:
+        """The ``[text, method]`` pairs."""
+        pairs = self._pairs
+        if pairs is None:  # two threads may both parse them: the same pairs
+            pairs = self._pairs = Contexts(json.loads(self._json or b"[]")).pairs
+        return pairs
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -308,7 +334,30 @@ class DocBody(_Record):
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> DocBody:
-        return cls.model_validate_json(json_bytes(raw))
+        """From JSON, or the form an in-process store keeps (:meth:`local_bytes`, or
+        :meth:`packed` decompressed)."""
+        if raw[:1] != b"{" and raw[:1] != _PACKED:
+            raw = decompressed(raw)
+        if raw[:1] == _PACKED:  # no JSON parse of the text, contexts parsed when read
+            size = int.from_bytes(raw[1:5], "little")
+            text = str(memoryview(raw)[5 + size :], "utf-8", "surrogatepass")
+            return cls.model_construct(text=text, contexts=Contexts.from_json(raw[5 : 5 + size]))
+        return cls.model_validate_json(raw)
+
+    def packed(self) -> bytes:
+        """``\\x00``, the length of the contexts' JSON (4 bytes, little-endian), that JSON,
+        then the text in UTF-8: read back without parsing the text as a JSON string, its
+        contexts only when a caller reads them (a query returning segments never does)."""
+        contexts = json.dumps(self.contexts.pairs, ensure_ascii=False).encode(
+            "utf-8", "surrogatepass"
+        )
+        text = self.text.encode("utf-8", "surrogatepass")
+        return b"".join((_PACKED, len(contexts).to_bytes(4, "little"), contexts, text))
+
+    def local_bytes(self) -> bytes:
+        """How an in-process record store keeps this body: :meth:`packed`, then
+        Zstandard-compressed (see :func:`local_form`)."""
+        return compressed(self.packed())
 
 
 class VersionRecord(_Record):
@@ -460,8 +509,12 @@ class RecordStore:
 
     def put(self, pairs: Sequence[tuple[str, _Record]]) -> None:
         if pairs:
-            stored = local_form if self.compress else (lambda _, raw: raw)
-            self.store.mset([(key, stored(key, record.to_bytes())) for key, record in pairs])
+            local = self.compress
+            self.store.mset([
+                (key, record.local_bytes() if local and isinstance(record, DocBody)
+                 else record.to_bytes())
+                for key, record in pairs
+            ])  # fmt: skip
 
     def delete(self, keys: Sequence[str]) -> None:
         if keys:

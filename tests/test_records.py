@@ -23,7 +23,10 @@ from langchain_rse.records import (
     Spans,
     StaleRead,
     body_key,
+    decompressed,
+    json_bytes,
     local_form,
+    plain_form,
 )
 
 
@@ -138,13 +141,32 @@ def test_spans_are_a_compact_sequence_of_pairs() -> None:
 def test_body_contexts_round_trip_and_are_built_when_read() -> None:
     contexts = [ChunkContext("Title: A", "header"), ChunkContext("", "none")]
     body = DocBody(text="ab", contexts=contexts)
-    for raw in (body.to_bytes(), local_form(body_key("d", "v"), body.to_bytes())):
+    forms = (body.to_bytes(), local_form(body_key("d", "v"), body.to_bytes()), body.packed(),
+             body.local_bytes())  # fmt: skip
+    for raw in forms:
         read = DocBody.from_bytes(raw)
         assert read == body and isinstance(read.contexts, Contexts)
         assert read.contexts.pairs == [["Title: A", "header"], ["", "none"]]  # as stored
         assert read.contexts[0] == contexts[0] and list(read.contexts) == contexts
         assert read.contexts[-1:] == contexts[1:]
     assert json.loads(body.to_bytes())["contexts"] == [["Title: A", "header"], ["", "none"]]
+
+
+def test_a_packed_body_reads_its_text_without_json_and_its_contexts_when_asked() -> None:
+    """The in-process form: the text as UTF-8 (any code point), the
+    contexts' JSON parsed at their first read; a save turns it back into the JSON."""
+    text = "Vertrag \u00fcber \u20ac 5 \U0001f4c4 end"
+    body = DocBody(text=text, contexts=[ChunkContext("Titel: \u00e9", "header")])
+    raw = body.local_bytes()
+    assert raw[:1] != b"{" and decompressed(raw)[:1] == b"\x00"
+    read = DocBody.from_bytes(raw)
+    assert read.text == text and read.contexts._pairs is None  # not parsed yet
+    assert read == body and read.contexts._pairs == [["Titel: \u00e9", "header"]]
+    assert json_bytes(raw) == body.to_bytes() == plain_form(body_key("d", "v"), raw)
+    broken = DocBody.from_bytes(b"\x00" + (5).to_bytes(4, "little") + b"[[1]]text")
+    assert broken.text == "text"
+    with pytest.raises(ValueError, match="pair of strings"):
+        broken.contexts[0]
 
 
 @pytest.mark.parametrize(
