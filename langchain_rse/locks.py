@@ -22,20 +22,6 @@ class ReadWriteLock:
         self._writers_waiting = 0
 
     @contextmanager
-    def _read(self) -> Iterator[None]:
-        with self._cond:
-            while self._writer or self._writers_waiting:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
-
-    @contextmanager
     def _write(self) -> Iterator[None]:
         with self._cond:
             self._writers_waiting += 1
@@ -54,8 +40,32 @@ class ReadWriteLock:
 
     def read(self) -> AbstractContextManager[None]:
         """Shared access (a no-op when the lock is disabled: a server store)."""
-        return self._read() if self.enabled else nullcontext()
+        return _Reading(self) if self.enabled else nullcontext()
 
     def write(self) -> AbstractContextManager[None]:
         """Exclusive access (a no-op when the lock is disabled: a server store)."""
         return self._write() if self.enabled else nullcontext()
+
+
+class _Reading:
+    """A shared hold of a :class:`ReadWriteLock` (a plain class, not a generator: every
+    query takes one for each in-process search)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: ReadWriteLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        lock = self._lock
+        with lock._cond:
+            while lock._writer or lock._writers_waiting:
+                lock._cond.wait()
+            lock._readers += 1
+
+    def __exit__(self, *exc: object) -> None:
+        lock = self._lock
+        with lock._cond:
+            lock._readers -= 1
+            if not lock._readers and lock._writers_waiting:  # only writers wait for readers
+                lock._cond.notify_all()

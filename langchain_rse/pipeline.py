@@ -233,13 +233,15 @@ def current(
     """Drop candidates of deleted or replaced document versions, and of documents the
     filter rejects (a store that ignored or mistranslated it costs results, never leaks).
     The filter sees a document's metadata with its ``doc_id``, as the chunks' do."""
+    live = {  # each document's current version and chunk count, if the filter takes it
+        d: (m.version, len(m.spans))
+        for d, m in metas.items()
+        if f is None or matches(f, {**m.metadata, "doc_id": d})
+    }
     return [
         c
         for c in cands
-        if (m := metas.get(c.doc_id)) is not None
-        and m.version == c.version
-        and c.chunk_index < len(m.spans)
-        and (f is None or matches(f, {**m.metadata, "doc_id": c.doc_id}))
+        if (v := live.get(c.doc_id)) is not None and v[0] == c.version and c.chunk_index < v[1]
     ]
 
 
@@ -267,8 +269,8 @@ def apply_relevance(
             for c in cands:
                 c.relevance = c.fused.score / top
         else:
-            for c, rel in zip(cands, rank_relevance(len(cands), s.params.decay_rate)):
-                c.relevance = float(rel)
+            for c, rel in zip(cands, rank_relevance(len(cands), s.params.decay_rate).tolist()):
+                c.relevance = rel
         return cands
     kept: dict[int, Candidate] = {}
     for result in results:

@@ -109,6 +109,9 @@ def faiss_threads(vectorstore: VectorStore, n: int | None) -> Iterator[None]:
         yield
         return
     before = faiss.omp_get_max_threads()
+    if before == n:  # as it should be (the usual case once a thread has searched)
+        yield
+        return
     faiss.omp_set_num_threads(n)
     try:
         yield
