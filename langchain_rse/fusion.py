@@ -26,6 +26,7 @@ weights BM25 as much as the dense branch (exact identifiers are BM25's strength)
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Literal, NamedTuple, overload
@@ -244,20 +245,22 @@ def _by_key_id(branches: Sequence[Ranked]) -> _Numbering | None:
     firsts = order[head]
     bounds = list(accumulate((len(b) for b in branches), initial=0))
     where = np.concatenate([b.at for b in branches])  # each hit's key position
-
-    def hit_keys(hits: np.ndarray) -> list[str]:
-        owner = (np.searchsorted(bounds, hits, side="right") - 1).tolist()
-        lists = [b.keys for b in branches]
-        return [lists[b][p] for b, p in zip(owner, where[hits].tolist())]  # type: ignore[misc]
+    lists = [b.keys for b in branches]
 
     def keys(at: list[int]) -> list[str]:
-        return hit_keys(firsts[at])
+        hits = firsts[at]
+        owner = (np.searchsorted(bounds, hits, side="right") - 1).tolist()
+        return [lists[b][p] for b, p in zip(owner, where[hits].tolist())]  # type: ignore[misc]
 
     repeats = len(firsts) < len(flat)
-    if repeats:  # hits merged with another: their keys must match
-        shared = np.flatnonzero(np.bincount(labels)[labels] > 1)
-        if hit_keys(shared) != keys(labels[shared].tolist()):
-            return None
+    if repeats:  # a hit merged with an earlier one: their keys must match
+        later = np.ones(len(flat), dtype=bool)
+        later[firsts] = False
+        for hit in np.flatnonzero(later).tolist():
+            first = int(firsts[labels[hit]])
+            b, a = bisect_right(bounds, hit) - 1, bisect_right(bounds, first) - 1
+            if lists[b][int(where[hit])] != lists[a][int(where[first])]:
+                return None
     return _Numbering([labels[a:b] for a, b in zip(bounds, bounds[1:])], firsts, repeats, keys)
 
 

@@ -303,7 +303,7 @@ def select(
     position = {d: i for i, d in enumerate(docs)}
     values, offsets = chunk_values(
         [len(metas[d].spans) for d in docs],
-        ((position[c.doc_id], c.chunk_index, c.relevance) for c in cands),
+        [(position[c.doc_id], c.chunk_index, c.relevance) for c in cands],
         p.irrelevant_chunk_penalty,
     )
     budget = p.max_total_chunks + (len(s.queries) - 1) * p.extra_query_chunks
@@ -326,7 +326,8 @@ def results(
     fallback: bool,
 ) -> list[Document]:
     """The returned ``Document``\\ s: exact slices of the source, with their metadata."""
-    by_key = {(c.doc_id, c.chunk_index): c for c in cands}
+    keyed = s.mode == "chunks" or len(s.queries) > 1  # chunk metadata, or query ranks
+    by_key = {(c.doc_id, c.chunk_index): c for c in cands} if keyed else {}
     out = []
     for doc_id, start, end, score in selection:
         meta, body = metas[doc_id], bodies[doc_id]

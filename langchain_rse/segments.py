@@ -138,7 +138,7 @@ def chunk_values(
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     relevance = np.zeros(int(offsets[-1]), dtype=np.float64)
-    found = list(hits)
+    found = hits if isinstance(hits, list) else list(hits)
     if found:
         docs, idx, rel = (np.asarray(x) for x in zip(*found))
         outside = (idx < 0) | (idx >= counts[docs])
@@ -213,24 +213,27 @@ def best_segments(
 
 def merge_touching(segments: Sequence[Segment]) -> list[Segment]:
     """``segments`` with each group of touching segments of one document joined into one
-    run worth their total, best first (a stable sort by value).
+    run worth their total, best first (ties: in the order of each run's first segment in
+    ``segments``, which come best first).
 
     :func:`best_segments` caps each pick at ``max_segment_chunks``; a longer passage whose
     every chunk is relevant is then picked as several adjacent runs, and returning them as
     one segment gives the reader the passage whole, in order.
     """
-    merged: list[Segment] = []
-    for seg in segments:
-        for i, m in enumerate(merged):
-            if m.doc == seg.doc and (m.end == seg.start or seg.end == m.start):
-                merged[i] = Segment(m.doc, min(m.start, seg.start), max(m.end, seg.end),
-                                    m.value + seg.value)  # fmt: skip
-                break
+    order = sorted(range(len(segments)), key=lambda i: segments[i][:2])  # by document, start
+    groups: list[list[int]] = []  # each a run of touching segments (indices into the input)
+    for i in order:
+        seg = segments[i]
+        before = segments[groups[-1][-1]] if groups else None
+        if before is not None and before.doc == seg.doc and before.end == seg.start:
+            groups[-1].append(i)
         else:
-            merged.append(seg)
-    # A join can make a run touch another earlier pick: join until none touch.
-    if len(merged) < len(segments):
-        return merge_touching(merged)
+            groups.append([i])
+    merged = []  # in the order of each run's best segment (the input is best first)
+    for run in sorted(groups, key=min):
+        first, last = segments[run[0]], segments[run[-1]]
+        value = sum(segments[i].value for i in sorted(run))
+        merged.append(Segment(first.doc, first.start, last.end, value))
     return sorted(merged, key=lambda g: -g.value)
 
 

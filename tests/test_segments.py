@@ -157,6 +157,36 @@ def test_touching_segments_are_merged_into_one() -> None:
     assert merge_touching([]) == []
 
 
+def merge_reference(segments):
+    """Merging as first written: join each segment into the first touching run, again
+    until none touch."""
+    merged = []
+    for seg in segments:
+        for i, m in enumerate(merged):
+            if m.doc == seg.doc and (m.end == seg.start or seg.end == m.start):
+                merged[i] = Segment(m.doc, min(m.start, seg.start), max(m.end, seg.end),
+                                    m.value + seg.value)  # fmt: skip
+                break
+        else:
+            merged.append(seg)
+    if len(merged) < len(segments):
+        return merge_reference(merged)
+    return sorted(merged, key=lambda g: -g.value)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_merging_equals_the_first_written_merge(seed: int) -> None:
+    """Picks of real searches (short caps, so that runs touch, often in chains)."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 30, size=rng.integers(1, 4))
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    values = rng.normal(0.2, 0.5, size=offsets[-1])
+    picked = best_segments(values, offsets, int(rng.integers(1, 4)), 40, 0.0)
+    got, want = merge_touching(picked), merge_reference(picked)
+    assert [(g.doc, g.start, g.end) for g in got] == [(g.doc, g.start, g.end) for g in want]
+    assert [g.value for g in got] == pytest.approx([g.value for g in want])
+
+
 def test_a_strongly_relevant_passage_longer_than_the_cap_comes_back_whole() -> None:
     # Chunks 2..6 of a 10-chunk document all match strongly; the cap is 4 chunks.
     hits = [(0, i, 0.95) for i in range(2, 7)] + [(0, 9, 0.35)]
