@@ -15,7 +15,9 @@ Pure numpy, no I/O.
   computed from prefix sums: a run's value never changes, so the picks are the runs
   worth at least the floor taken best first and skipped when they overlap a pick or
   no longer fit the budget; one sort (of the best few hundred runs, usually) instead
-  of a brute force over all runs per pick.
+  of a brute force over all runs per pick. Only runs that start on a chunk worth 0 or
+  more can be picked (and end on one worth more than 0), so only those are valued: a
+  few per retrieved chunk, however long the documents.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -163,21 +165,23 @@ def best_segments(
     budget = int(max_total_chunks)
     if n == 0 or budget <= 0:
         return []
-    prefix = np.concatenate(([0.0], np.cumsum(values)))
-    at = np.arange(n)
-    room = offsets[np.searchsorted(offsets, at, side="right")] - at  # chunks to the doc's end
+    prefix = np.zeros(n + 1)
+    np.cumsum(values, out=prefix[1:])
     cap = min(int(max_segment_chunks), budget, n)
-    runs = np.full((n, cap), -np.inf)  # runs[i, l - 1]: the run [i, i + l) inside one document
-    runs[:, 0] = values  # every chunk is a run
-    # A longer run that starts on a negative chunk or ends on a chunk worth at most 0 is
-    # never picked: the run without that chunk is worth more (or as much, and comes first),
-    # and whatever rules it out rules the longer one out too. Leaving them out leaves the
-    # picks as they are and the sort short.
-    starts = values >= 0
-    for length in range(2, cap + 1):
-        run = prefix[length:] - prefix[:-length]
-        ok = (room[: run.size] >= length) & starts[: run.size] & (values[length - 1 :] > 0)
-        runs[: run.size, length - 1] = np.where(ok, run, -np.inf)
+    # A run longer than one chunk that starts on a negative chunk, or ends on a chunk worth
+    # at most 0, is never picked: the run without that chunk is worth more (or as much, and
+    # comes first), and whatever rules it out rules the longer one out too. So runs start
+    # on chunks worth 0 or more (on any chunk when a lone negative one can make the floor);
+    # runs[r, l - 1] is the run of l chunks from chunk first[r], -inf where it is left out or
+    # would cross its document's end. Leaving them out leaves the picks as they are.
+    first = np.flatnonzero(values >= 0) if min_segment_value > 0 else np.arange(n)
+    ends = first[:, None] + np.arange(1, cap + 1)
+    inside = ends <= offsets[np.searchsorted(offsets, first, side="right")][:, None]
+    np.minimum(ends, n, out=ends)
+    ok = inside & (values[ends - 1] > 0)
+    ok[:, 0] = inside[:, 0]
+    ok[:, 1:] &= (values[first] >= 0)[:, None]
+    runs = np.where(ok, prefix[ends] - prefix[first][:, None], -np.inf)
     # Runs never change value; a pick only rules out the runs that overlap it or no longer
     # fit the budget. So the greedy picks are the runs worth at least the floor, in the order
     # best value, then first start, then shortest (start-major runs, sorted stably), that are
@@ -187,7 +191,7 @@ def best_segments(
     worthy = np.flatnonzero(flat >= min_segment_value)
     worth = flat[worthy]
     taken = bytearray(n)
-    firsts = offsets.tolist()
+    firsts, starts = offsets.tolist(), first.tolist()
     segments: list[Segment] = []
     while worthy.size and budget > 0:
         head = np.ones(worthy.size, dtype=bool)
@@ -197,8 +201,8 @@ def best_segments(
         order = worthy[head][np.argsort(-worth[head], kind="stable")]
         worthy, worth = worthy[~head], worth[~head]
         for at, v in zip(order.tolist(), flat[order].tolist()):
-            i, length = divmod(at, cap)
-            length += 1
+            row, length = divmod(at, cap)
+            i, length = starts[row], length + 1
             if length > budget or taken.find(1, i, i + length) != -1:
                 continue
             taken[i : i + length] = b"\x01" * length
@@ -220,21 +224,21 @@ def merge_touching(segments: Sequence[Segment]) -> list[Segment]:
     every chunk is relevant is then picked as several adjacent runs, and returning them as
     one segment gives the reader the passage whole, in order.
     """
-    order = sorted(range(len(segments)), key=lambda i: segments[i][:2])  # by document, start
-    groups: list[list[int]] = []  # each a run of touching segments (indices into the input)
-    for i in order:
-        seg = segments[i]
-        before = segments[groups[-1][-1]] if groups else None
-        if before is not None and before.doc == seg.doc and before.end == seg.start:
-            groups[-1].append(i)
+    run_of = list(range(len(segments)))  # each segment's run: its first segment by position
+    last = -1
+    for i in sorted(range(len(segments)), key=segments.__getitem__):  # by document, start
+        seg, before = segments[i], segments[last]
+        if last >= 0 and before.doc == seg.doc and before.end == seg.start:
+            run_of[i] = run_of[last]
+        last = i
+    runs: dict[int, list[Any]] = {}  # in the order of each run's best segment
+    for seg, run in zip(segments, run_of):
+        if (joined := runs.get(run)) is None:
+            runs[run] = list(seg)
         else:
-            groups.append([i])
-    merged = []  # in the order of each run's best segment (the input is best first)
-    for run in sorted(groups, key=min):
-        first, last = segments[run[0]], segments[run[-1]]
-        value = sum(segments[i].value for i in sorted(run))
-        merged.append(Segment(first.doc, first.start, last.end, value))
-    return sorted(merged, key=lambda g: -g.value)
+            joined[1], joined[2] = min(joined[1], seg.start), max(joined[2], seg.end)
+            joined[3] += seg.value
+    return sorted((Segment(*r) for r in runs.values()), key=lambda g: -g.value)
 
 
 def by_best_chunk(segments: Sequence[Segment], values: np.ndarray, offsets: np.ndarray
