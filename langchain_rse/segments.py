@@ -15,9 +15,10 @@ Pure numpy, no I/O.
   computed from prefix sums: a run's value never changes, so the picks are the runs
   worth at least the floor taken best first and skipped when they overlap a pick or
   no longer fit the budget; one sort (of the best few hundred runs, usually) instead
-  of a brute force over all runs per pick. Only runs that start on a chunk worth 0 or
-  more can be picked (and end on one worth more than 0), so only those are valued: a
-  few per retrieved chunk, however long the documents.
+  of a brute force over all runs per pick. A run of several chunks is picked only if it
+  starts on a chunk worth 0 or more and ends on one worth more than 0, so only those are
+  valued: a few per retrieved chunk, however long the documents (with a floor of 0 or
+  below, every lone chunk too).
 """
 
 from __future__ import annotations
