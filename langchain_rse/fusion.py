@@ -164,9 +164,10 @@ def _normalise(scores: np.ndarray, method: FusionMethod) -> np.ndarray:
 
 
 class Fused:
-    """Every id the branches returned, numbered in order of first appearance, with its
-    fused score (``scores``), its 1-based rank in each branch (``ranks[b]``; 0 where branch
-    ``b`` lacks it) and the ranking (``order``: id numbers, best first). Keys are read
+    """Every id the branches returned, numbered (in order of first appearance, or of key
+    id for :class:`Ranked` branches), with its fused score (``scores``), its 1-based rank
+    in each branch (``ranks[b]``; 0 where branch ``b`` lacks it) and the ranking
+    (``order``: id numbers, best first; ties in order of first appearance). Keys are read
     when asked for (:meth:`top`, :meth:`ranked_ids`, :attr:`ids`): for :class:`Ranked`
     branches, from the index only for the hits a caller keeps."""
 
