@@ -49,7 +49,7 @@ class LeadIndex(DocumentIndex):
 
     _bm25: BM25Index = PrivateAttr(default_factory=BM25Index)
     _leads: dict[str, tuple[bytes, dict[str, Any]]] = PrivateAttr(default_factory=dict)
-    """Per doc id, the lead's text (Zstandard-compressed: only ``get`` and ``invoke`` read
+    """Per doc id, the lead's text (compressed: only ``get`` and ``invoke`` read
     it) and metadata. For documents shorter than a lead, the lead is the whole text."""
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _before_search: Callable[[], None] | None = PrivateAttr(default=None)
@@ -117,9 +117,10 @@ class LeadIndex(DocumentIndex):
 
     def hits(self, query: str) -> list[tuple[str, float]]:
         """``(doc id, BM25 score)`` of the ``k`` best leads for ``query``, best first."""
-        if self._before_search is not None:
-            self._before_search()
-        return [(d, score) for d, score in self._bm25.search(query, self.k) if d in self._leads]
+        before, leads = self._before_search, self._leads  # private attributes: read once
+        if before is not None:
+            before()
+        return [(d, score) for d, score in self._bm25.search(query, self.k) if d in leads]
 
     def search(self, query: str) -> list[Document]:
         """The ``k`` best leads for ``query`` (what ``invoke`` returns, without a run)."""

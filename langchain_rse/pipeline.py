@@ -133,8 +133,9 @@ def fusion_weights(r: Any, query: str) -> tuple[float, float]:
     ``code_corpus_weights`` when the corpus is code, else ``weights``."""
     if r.code_weights and quotes_code(query):
         return r.code_weights  # type: ignore[no-any-return]
-    if r.code_corpus_weights and r._lexical.identifier_density() >= CODE_CORPUS:
-        return r.code_corpus_weights  # type: ignore[no-any-return]
+    corpus = r.code_corpus_weights
+    if corpus and corpus != r.weights and r._lexical.identifier_density() >= CODE_CORPUS:
+        return corpus  # type: ignore[no-any-return]
     return r.weights  # type: ignore[no-any-return]
 
 
@@ -220,11 +221,8 @@ def candidates(
             route = Route(frozenset(routed), math.inf)
         else:  # not ours, or not found by either branch: a filter would return nothing
             logger.debug("no candidates in the routed documents %s; searching all", routed)
-    out = []
-    for hit in ranking.top(pool):
-        doc_id, version, idx = parse_chunk_key(hit.id)
-        out.append(Candidate(hit.id, doc_id, version, idx, hit, texts.get(hit.id)))
-    return out, route
+    top = ranking.top(pool)
+    return [Candidate(h.id, *parse_chunk_key(h.id), h, texts.get(h.id)) for h in top], route
 
 
 def current(

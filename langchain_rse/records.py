@@ -15,6 +15,7 @@ Per indexed document the record store (any ``BaseStore[str, bytes]``) holds:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -23,7 +24,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
-import zstandard
+import lz4.block
 from cachetools import LRUCache
 from langchain_core.stores import BaseStore
 from langchain_text_splitters import TextSplitter
@@ -67,7 +68,10 @@ class StaleRead(Exception):
     """A document changed while a query was reading it; the query re-reads."""
 
 
+@functools.lru_cache(maxsize=4096)
 def _doc_hash(doc_id: str) -> str:
+    """The doc id's SHA-256 (hex, 40 digits): a query hashes the id of every candidate
+    document for its pointer and of every returned one for its body; hot ones are kept."""
     return hashlib.sha256(doc_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
@@ -199,28 +203,31 @@ class DocRecord(_Record):
         return VersionRecord(doc_id=self.doc_id, version=self.version, chunks=len(self.spans))
 
 
-class _Zstd(threading.local):
-    """One Zstandard compression and decompression context per thread: a context is not
-    thread-safe, and reusing one saves allocating its workspace on every call."""
+_LZ4 = b"\x04"
+"""The first byte of a record compressed by :func:`compressed` (then an LZ4 block that
+starts with its decompressed size): JSON starts with ``{``, a packed body with ``\x00``."""
 
-    def __init__(self) -> None:
-        self.compressor = zstandard.ZstdCompressor(level=3)
-        self.decompressor = zstandard.ZstdDecompressor()
-
-
-_ZSTD = _Zstd()
+LZ4_LEVEL = 9
+"""LZ4's high-compression level: on CUAD contracts 0.33 of the text (Zstandard at level 3:
+0.28), decompressed at 2.9 GB/s (Zstandard: 0.6), compressed at 37 MB/s
+(``benchmarks/RESULTS.md``, session 19). A query decodes the body of every document it
+returns; a document is compressed once, when it is written."""
 
 
 def compressed(raw: bytes) -> bytes:
-    """``raw`` Zstandard-compressed at level 3. A copy: the compressor's output keeps the
-    allocation of its worst case (the input's size), which would cost the memory that
-    compressing saves."""
-    return bytes(memoryview(_ZSTD.compressor.compress(raw)))
+    """``raw`` compressed: :data:`_LZ4`, then an LZ4 block at :data:`LZ4_LEVEL` (the block
+    functions keep no state, so threads share them)."""
+    return _LZ4 + lz4.block.compress(raw, mode="high_compression", compression=LZ4_LEVEL)
 
 
 def decompressed(raw: bytes) -> bytes:
-    """The inverse of :func:`compressed`."""
-    return _ZSTD.decompressor.decompress(raw)  # type: ignore[no-any-return]
+    """The inverse of :func:`compressed`; a ``ValueError`` for anything else."""
+    if raw[:1] != _LZ4:
+        raise ValueError(f"not a compressed record (it starts with {raw[:4]!r})")
+    try:
+        return lz4.block.decompress(memoryview(raw)[1:])  # type: ignore[no-any-return]
+    except lz4.block.LZ4BlockError as exc:
+        raise ValueError(f"a compressed record that does not decompress: {exc}") from None
 
 
 _PACKED = b"\x00"
@@ -229,9 +236,8 @@ JSON starts with ``{``."""
 
 
 def json_bytes(raw: bytes) -> bytes:
-    """A stored record as JSON: a body an in-process store keeps (Zstandard-compressed,
-    packed or JSON) is decompressed, and a packed one written as JSON again (JSON starts
-    with ``{``, a Zstandard frame never does)."""
+    """A stored record as JSON: a body an in-process store keeps (compressed, packed or
+    JSON) is decompressed, and a packed one written as JSON again."""
     if raw[:1] == b"{":
         return raw
     raw = decompressed(raw)
@@ -246,9 +252,7 @@ def plain_form(key: str, raw: bytes) -> bytes:
 def local_form(key: str, raw: bytes) -> bytes:
     """How a record store in this process keeps the JSON record ``raw`` stored at ``key``:
     bodies (most of the bytes, and read only for the documents a query returns) packed
-    (:meth:`DocBody.packed`) and Zstandard-compressed at level 3; the rest stays JSON.
-    Level 3 keeps CUAD text at 0.36 of its JSON and decompresses in a fifth of the time of
-    zlib at level 1 (``benchmarks/RESULTS.md``)."""
+    (:meth:`DocBody.packed`) and compressed (:func:`compressed`); the rest stays JSON."""
     return DocBody.from_bytes(raw).local_bytes() if key.startswith(_BODY) else raw
 
 
@@ -313,7 +317,7 @@ class Contexts(Sequence[ChunkContext]):
 class DocBody(_Record):
     """The source text of one document version and its chunk contexts.
 
-    An in-process record store keeps it Zstandard-compressed (about a third of the JSON; see
+    An in-process record store keeps it LZ4-compressed (about a third of the JSON; see
     :class:`RecordStore`); :meth:`from_bytes` reads either form.
     """
 
@@ -356,7 +360,7 @@ class DocBody(_Record):
 
     def local_bytes(self) -> bytes:
         """How an in-process record store keeps this body: :meth:`packed`, then
-        Zstandard-compressed (see :func:`local_form`)."""
+        compressed (see :func:`local_form`)."""
         return compressed(self.packed())
 
 
@@ -445,7 +449,7 @@ class RecordStore:
     whose segments come from recently read documents reads no body.
 
     With ``compress`` (for a store in this process's memory) bodies are written
-    Zstandard-compressed; stores other processes share get plain JSON, which every version of
+    LZ4-compressed; stores other processes share get plain JSON, which every version of
     the library reads.
     """
 

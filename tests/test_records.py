@@ -23,6 +23,7 @@ from langchain_rse.records import (
     Spans,
     StaleRead,
     body_key,
+    compressed,
     decompressed,
     json_bytes,
     local_form,
@@ -169,6 +170,22 @@ def test_a_packed_body_reads_its_text_without_json_and_its_contexts_when_asked()
         broken.contexts[0]
 
 
+def test_a_compressed_record_round_trips_and_other_bytes_are_refused() -> None:
+    """The compressed form starts with its own marker byte, whatever the text's length:
+    JSON and packed bodies are told apart from it, and bytes that are neither, or a
+    damaged block, are a ValueError that says so, never a wrong text."""
+    for text in ["", "{", "x" * 123, "\u00e9t\u00e9 " * 5000]:  # sizes whose low byte is "{"
+        raw = text.encode("utf-8")
+        assert decompressed(compressed(raw)) == raw and compressed(raw)[:1] == b"\x04"
+    with pytest.raises(ValueError, match="not a compressed record"):
+        decompressed(b"\x28\xb5\x2f\xfd a Zstandard frame")
+    damaged = compressed(b"abc" * 1000)[:-5]
+    with pytest.raises(ValueError, match="does not decompress"):
+        decompressed(damaged)
+    with pytest.raises(ValueError, match="not a compressed record"):
+        DocBody.from_bytes(b"\x28\xb5\x2f\xfd")
+
+
 @pytest.mark.parametrize(
     "contexts", [[["only text"]], [["text", 1]], ["text"], [["a", "b", "c"]], [None]]
 )
@@ -197,5 +214,5 @@ def test_a_pointer_is_read_back_or_refused_with_a_reason() -> None:
         DocRecord.from_bytes(json.dumps({**data, "spans": [1, 2, 3]}).encode())
     with pytest.raises(json.JSONDecodeError):
         DocRecord.from_bytes(b"not json")
-    with pytest.raises(ValueError):  # not UTF-8 either (a Zstandard frame)
+    with pytest.raises(ValueError):  # not UTF-8 either
         DocRecord.from_bytes(b"\x28\xb5\x2f\xfd not json")
