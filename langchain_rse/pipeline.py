@@ -222,7 +222,8 @@ def candidates(
         else:  # not ours, or not found by either branch: a filter would return nothing
             logger.debug("no candidates in the routed documents %s; searching all", routed)
     top = ranking.top(pool)
-    return [Candidate(h.id, *parse_chunk_key(h.id), h, texts.get(h.id)) for h in top], route
+    text = texts.get if texts else lambda key: None  # the dense branch returned no texts
+    return [Candidate(h.id, *parse_chunk_key(h.id), h, text(h.id)) for h in top], route
 
 
 def current(
@@ -297,7 +298,7 @@ def select(
         ranked = sorted(cands, key=lambda c: -c.relevance)
         return [(c.doc_id, c.chunk_index, c.chunk_index + 1, c.relevance) for c in ranked[: s.k]]
     p = s.params
-    docs = list(dict.fromkeys(c.doc_id for c in cands))
+    docs = list(dict.fromkeys([c.doc_id for c in cands]))
     position = {d: i for i, d in enumerate(docs)}
     values, offsets = chunk_values(
         [len(metas[d].spans) for d in docs],
@@ -377,7 +378,7 @@ def run_pipeline(
     """Records → current candidates → rerank → relevance → selection → documents."""
     if not cands:
         return []
-    doc_ids = list(dict.fromkeys(c.doc_id for c in cands))
+    doc_ids = list(dict.fromkeys([c.doc_id for c in cands]))
     metas = {m.doc_id: m for m in (yield ("meta", doc_ids)) if m is not None}
     cands = current(cands, metas, s.filter)
     if not cands:

@@ -201,9 +201,9 @@ def best_segments(
             head = worth >= -np.partition(-worth, batch - 1)[batch - 1]
         order = worthy[head][np.argsort(-worth[head], kind="stable")]
         worthy, worth = worthy[~head], worth[~head]
-        for at, v in zip(order.tolist(), flat[order].tolist()):
-            row, length = divmod(at, cap)
-            i, length = starts[row], length + 1
+        rows, lengths = np.divmod(order, cap)
+        for row, length, v in zip(rows.tolist(), (lengths + 1).tolist(), flat[order].tolist()):
+            i = starts[row]
             if length > budget or taken.find(1, i, i + length) != -1:
                 continue
             taken[i : i + length] = b"\x01" * length
