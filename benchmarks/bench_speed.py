@@ -63,7 +63,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 LIBRARY = snapshot_library() if __name__ == "__main__" else ""
 
 from speed_corpus import DIM  # noqa: E402
-from speed_query import FLAT, IVF, MEMORY, Latency, Settings, SizeResult, run_size  # noqa: E402
+from speed_query import (  # noqa: E402
+    FLAT,
+    IVF,
+    MEMORY,
+    SCANLESS,
+    Latency,
+    Settings,
+    SizeResult,
+    run_size,
+)
 from speed_rse import RSETiming, run_rse_bench  # noqa: E402
 from speed_writes import WRITE_HEADERS, write_rows  # noqa: E402
 
@@ -386,6 +395,17 @@ def targets(results: list[SizeResult], rse: list[RSETiming]) -> list[str]:
         for store, stages in r.breakdown.items():
             ms = dict(stages)
             own = ms["total invoke"] - sum(ms.get(name, 0.0) for name in SEARCH_STAGES)
+            if store == SCANLESS:  # a diagnostic, not a configuration
+                flat = dict(r.breakdown.get(FLAT, []))
+                with_scan = flat.get("total invoke", 0.0) - sum(
+                    flat.get(n, 0.0) for n in SEARCH_STAGES
+                )
+                lines.append(
+                    f"- diagnostic at N={r.size:,}: own work with FAISS-Flat's dense hits memoized "
+                    f"(no exact scan flushing the CPU caches before the rest; cold record caches): "
+                    f"{own:.2f} ms, against {with_scan:.2f} ms after the scan"
+                )
+                continue
             verdict = "PASS" if own <= TARGET_OWN_MS else "FAIL"
             lines.append(
                 f"- own work beyond the searches at N={r.size:,} ({store}; stage timers, CPU) "
