@@ -23,7 +23,7 @@ from langchain_core.documents import Document
 from langchain_rse.chunking import chunk_uuid, doc_of, in_docs, parse_chunk_key
 from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
-from langchain_rse.fusion import CODE_CORPUS, FusedHit, FusionMethod, fused, quotes_code
+from langchain_rse.fusion import CODE_CORPUS, FusionMethod, fused, quotes_code
 from langchain_rse.pages import PAGE_OFFSETS, page_range
 from langchain_rse.records import DocBody, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
@@ -65,7 +65,10 @@ class Candidate:
     doc_id: str
     version: str
     chunk_index: int
-    fused: FusedHit
+    score: float
+    """Fused score."""
+    ranks: list[int]
+    """1-based rank in each fused branch (each query's dense, then lexical); 0: not in it."""
     text: str | None = None  # enriched index text, when the dense branch returned it
     relevance: float = 0.0
     rerank_score: float | None = None
@@ -221,9 +224,13 @@ def candidates(
             route = Route(frozenset(routed), math.inf)
         else:  # not ours, or not found by either branch: a filter would return nothing
             logger.debug("no candidates in the routed documents %s; searching all", routed)
-    top = ranking.top(pool)
+    at = ranking.order[:pool]  # the first `pool` of the ranking, read as columns
+    scores, ranks = ranking.scores[at].tolist(), ranking.ranks[:, at].T.tolist()
     text = texts.get if texts else lambda key: None  # the dense branch returned no texts
-    return [Candidate(h.id, *parse_chunk_key(h.id), h, text(h.id)) for h in top], route
+    return [
+        Candidate(key, *parse_chunk_key(key), score, rank, text(key))
+        for key, score, rank in zip(ranking.ranked_ids(pool), scores, ranks)
+    ], route
 
 
 def current(
@@ -264,9 +271,9 @@ def apply_relevance(
     """Set each candidate's relevance: reranked (best over queries) or from fusion."""
     if results is None:
         if s.relevance == "score":
-            top = max(c.fused.score for c in cands) or 1.0
+            top = max(c.score for c in cands) or 1.0
             for c in cands:
-                c.relevance = c.fused.score / top
+                c.relevance = c.score / top
         else:
             for c, rel in zip(cands, rank_relevance(len(cands), s.params.decay_rate).tolist()):
                 c.relevance = rel
@@ -339,8 +346,13 @@ def results(
             md["page_start"], md["page_end"] = page_range(offsets, first, last)
         if s.mode == "chunks":
             c = by_key[(doc_id, start)]
-            md.update(chunk_index=start, fused_score=c.fused.score, dense_rank=c.fused.ranks[0],
-                      lexical_rank=c.fused.ranks[1], context=body.contexts[start].text)  # fmt: skip
+            md.update(
+                chunk_index=start,
+                fused_score=c.score,
+                dense_rank=c.ranks[0] or None,
+                lexical_rank=c.ranks[1] or None,
+                context=body.contexts[start].text,
+            )
             if c.rerank_score is not None:
                 md["rerank_score"] = c.rerank_score
         if len(s.queries) > 1:
@@ -363,7 +375,7 @@ def _query_ranks(
         if hit is None:
             continue
         for q_index, query in enumerate(s.queries):
-            ranks = [r for r in hit.fused.ranks[2 * q_index : 2 * q_index + 2] if r is not None]
+            ranks = [r for r in hit.ranks[2 * q_index : 2 * q_index + 2] if r]
             if ranks and min(ranks) < hits.get(query, 1 << 30):
                 hits[query] = min(ranks)
     return hits

@@ -448,7 +448,6 @@ def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
 
 def test_off_route_segments_must_clear_the_boosted_bar() -> None:
     from langchain_rse.chunking import chunk_key
-    from langchain_rse.fusion import FusedHit
     from langchain_rse.pipeline import Candidate, QuerySettings, Route, select
     from langchain_rse.records import DocRecord
     from langchain_rse.segments import get_preset
@@ -461,8 +460,7 @@ def test_off_route_segments_must_clear_the_boosted_bar() -> None:
 
     def cand(doc: str, idx: int, relevance: float) -> Candidate:
         key = chunk_key(doc, "v", idx)
-        return Candidate(key, doc, "v", idx, FusedHit(key, relevance, (1, None)),
-                         relevance=relevance)  # fmt: skip
+        return Candidate(key, doc, "v", idx, relevance, [1, 0], relevance=relevance)
 
     # a0 is the routed document's hit; b8 is worth 0.75, b5 0.3 (above the floor 0.2, below
     # (1 + boost) x 0.2 = 0.6)
