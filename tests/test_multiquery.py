@@ -149,3 +149,34 @@ def test_query_expander_failure_falls_back_to_the_query(caplog) -> None:
         out = r.invoke("termination")
     assert llm.calls >= 1 and "queries" not in out[0].metadata
     assert spans(out) == spans(plain.invoke("termination"))
+
+
+def test_each_candidate_keeps_its_rank_in_every_branch() -> None:
+    """A candidate's ranks are 1-based per branch (each query's dense, then lexical), 0 where
+    a branch lacks it; a chunk returned in chunks mode names a missing rank None."""
+    from langchain_rse.chunking import chunk_key
+    from langchain_rse.pipeline import QuerySettings, candidates
+    from langchain_rse.search import DenseResult
+
+    a, b, c = (chunk_key("d", "v", i) for i in range(3))
+    s = QuerySettings(k=3, mode="chunks", queries=["q", "r"], weights=(2.0, 1.0), fusion="rrf",
+                      rrf_k=60.0, candidate_pool=50, relevance="rank", params=PARAMS,
+                      rerank=False, strict_rerank=False)  # fmt: skip
+    dense = [DenseResult([(a, 0.9), (b, 0.5)]), DenseResult([(c, 0.7)])]
+    found, route = candidates(s, dense, [[(c, 3.0), (a, 1.0)], []])
+    assert route is None
+    assert [(x.key, x.chunk_index, x.ranks) for x in found] == [
+        (c, 2, [0, 1, 1, 0]),  # 1/61 + 2/61
+        (a, 0, [1, 2, 0, 0]),  # 2/61 + 1/62
+        (b, 1, [2, 0, 0, 0]),  # 2/62
+    ]
+    assert [x.score for x in found] == pytest.approx([3 / 61, 2 / 61 + 1 / 62, 2 / 62])
+
+
+def test_chunks_mode_names_a_branch_that_missed_a_chunk_none() -> None:
+    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), fetch_k=5, router=None)
+    r.add_documents(corpus_documents())
+    found = r.invoke("royalty audit", mode="chunks", k=10)  # 5 hits a branch: each misses some
+    ranks = [(d.metadata["dense_rank"], d.metadata["lexical_rank"]) for d in found]
+    assert {pair.index(None) for pair in ranks if None in pair} == {0, 1}
+    assert all(r is None or (type(r) is int and r >= 1) for pair in ranks for r in pair)
