@@ -90,6 +90,13 @@ SEARCH_STAGES = (
 )
 """The stage-breakdown rows that are the searches themselves (the lexical ones include the
 document router's lead search, a BM25 search too); the rest of ``invoke`` is our own work."""
+
+
+def own_work(stages: dict[str, float]) -> float:
+    """CPU ms per query of a stage breakdown beyond the searches (:data:`SEARCH_STAGES`)."""
+    return stages.get("total invoke", 0.0) - sum(stages.get(n, 0.0) for n in SEARCH_STAGES)
+
+
 TARGET_RSE_MS = 5.0
 TARGET_WRITE_MS = 50.0
 TARGET_BYTES_PER_CHUNK = 2048
@@ -394,12 +401,9 @@ def targets(results: list[SizeResult], rse: list[RSETiming]) -> list[str]:
             )
         for store, stages in r.breakdown.items():
             ms = dict(stages)
-            own = ms["total invoke"] - sum(ms.get(name, 0.0) for name in SEARCH_STAGES)
+            own = own_work(ms)
             if store == SCANLESS:  # a diagnostic, not a configuration
-                flat = dict(r.breakdown.get(FLAT, []))
-                with_scan = flat.get("total invoke", 0.0) - sum(
-                    flat.get(n, 0.0) for n in SEARCH_STAGES
-                )
+                with_scan = own_work(dict(r.breakdown.get(FLAT, [])))
                 lines.append(
                     f"- diagnostic at N={r.size:,}: own work with FAISS-Flat's dense hits memoized "
                     f"(no exact scan flushing the CPU caches before the rest; cold record caches): "
