@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -300,6 +301,16 @@ class Writer:
                     "%d added (%d documents) in %.2f s", removed, len(keys), len(sources),
                     time.perf_counter() - started)  # fmt: skip
 
+    def _check_deletes(self) -> None:
+        """Before a write that removes chunks: a ``ValueError`` (nothing written) when the
+        vector store cannot remove them correctly (LangChain's ``FAISS`` over an IVF
+        index, see :func:`~langchain_rse.stores.faiss.check_deletes`)."""
+        faiss = sys.modules.get("faiss")  # a FAISS index exists only once faiss is imported
+        if faiss is not None and isinstance(getattr(self.vectorstore, "index", None), faiss.Index):
+            from langchain_rse.stores.faiss import check_deletes
+
+            check_deletes(self.vectorstore)
+
     def _bodies(self, pointers: Sequence[DocRecord]) -> list[DocBody | None]:
         raw = self.records.store.mget([body_key(p.doc_id, p.version) for p in pointers])
         return [DocBody.from_bytes(r) if r is not None else None for r in raw]
@@ -327,6 +338,8 @@ class Writer:
                 # Unchanged, but some chunk contexts fell back: index it again (the
                 # enricher's cache makes the good chunks free) under a fresh version id.
                 version = f"{version}.{secrets.token_hex(4)}"
+            if prev is not None:  # its chunks will be removed
+                self._check_deletes()
             chunks = split_text(doc.page_content, doc_id, splitter)
             if not chunks:
                 logger.warning("document %r has no text; nothing indexed for it", doc_id)
@@ -473,6 +486,7 @@ class Writer:
 
     def delete(self, doc_ids: Sequence[str], router: DocumentRouter | None = None) -> list[str]:
         """Remove documents everywhere; returns the ids that were indexed."""
+        self._check_deletes()
         with self.lock:
             found = self._delete(doc_ids)
             self._bump()
@@ -485,6 +499,7 @@ class Writer:
         at least ``min_age_s`` seconds ago (chunks left by a killed writer or a lost
         race); returns how many versions were removed. With several writers, pass a
         ``min_age_s`` longer than any write takes, so versions being written are spared."""
+        self._check_deletes()
         with self.lock:
             versions = self.records.versions()
             current = dict(zip(

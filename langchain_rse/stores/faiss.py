@@ -29,7 +29,7 @@ with warnings.catch_warnings():  # langchain-community warns on import
     warnings.simplefilter("ignore", DeprecationWarning)
     from langchain_community.vectorstores import FAISS
 
-__all__ = ["LocalFAISS"]
+__all__ = ["LocalFAISS", "check_deletes", "kept_ids_ivf", "move_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,8 @@ class LocalFAISS(FAISS):
 
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> bool | None:
         """Delete by id, as ``FAISS.delete`` does: every id must be present (else a
-        ``ValueError`` and nothing is deleted); the positions after a deleted one move up."""
+        ``ValueError`` and nothing is deleted); the positions after a deleted one move up,
+        in an IVF index too (:func:`move_up`), where FAISS keeps the ids that remain."""
         if ids is None:
             raise ValueError("No ids provided to delete.")
         wanted = set(ids)
@@ -116,8 +117,11 @@ class LocalFAISS(FAISS):
             raise ValueError(
                 f"Some specified ids do not exist in the current store. Ids not found: {missing}"
             )
+        ivf = kept_ids_ivf(self.index)  # (raises, nothing deleted, for lists it cannot move)
         copy, synced = self._half, self._half is not None and self._half.synced(self.index)
         self.index.remove_ids(positions[gone])
+        if ivf is not None:
+            move_up(ivf, positions[gone])
         if copy is not None:  # removed from the copy too; a copy that lags is made again
             self._half = copy.remove(positions[gone]) if synced else None
         delete_runs(names, gone)
@@ -129,3 +133,68 @@ class LocalFAISS(FAISS):
         self.docstore.delete(list(dict.fromkeys(ids)), **carry)
         self.index_to_docstore_id = remaining
         return True
+
+
+def kept_ids_ivf(index: Any) -> Any | None:
+    """The IVF index in ``index`` (itself, or one it wraps), or None when there is none.
+
+    A flat index moves the vectors after a removed one up a position, as LangChain's
+    position map expects; an IVF index keeps the ids of the vectors that remain, so the
+    map would name the wrong chunk for every position after a removed one, and the next
+    add would reuse ids still in use. :func:`move_up` renumbers its lists as a flat index
+    would; a ``ValueError`` here for inverted lists it cannot renumber in place (on disk)
+    and for an array direct map, which FAISS cannot remove with."""
+    import faiss
+
+    ivf: Any = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return None
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    if not isinstance(lists, faiss.ArrayInvertedLists):
+        raise ValueError(
+            f"cannot delete from this IVF index: its {type(lists).__name__} inverted lists "
+            "cannot be renumbered after a removal (in-memory lists can)"
+        )
+    if ivf.direct_map.type == faiss.DirectMap.Array:  # type: ignore[attr-defined]
+        raise ValueError(
+            "cannot delete from an IVF index with an array direct map: FAISS removes "
+            "nothing with one (a hashtable direct map, or none, can delete)"
+        )
+    return ivf
+
+
+def move_up(ivf: Any, removed: np.ndarray) -> None:
+    """After ``ivf.remove_ids(removed)``: each id left in ``ivf``'s lists moves up by the
+    number of removed ids below it, as in a flat index, so the ids stay ``0..ntotal-1``
+    (LangChain's positions) and FAISS numbers the next vectors it adds after them. A
+    direct map (id to list entry), if the index keeps one, is built again."""
+    import faiss
+
+    removed = np.sort(np.asarray(removed, dtype=np.int64))
+    lists = ivf.invlists
+    for list_no in range(ivf.nlist):
+        n = lists.list_size(list_no)
+        if n:  # the list's ids, in place (in-memory lists: see kept_ids_ivf)
+            ids = faiss.rev_swig_ptr(lists.get_ids(list_no), n)
+            ids -= np.searchsorted(removed, ids)
+    kind, none = ivf.direct_map.type, faiss.DirectMap.NoMap  # type: ignore[attr-defined]
+    if kind != none:
+        ivf.set_direct_map_type(none)
+        ivf.set_direct_map_type(kind)
+
+
+def check_deletes(vectorstore: Any) -> None:
+    """A ``ValueError`` for LangChain's own ``FAISS`` over an IVF index: its ``delete``
+    renumbers the position map but not the index (see :func:`kept_ids_ivf`), so a
+    replaced or deleted document would leave hits mapped to the wrong chunks.
+    :class:`LocalFAISS` (the same constructor) renumbers both."""
+    if isinstance(vectorstore, FAISS) and not isinstance(vectorstore, LocalFAISS):
+        import faiss
+
+        if faiss.try_extract_index_ivf(vectorstore.index) is not None:
+            raise ValueError(
+                "LangChain's FAISS store cannot delete from an IVF index (its delete "
+                "renumbers the position map, not the index, so hits would name the wrong "
+                "chunks): build the store as langchain_rse.stores.faiss.LocalFAISS (same "
+                "arguments), which renumbers both"
+            )

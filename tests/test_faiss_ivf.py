@@ -1,0 +1,190 @@
+"""IVF indexes in the local FAISS store: a delete leaves the index numbered as a flat one
+(FAISS keeps an IVF index's ids where a flat index moves them up, and LangChain's position
+map assumes the latter), and LangChain's own ``FAISS`` over an IVF index is refused before
+a write that would delete from it."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+from langchain_core.documents import Document
+
+from helpers import HashingEmbeddings, make_contract
+from langchain_rse import RSERetriever
+from langchain_rse.persistence import _faiss_classes, default_vectorstore
+from langchain_rse.stores.chunk_docstore import ChunkDocstore
+from langchain_rse.stores.faiss import LocalFAISS
+
+faiss, LangChainFAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
+LangChainFAISS = LangChainFAISS.__mro__[1]  # LocalFAISS's base: LangChain's FAISS
+
+WORDS = ["fees", "notice", "term", "audit", "warranty", "liability", "assignment", "law"]
+NLIST = 4
+
+
+def ivf_index(emb: Any) -> Any:
+    """An IVF index over ``emb``'s vectors, trained, searching every list (``nprobe`` =
+    ``nlist``: the same hits and distances as a flat index)."""
+    dim = len(emb.embed_query("probe"))
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(dim), dim, NLIST)
+    train = np.asarray(emb.embed_documents([f"{a} {b}" for a in WORDS for b in WORDS]),
+                       dtype=np.float32)  # fmt: skip
+    index.cp.min_points_per_centroid = 1  # a small training set, on purpose
+    index.train(train)
+    index.nprobe = NLIST
+    return index
+
+
+def store(emb: Any, index: Any, cls: Any = LocalFAISS, docstore: Any = None) -> Any:
+    return cls(emb, index, docstore if docstore is not None else ChunkDocstore(), {},
+               normalize_L2=True,
+               distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)  # fmt: skip
+
+
+def hits(vs: Any, query: str) -> list[tuple[Any, float]]:
+    """Every hit as ``(id, distance)``, in a canonical order (ties by id)."""
+    found = vs.similarity_search_with_score(query, k=vs.index.ntotal)
+    return sorted((d.id, round(float(s), 5)) for d, s in found)
+
+
+def list_ids(index: Any) -> list[int]:
+    ivf = faiss.extract_index_ivf(index)
+    lists = ivf.invlists
+    ids = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).tolist()
+           for i in range(ivf.nlist) if lists.list_size(i)]  # fmt: skip
+    return sorted(x for part in ids for x in part)
+
+
+@pytest.mark.parametrize("direct_map", [False, True])
+def test_ivf_deletes_and_adds_as_a_flat_index(direct_map: bool) -> None:
+    """Random deletes and adds on an IVF ``LocalFAISS`` and a flat one: after each, the
+    same position map, the IVF's ids exactly ``0..ntotal-1``, the same search results
+    and, with a hashtable direct map (id to list entry), the same vector at every
+    position after a delete."""
+    emb = HashingEmbeddings()
+    flat, ivf = default_vectorstore(emb), store(emb, ivf_index(emb))
+    rng = random.Random(7)
+    live: list[str] = []
+    serial = 0
+    for step in range(12):
+        if step % 3 == 2 and live:  # delete a few, anywhere
+            gone = rng.sample(live, min(len(live), rng.randint(1, 5)))
+            assert ivf.delete(gone) is True and flat.delete(gone) is True
+            live = [i for i in live if i not in gone]
+        else:
+            n = rng.randint(3, 9)
+            texts = [" ".join(rng.sample(WORDS, 3)) + f" clause {serial + i}" for i in range(n)]
+            ids = [f"id{serial + i}" for i in range(n)]
+            serial += n
+            for vs in (flat, ivf):
+                vs.add_texts(texts, metadatas=[{"i": i} for i in ids], ids=ids)
+            live += ids
+        assert ivf.index_to_docstore_id == flat.index_to_docstore_id
+        assert list_ids(ivf.index) == list(range(ivf.index.ntotal)) == list(range(len(live)))
+        for q in ("fees notice", "audit law clause 3", "warranty"):
+            assert hits(ivf, q) == hits(flat, q)
+        if direct_map and step % 3 == 2:  # the map the delete built again
+            for p in range(ivf.index.ntotal):
+                assert np.array_equal(ivf.index.reconstruct(p), flat.index.reconstruct(p))
+        if direct_map:  # FAISS's own add leaves a hashtable map behind: built again here
+            ivf.index.set_direct_map_type(faiss.DirectMap.NoMap)
+            ivf.index.set_direct_map_type(faiss.DirectMap.Hashtable)
+
+
+def contracts() -> list[Document]:
+    topics = [["termination", "payment"], ["confidentiality", "warranty"], ["liability", "fees"],
+              ["assignment", "audit"]]  # fmt: skip
+    return [Document(make_contract(f"c{i}", t), id=f"c{i}") for i, t in enumerate(topics)]
+
+
+def answers(r: RSERetriever) -> list[Any]:
+    out = []
+    for q in ("termination for convenience", "audit rights", "limitation of liability"):
+        for mode in ("segments", "chunks"):
+            found = r.invoke(q, mode=mode, k=4)
+            out.append([(d.metadata["doc_id"], d.metadata["start_index"], d.page_content)
+                        for d in found])  # fmt: skip
+    return out
+
+
+def test_retriever_over_ivf_replaces_and_deletes_as_over_flat() -> None:
+    """A retriever over an IVF ``LocalFAISS`` after documents are added, replaced and
+    deleted: every position holds the vector of the chunk the position map names there
+    (as the default flat store holds it after the same writes), so its dense hits are
+    the flat store's, and the replacement is found, the deleted document never."""
+    emb = HashingEmbeddings()
+    flat = RSERetriever(vectorstore=default_vectorstore(emb))
+    ivf = RSERetriever(vectorstore=store(emb, ivf_index(emb)))
+    for r in (flat, ivf):
+        r.add_documents(contracts())
+        r.add_documents([Document(make_contract("c1", ["indemnity", "audit"]), id="c1")])
+        r.delete(["c0"])
+    a: Any = ivf.vectorstore
+    b: Any = flat.vectorstore
+    assert sorted(a.index_to_docstore_id.values()) == sorted(b.index_to_docstore_id.values())
+    assert list_ids(a.index) == list(range(a.index.ntotal))
+    a.index.set_direct_map_type(faiss.DirectMap.Hashtable)  # to read a position's vector
+    where = {chunk_id: p for p, chunk_id in b.index_to_docstore_id.items()}
+    for p, chunk_id in a.index_to_docstore_id.items():
+        assert np.array_equal(a.index.reconstruct(p), b.index.reconstruct(where[chunk_id]))
+    for q in ("termination for convenience", "audit rights", "indemnity"):
+        assert hits(a, q) == hits(b, q)
+    found = [d.metadata["doc_id"] for q in ("indemnity", "termination") for d in ivf.invoke(q)]
+    assert "c1" in found and "c0" not in found
+
+
+def test_langchains_faiss_over_ivf_refuses_deletes_before_writing() -> None:
+    """LangChain's ``FAISS.delete`` renumbers its map, not an IVF index: a retriever over
+    it adds documents, but refuses a delete or a replacement with a ``ValueError`` that
+    names ``LocalFAISS``, before anything is written or removed."""
+    emb = HashingEmbeddings()
+    vs = store(emb, ivf_index(emb), LangChainFAISS, InMemoryDocstore({}))
+    assert type(vs) is LangChainFAISS
+    r = RSERetriever(vectorstore=vs)
+    r.add_documents(contracts())
+    before, n = answers(r), vs.index.ntotal
+    with pytest.raises(ValueError, match="LocalFAISS"):
+        r.delete(["c0"])
+    with pytest.raises(ValueError, match="LocalFAISS"):
+        r.add_documents([Document(make_contract("c1", ["indemnity", "audit"]), id="c1")])
+    with pytest.raises(ValueError, match="LocalFAISS"):
+        r.vacuum()
+    assert vs.index.ntotal == n and answers(r) == before
+    r.add_documents([Document(make_contract("c9", ["indemnity"]), id="c9")])  # adds still work
+    assert vs.index.ntotal > n
+
+
+def test_ivf_with_an_array_direct_map_refuses_deletes() -> None:
+    """FAISS cannot remove from an IVF index with an array direct map: the delete raises
+    a ``ValueError`` and the store is as it was."""
+    emb = HashingEmbeddings()
+    vs = store(emb, ivf_index(emb))
+    vs.add_texts([f"{w} clause" for w in WORDS], ids=WORDS)
+    vs.index.set_direct_map_type(faiss.DirectMap.Array)
+    before, mapping = hits(vs, "fees notice"), dict(vs.index_to_docstore_id)
+    with pytest.raises(ValueError, match="array direct map"):
+        vs.delete(["term"])
+    assert vs.index_to_docstore_id == mapping and hits(vs, "fees notice") == before
+
+
+def test_ivf_store_saves_and_loads_after_deletes(tmp_path: Any) -> None:
+    """An IVF ``LocalFAISS`` is saved and loaded as the default store is: after a
+    replacement and a delete, the loaded retriever's store and answers are the saved one's,
+    and it can delete again."""
+    emb = HashingEmbeddings()
+    r = RSERetriever(vectorstore=store(emb, ivf_index(emb)))
+    r.add_documents(contracts())
+    r.add_documents([Document(make_contract("c1", ["indemnity", "audit"]), id="c1")])
+    r.delete(["c0"])
+    r.save(tmp_path / "index")
+    loaded = RSERetriever.load(tmp_path / "index", embedding=emb)
+    a: Any = loaded.vectorstore
+    assert isinstance(a, LocalFAISS) and faiss.try_extract_index_ivf(a.index) is not None
+    assert a.index_to_docstore_id == r.vectorstore.index_to_docstore_id  # type: ignore[attr-defined]
+    assert a.index.nprobe == NLIST and answers(loaded) == answers(r)
+    loaded.delete(["c2"])
+    assert list_ids(a.index) == list(range(a.index.ntotal))
+    assert all(d.metadata["doc_id"] != "c2" for d in loaded.invoke("liability fees"))
