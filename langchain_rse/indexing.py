@@ -303,8 +303,9 @@ class Writer:
 
     def _check_deletes(self) -> None:
         """Before a write that removes chunks: a ``ValueError`` (nothing written) when the
-        vector store cannot remove them correctly (LangChain's ``FAISS`` over an IVF
-        index, see :func:`~langchain_rse.stores.faiss.check_deletes`)."""
+        vector store cannot remove them correctly (a FAISS index that cannot remove, or
+        LangChain's ``FAISS`` over an IVF index: see
+        :func:`~langchain_rse.stores.faiss.check_deletes`)."""
         faiss = sys.modules.get("faiss")  # a FAISS index exists only once faiss is imported
         if faiss is not None and isinstance(getattr(self.vectorstore, "index", None), faiss.Index):
             from langchain_rse.stores.faiss import check_deletes

@@ -5,6 +5,7 @@ a write that would delete from it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -188,3 +189,31 @@ def test_ivf_store_saves_and_loads_after_deletes(tmp_path: Any) -> None:
     loaded.delete(["c2"])
     assert list_ids(a.index) == list(range(a.index.ntotal))
     assert all(d.metadata["doc_id"] != "c2" for d in loaded.invoke("liability fees"))
+
+
+def test_an_index_that_cannot_remove_refuses_deletes_before_writing() -> None:
+    """FAISS cannot remove from an HNSW index: the store's delete, and a retriever's
+    delete, replacement or vacuum (sync and async), raise a ``ValueError`` that says so before anything
+    is written or removed (the BM25 index, the records and the vectors stay as they
+    were); adding still works."""
+    emb = HashingEmbeddings()
+    dim = len(emb.embed_query("probe"))
+    vs = store(emb, faiss.IndexHNSWFlat(dim, 16))
+    r = RSERetriever(vectorstore=vs)
+    r.add_documents(contracts())
+    before, n = answers(r), vs.index.ntotal
+    with pytest.raises(ValueError, match="cannot remove vectors"):
+        vs.delete([next(iter(vs.index_to_docstore_id.values()))])
+    with pytest.raises(ValueError, match="cannot remove vectors"):
+        r.delete(["c0"])
+    with pytest.raises(ValueError, match="cannot remove vectors"):
+        r.add_documents([Document(make_contract("c1", ["indemnity", "audit"]), id="c1")])
+    with pytest.raises(ValueError, match="cannot remove vectors"):
+        r.vacuum()
+    replaced = [Document(make_contract("c1", ["indemnity"]), id="c1")]
+    for call in (r.adelete(["c0"]), r.aadd_documents(replaced), r.avacuum()):
+        with pytest.raises(ValueError, match="cannot remove vectors"):
+            asyncio.run(call)  # type: ignore[arg-type]
+    assert vs.index.ntotal == n and answers(r) == before and len(r.get(["c0", "c1"])) == 2
+    r.add_documents([Document(make_contract("c9", ["indemnity"]), id="c9")])
+    assert vs.index.ntotal > n

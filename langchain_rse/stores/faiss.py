@@ -29,7 +29,7 @@ with warnings.catch_warnings():  # langchain-community warns on import
     warnings.simplefilter("ignore", DeprecationWarning)
     from langchain_community.vectorstores import FAISS
 
-__all__ = ["LocalFAISS", "check_deletes", "kept_ids_ivf", "move_up"]
+__all__ = ["LocalFAISS", "check_deletes", "kept_ids_ivf", "move_up", "removable"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +117,8 @@ class LocalFAISS(FAISS):
             raise ValueError(
                 f"Some specified ids do not exist in the current store. Ids not found: {missing}"
             )
+        if not removable(self.index):
+            raise ValueError(_CANNOT_REMOVE.format(type(self.index).__name__))
         ivf = kept_ids_ivf(self.index)  # (raises, nothing deleted, for lists it cannot move)
         copy, synced = self._half, self._half is not None and self._half.synced(self.index)
         self.index.remove_ids(positions[gone])
@@ -133,6 +135,26 @@ class LocalFAISS(FAISS):
         self.docstore.delete(list(dict.fromkeys(ids)), **carry)
         self.index_to_docstore_id = remaining
         return True
+
+
+_CANNOT_REMOVE = (
+    "this FAISS index ({}) cannot remove vectors (FAISS: remove_ids not implemented), so "
+    "documents in it cannot be replaced or deleted: use a flat or an IVF index"
+)
+
+
+def removable(index: Any) -> bool:
+    """Whether FAISS can remove vectors from ``index``: a flat (or flat-codes) or IVF
+    index can; others (HNSW, NSG, a refine index) are asked by removing nothing."""
+    import faiss
+
+    if isinstance(index, (faiss.IndexFlatCodes, faiss.IndexIVF)):
+        return True
+    try:
+        index.remove_ids(faiss.IDSelectorRange(0, 0))
+    except RuntimeError:
+        return False
+    return True
 
 
 def kept_ids_ivf(index: Any) -> Any | None:
@@ -184,11 +206,16 @@ def move_up(ivf: Any, removed: np.ndarray) -> None:
 
 
 def check_deletes(vectorstore: Any) -> None:
-    """A ``ValueError`` for LangChain's own ``FAISS`` over an IVF index: its ``delete``
-    renumbers the position map but not the index (see :func:`kept_ids_ivf`), so a
-    replaced or deleted document would leave hits mapped to the wrong chunks.
-    :class:`LocalFAISS` (the same constructor) renumbers both."""
-    if isinstance(vectorstore, FAISS) and not isinstance(vectorstore, LocalFAISS):
+    """A ``ValueError`` for a FAISS store that cannot delete correctly: an index FAISS
+    cannot remove from (see :func:`removable`), and LangChain's own ``FAISS`` over an IVF
+    index, whose ``delete`` renumbers the position map but not the index (see
+    :func:`kept_ids_ivf`), so a replaced or deleted document would leave hits mapped to
+    the wrong chunks (:class:`LocalFAISS`, the same constructor, renumbers both)."""
+    if not isinstance(vectorstore, FAISS):
+        return
+    if not removable(vectorstore.index):
+        raise ValueError(_CANNOT_REMOVE.format(type(vectorstore.index).__name__))
+    if not isinstance(vectorstore, LocalFAISS):
         import faiss
 
         if faiss.try_extract_index_ivf(vectorstore.index) is not None:
