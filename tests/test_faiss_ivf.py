@@ -135,6 +135,11 @@ def test_retriever_over_ivf_replaces_and_deletes_as_over_flat() -> None:
         assert hits(a, q) == hits(b, q)
     found = [d.metadata["doc_id"] for q in ("indemnity", "termination") for d in ivf.invoke(q)]
     assert "c1" in found and "c0" not in found
+    for doc in ("c1", "c3"):  # a doc_id filter searches those documents' positions only
+        got = ivf.invoke("audit rights", filter={"doc_id": doc}, mode="chunks", k=3)
+        want = flat.invoke("audit rights", filter={"doc_id": doc}, mode="chunks", k=3)
+        assert [d.metadata["doc_id"] for d in got] == [doc] * 3
+        assert sorted(d.page_content for d in got) == sorted(d.page_content for d in want)
 
 
 def test_langchains_faiss_over_ivf_refuses_deletes_before_writing() -> None:
