@@ -106,7 +106,7 @@ def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
 # ---------------------------------------------------------------- file primitives
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes | memoryview) -> None:
     """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -143,7 +143,7 @@ class IndexWriter:
         self.gen = secrets.token_hex(6)
         self.files: dict[str, dict[str, str]] = {}
 
-    def add_bytes(self, role: str, ext: str, data: bytes) -> str:
+    def add_bytes(self, role: str, ext: str, data: bytes | memoryview) -> str:
         name = f"{role}.{self.gen}.{ext}"
         atomic_write(self.dir / name, data)
         self.files[role] = {"name": name, "sha256": hashlib.sha256(data).hexdigest()}
@@ -282,8 +282,8 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
                 }
             ),
         )
-        raw = faiss.serialize_index(vs.index).tobytes()  # type: ignore[attr-defined]
-        writer.add_bytes("vectors_index", "faiss", raw)
+        raw = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
+        writer.add_bytes("vectors_index", "faiss", memoryview(raw))  # no copy of the vectors
     return info
 
 
