@@ -36,10 +36,10 @@ from speed_writes import WriteTiming, time_writes
 import langchain_rse.bm25
 import langchain_rse.lexical
 import langchain_rse.pipeline
-import langchain_rse.records
 import langchain_rse.search
 from langchain_rse import RSERetriever
 from langchain_rse.enrichment import index_text
+from langchain_rse.record_store import RecordStore
 from langchain_rse.stores.chunk_docstore import ChunkDocstore
 from langchain_rse.stores.faiss import LocalFAISS
 
@@ -445,8 +445,8 @@ def stage_targets(store: FAISS) -> list[tuple[str, Any, str]]:
         ("fusion (pipeline.candidates: RRF + chunk keys)", langchain_rse.pipeline, "candidates"),
         ("pipeline (pipeline.run_pipeline: records, RSE, results)", langchain_rse.pipeline,
          "run_pipeline"),
-        ("  record reads (pointers + bodies, JSON)", langchain_rse.records.RecordStore, "pointers"),
-        ("  record bodies", langchain_rse.records.RecordStore, "bodies"),
+        ("  record reads (pointers + bodies, JSON)", RecordStore, "pointers"),
+        ("  record bodies", RecordStore, "bodies"),
         ("  RSE (pipeline.select: chunk_values + best_segments)", langchain_rse.pipeline, "select"),
         ("  results (pipeline.results: segment Documents)", langchain_rse.pipeline, "results"),
     ]  # fmt: skip

@@ -36,11 +36,11 @@ from langchain_rse.enrichment import ChunkContext, index_text
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.progress import Progress
+from langchain_rse.record_store import RecordStore
 from langchain_rse.records import (
     Contexts,
     DocBody,
     DocRecord,
-    RecordStore,
     Spans,
     VersionRecord,
     body_key,

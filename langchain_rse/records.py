@@ -18,15 +18,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import threading
 import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import lz4.block
-from cachetools import LRUCache
-from langchain_core.stores import BaseStore
 from langchain_text_splitters import TextSplitter
 from pydantic import (
     BaseModel,
@@ -45,7 +42,6 @@ __all__ = [
     "Contexts",
     "DocBody",
     "DocRecord",
-    "RecordStore",
     "Spans",
     "StaleRead",
     "VersionRecord",
@@ -318,7 +314,7 @@ class DocBody(_Record):
     """The source text of one document version and its chunk contexts.
 
     An in-process record store keeps it LZ4-compressed (about a third of the JSON; see
-    :class:`RecordStore`); :meth:`from_bytes` reads either form.
+    :class:`~langchain_rse.record_store.RecordStore`); :meth:`from_bytes` reads either form.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)  # merged with _Record's
@@ -431,104 +427,3 @@ def document_version(text: str, metadata: dict[str, Any], splitter: str, enriche
 def is_version_of(version: str, base: str) -> bool:
     """Whether ``version`` is ``base`` or a re-indexing of it (``base.<suffix>``)."""
     return version.split(".")[0] == base
-
-
-# ---------------------------------------------------------------- the record store
-
-_POINTER_CACHE_SIZE = 4096
-BODY_CACHE_CHARS = 32_000_000
-"""Characters of decoded source text :class:`RecordStore` keeps (least recently used go)."""
-
-
-class RecordStore:
-    """Typed access to the records in a ``BaseStore[str, bytes]``, sync and async.
-
-    Decoded pointers are cached by their bytes, so a hot document is parsed once. Decoded
-    bodies are cached by document version (a version's body is written once, before its
-    pointer, and never changes), up to ``BODY_CACHE_CHARS`` characters of text: a query
-    whose segments come from recently read documents reads no body.
-
-    With ``compress`` (for a store in this process's memory) bodies are written
-    LZ4-compressed; stores other processes share get plain JSON, which every version of
-    the library reads.
-    """
-
-    def __init__(self, store: BaseStore[str, bytes], compress: bool = False) -> None:
-        self.store = store
-        self.compress = compress
-        self._pointers: dict[bytes, DocRecord] = {}
-        self._bodies: LRUCache[tuple[str, str], DocBody] = LRUCache(
-            BODY_CACHE_CHARS, getsizeof=lambda body: len(body.text) + 1
-        )
-        self._bodies_lock = threading.Lock()
-
-    def _pointer(self, raw: bytes | None) -> DocRecord | None:
-        if raw is None:
-            return None
-        record = self._pointers.get(raw)
-        if record is None:
-            record = DocRecord.from_bytes(raw)
-            if len(self._pointers) >= _POINTER_CACHE_SIZE:
-                self._pointers.pop(next(iter(self._pointers)), None)
-            self._pointers[raw] = record
-        return record
-
-    def _cached(self, records: Sequence[DocRecord]) -> tuple[list[DocBody | None], list[str]]:
-        """The cached bodies of ``records`` (None where not cached), and the keys to read."""
-        with self._bodies_lock:
-            found = [self._bodies.get((r.doc_id, r.version)) for r in records]
-        return found, [body_key(r.doc_id, r.version) for r, b in zip(records, found) if b is None]
-
-    def _decoded(
-        self, records: Sequence[DocRecord], found: list[DocBody | None], raw: list[bytes | None]
-    ) -> list[DocBody]:
-        """``found`` with the missing bodies decoded from ``raw`` (in order) and cached."""
-        todo = iter(raw)
-        out = []
-        for record, body in zip(records, found):
-            if body is None:
-                data = next(todo)
-                if data is None:  # replaced or deleted since its pointer was read
-                    raise StaleRead(record.doc_id)
-                body = DocBody.from_bytes(data)
-                with self._bodies_lock:
-                    self._bodies[(record.doc_id, record.version)] = body
-            out.append(body)
-        return out
-
-    def pointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
-        return [self._pointer(r) for r in self.store.mget([pointer_key(d) for d in doc_ids])]
-
-    async def apointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
-        raw = await self.store.amget([pointer_key(d) for d in doc_ids])
-        return [self._pointer(r) for r in raw]
-
-    def bodies(self, records: Sequence[DocRecord]) -> list[DocBody]:
-        found, keys = self._cached(records)
-        return self._decoded(records, found, self.store.mget(keys) if keys else [])
-
-    async def abodies(self, records: Sequence[DocRecord]) -> list[DocBody]:
-        found, keys = self._cached(records)
-        return self._decoded(records, found, await self.store.amget(keys) if keys else [])
-
-    def put(self, pairs: Sequence[tuple[str, _Record]]) -> None:
-        if pairs:
-            local = self.compress
-            self.store.mset([
-                (key, record.local_bytes() if local and isinstance(record, DocBody)
-                 else record.to_bytes())
-                for key, record in pairs
-            ])  # fmt: skip
-
-    def delete(self, keys: Sequence[str]) -> None:
-        if keys:
-            self.store.mdelete(list(keys))
-
-    def versions(self, doc_id: str | None = None) -> list[VersionRecord]:
-        """The version records of one document, or of all documents."""
-        # All keys, filtered here: stores disagree on what `prefix` means (RedisStore
-        # takes it as a whole-key pattern), and this is only for vacuum's full scan.
-        prefix = version_key(doc_id) if doc_id else "ver/"
-        keys = [key for key in self.store.yield_keys() if key.startswith(prefix)]
-        raw = self.store.mget(keys) if keys else []
-        return [VersionRecord.from_bytes(r) for r in raw if r is not None]

@@ -47,7 +47,7 @@ from langchain_rse.indexing import Writer, index_steps
 from langchain_rse.lexical import BM25Index, LexicalEngine
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.persistence import default_vectorstore, load_index, save_index
-from langchain_rse.records import RecordStore
+from langchain_rse.record_store import RecordStore
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, as_router
 from langchain_rse.sansio import Handlers, Request, adrive, drive

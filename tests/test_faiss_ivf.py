@@ -198,9 +198,9 @@ def test_ivf_store_saves_and_loads_after_deletes(tmp_path: Any) -> None:
 
 def test_an_index_that_cannot_remove_refuses_deletes_before_writing() -> None:
     """FAISS cannot remove from an HNSW index: the store's delete, and a retriever's
-    delete, replacement or vacuum (sync and async), raise a ``ValueError`` that says so before anything
-    is written or removed (the BM25 index, the records and the vectors stay as they
-    were); adding still works."""
+    delete, replacement or vacuum (sync and async), raise a ``ValueError`` that says so
+    before anything is written or removed (the BM25 index, the records and the vectors
+    stay as they were); adding still works."""
     emb = HashingEmbeddings()
     dim = len(emb.embed_query("probe"))
     vs = store(emb, faiss.IndexHNSWFlat(dim, 16))

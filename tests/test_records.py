@@ -15,11 +15,11 @@ from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
 from langchain_rse.enrichment import ChunkContext
 from langchain_rse.persistence import default_vectorstore
+from langchain_rse.record_store import RecordStore
 from langchain_rse.records import (
     Contexts,
     DocBody,
     DocRecord,
-    RecordStore,
     Spans,
     StaleRead,
     body_key,
