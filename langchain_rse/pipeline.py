@@ -25,7 +25,7 @@ from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import CODE_CORPUS, FusionMethod, fused, quotes_code
 from langchain_rse.pages import PAGE_OFFSETS, page_range
-from langchain_rse.records import DocBody, DocRecord, StaleRead
+from langchain_rse.records import Body, DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.sansio import Request
@@ -150,7 +150,7 @@ class Trace:
     candidates: list[Candidate]
     metas: dict[str, DocRecord]
     selection: list[tuple[str, int, int, float]]
-    bodies: dict[str, DocBody]
+    bodies: dict[str, Body]
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ def current(
 
 
 def rerank_inputs(
-    cands: list[Candidate], bodies: dict[str, DocBody], metas: dict[str, DocRecord]
+    cands: list[Candidate], bodies: dict[str, Body], metas: dict[str, DocRecord]
 ) -> list[Document]:
     """The candidates' enriched texts, tagged with their chunk ids."""
     docs = []
@@ -260,7 +260,7 @@ def rerank_inputs(
         if c.text is None:
             body = bodies[c.doc_id]
             start, end = metas[c.doc_id].spans[c.chunk_index]
-            c.text = index_text(body.contexts[c.chunk_index], body.text[start:end])
+            c.text = index_text(body.contexts[c.chunk_index], body.slice(start, end))
         docs.append(Document(page_content=c.text, metadata={"chunk_id": chunk_uuid(c.key)}))
     return docs
 
@@ -327,7 +327,7 @@ def results(
     s: QuerySettings,
     cands: list[Candidate],
     metas: dict[str, DocRecord],
-    bodies: dict[str, DocBody],
+    bodies: dict[str, Body],
     selection: Selection,
     fallback: bool,
 ) -> list[Document]:
@@ -361,7 +361,7 @@ def results(
             )
         if fallback:
             md["rerank_fallback"] = True
-        out.append(Document(page_content=body.text[first:last], metadata=md))
+        out.append(Document(page_content=body.slice(first, last), metadata=md))
     return out
 
 
@@ -395,7 +395,7 @@ def run_pipeline(
     cands = current(cands, metas, s.filter)
     if not cands:
         return []
-    bodies: dict[str, DocBody] = {}
+    bodies: dict[str, Body] = {}
     reranked: list[RerankResult] | None = None
     fallback = False
     if s.rerank:

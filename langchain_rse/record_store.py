@@ -10,6 +10,7 @@ from cachetools import LRUCache
 from langchain_core.stores import BaseStore
 
 from langchain_rse.records import (
+    Body,
     DocBody,
     DocRecord,
     StaleRead,
@@ -17,6 +18,7 @@ from langchain_rse.records import (
     _Record,
     body_key,
     pointer_key,
+    read_body,
     version_key,
 )
 
@@ -36,16 +38,18 @@ class RecordStore:
     whose segments come from recently read documents reads no body.
 
     With ``compress`` (for a store in this process's memory) bodies are written
-    LZ4-compressed; stores other processes share get plain JSON, which every version of
-    the library reads.
+    LZ4-compressed, long ones in blocks (:class:`~langchain_rse.records.BodyBlocks`: a
+    query decodes the blocks its segments cover; such a body weighs its whole text in the
+    cache); stores other processes share get plain JSON, which every version of the
+    library reads.
     """
 
     def __init__(self, store: BaseStore[str, bytes], compress: bool = False) -> None:
         self.store = store
         self.compress = compress
         self._pointers: dict[bytes, DocRecord] = {}
-        self._bodies: LRUCache[tuple[str, str], DocBody] = LRUCache(
-            BODY_CACHE_CHARS, getsizeof=lambda body: len(body.text) + 1
+        self._bodies: LRUCache[tuple[str, str], Body] = LRUCache(
+            BODY_CACHE_CHARS, getsizeof=lambda body: body.chars + 1
         )
         self._bodies_lock = threading.Lock()
 
@@ -60,15 +64,15 @@ class RecordStore:
             self._pointers[raw] = record
         return record
 
-    def _cached(self, records: Sequence[DocRecord]) -> tuple[list[DocBody | None], list[str]]:
+    def _cached(self, records: Sequence[DocRecord]) -> tuple[list[Body | None], list[str]]:
         """The cached bodies of ``records`` (None where not cached), and the keys to read."""
         with self._bodies_lock:
             found = [self._bodies.get((r.doc_id, r.version)) for r in records]
         return found, [body_key(r.doc_id, r.version) for r, b in zip(records, found) if b is None]
 
     def _decoded(
-        self, records: Sequence[DocRecord], found: list[DocBody | None], raw: list[bytes | None]
-    ) -> list[DocBody]:
+        self, records: Sequence[DocRecord], found: list[Body | None], raw: list[bytes | None]
+    ) -> list[Body]:
         """``found`` with the missing bodies decoded from ``raw`` (in order) and cached."""
         todo = iter(raw)
         out = []
@@ -77,7 +81,7 @@ class RecordStore:
                 data = next(todo)
                 if data is None:  # replaced or deleted since its pointer was read
                     raise StaleRead(record.doc_id)
-                body = DocBody.from_bytes(data)
+                body = read_body(data)
                 with self._bodies_lock:
                     self._bodies[(record.doc_id, record.version)] = body
             out.append(body)
@@ -90,11 +94,11 @@ class RecordStore:
         raw = await self.store.amget([pointer_key(d) for d in doc_ids])
         return [self._pointer(r) for r in raw]
 
-    def bodies(self, records: Sequence[DocRecord]) -> list[DocBody]:
+    def bodies(self, records: Sequence[DocRecord]) -> list[Body]:
         found, keys = self._cached(records)
         return self._decoded(records, found, self.store.mget(keys) if keys else [])
 
-    async def abodies(self, records: Sequence[DocRecord]) -> list[DocBody]:
+    async def abodies(self, records: Sequence[DocRecord]) -> list[Body]:
         found, keys = self._cached(records)
         return self._decoded(records, found, await self.store.amget(keys) if keys else [])
 

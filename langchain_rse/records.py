@@ -18,9 +18,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import struct
 import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import accumulate
 from typing import Any, overload
 
 import lz4.block
@@ -38,7 +40,11 @@ from langchain_rse.chunking import chunk_key, chunk_uuid
 from langchain_rse.enrichment import ChunkContext
 
 __all__ = [
+    "BLOCKED_ABOVE",
+    "BLOCK_CHARS",
     "RECORD_FORMAT",
+    "Body",
+    "BodyBlocks",
     "Contexts",
     "DocBody",
     "DocRecord",
@@ -50,6 +56,7 @@ __all__ = [
     "json_bytes",
     "local_form",
     "plain_form",
+    "read_body",
     "is_version_of",
     "pointer_key",
     "splitter_fingerprint",
@@ -236,6 +243,8 @@ def json_bytes(raw: bytes) -> bytes:
     JSON) is decompressed, and a packed one written as JSON again."""
     if raw[:1] == b"{":
         return raw
+    if raw[:1] == _BLOCKS:
+        return DocBody.from_bytes(raw).to_bytes()
     raw = decompressed(raw)
     return DocBody.from_bytes(raw).to_bytes() if raw[:1] == _PACKED else raw
 
@@ -248,7 +257,8 @@ def plain_form(key: str, raw: bytes) -> bytes:
 def local_form(key: str, raw: bytes) -> bytes:
     """How a record store in this process keeps the JSON record ``raw`` stored at ``key``:
     bodies (most of the bytes, and read only for the documents a query returns) packed
-    (:meth:`DocBody.packed`) and compressed (:func:`compressed`); the rest stays JSON."""
+    (:meth:`DocBody.packed`) and compressed (:func:`compressed`), or in blocks when long
+    (:class:`BodyBlocks`); the rest stays JSON."""
     return DocBody.from_bytes(raw).local_bytes() if key.startswith(_BODY) else raw
 
 
@@ -332,10 +342,22 @@ class DocBody(_Record):
     def _to_pairs(self, contexts: Contexts) -> list[list[str]]:
         return [[text, method] for text, method in contexts.pairs]
 
+    @property
+    def chars(self) -> int:
+        """The length of the text."""
+        return len(self.text)
+
+    def slice(self, start: int, end: int) -> str:
+        """``text[start:end]`` (what :class:`BodyBlocks` reads without decoding the rest)."""
+        return self.text[start:end]
+
     @classmethod
     def from_bytes(cls, raw: bytes) -> DocBody:
-        """From JSON, or the form an in-process store keeps (:meth:`local_bytes`, or
-        :meth:`packed` decompressed)."""
+        """From JSON, or a form an in-process store keeps (:meth:`local_bytes`, or
+        :meth:`packed` decompressed), the whole text decoded (see :func:`read_body`)."""
+        if raw[:1] == _BLOCKS:
+            blocks = BodyBlocks(raw)
+            return cls.model_construct(text=blocks.text, contexts=blocks.contexts)
         if raw[:1] != b"{" and raw[:1] != _PACKED:
             raw = decompressed(raw)
         if raw[:1] == _PACKED:  # no JSON parse of the text, contexts parsed when read
@@ -356,8 +378,120 @@ class DocBody(_Record):
 
     def local_bytes(self) -> bytes:
         """How an in-process record store keeps this body: :meth:`packed`, then
-        compressed (see :func:`local_form`)."""
+        compressed, or, above :data:`BLOCKED_ABOVE` characters, in blocks
+        (:meth:`BodyBlocks.encode`; see :func:`local_form`)."""
+        if len(self.text) > BLOCKED_ABOVE:
+            return BodyBlocks.encode(self)
         return compressed(self.packed())
+
+
+_BLOCKS = b"\x05"
+"""The first byte of a body kept in blocks (:class:`BodyBlocks`)."""
+
+BLOCK_CHARS = 32_768
+"""Characters of text per block of a long body."""
+BLOCKED_ABOVE = 65_536
+"""Bodies with more characters are kept in blocks. Each block is compressed alone, which
+costs ratio (CUAD contracts: 0.387 of the UTF-8 text in 32K-character blocks, 0.334 whole),
+so shorter bodies stay whole; a segment then decodes at most two blocks however long its
+document is (``benchmarks/RESULTS.md``, session 20)."""
+
+
+class BodyBlocks:
+    """A long body as an in-process record store keeps it: the text in blocks of
+    :data:`BLOCK_CHARS` characters and the contexts' JSON, each LZ4-compressed alone, so
+    that :meth:`slice` decodes only the blocks it covers (each once; then kept here).
+
+    Layout: :data:`_BLOCKS`; block size, block count and text length in characters
+    (``<IIQ``); ``count + 2`` byte offsets (``<Q``) of the contexts' block, each text
+    block and the end; then the blocks.
+    """
+
+    __slots__ = ("_blocks", "_contexts", "_ends", "_raw", "block_chars", "chars")
+
+    _HEAD = struct.Struct("<IIQ")
+
+    @classmethod
+    def encode(cls, body: DocBody, block_chars: int | None = None) -> bytes:
+        """``body`` in this form, in blocks of ``block_chars`` (:data:`BLOCK_CHARS`)."""
+        block_chars = block_chars or BLOCK_CHARS
+        text = body.text
+        pairs = json.dumps(body.contexts.pairs, ensure_ascii=False)
+        parts = [pairs] + [text[i : i + block_chars] for i in range(0, len(text), block_chars)]
+        packed = [
+            lz4.block.compress(part.encode("utf-8", "surrogatepass"), mode="high_compression",
+                               compression=LZ4_LEVEL)
+            for part in parts
+        ]  # fmt: skip
+        start = 1 + cls._HEAD.size + 8 * (len(parts) + 1)
+        ends = list(accumulate((len(b) for b in packed), initial=start))
+        head = cls._HEAD.pack(block_chars, len(parts) - 1, len(text))
+        return b"".join([_BLOCKS, head, array("Q", ends).tobytes(), *packed])
+
+    def __init__(self, raw: bytes) -> None:
+        """Read the layout (a ``ValueError`` for bytes that do not hold one); no block
+        is decompressed yet."""
+        try:
+            if raw[:1] != _BLOCKS:
+                raise ValueError("no block marker")
+            self.block_chars, count, self.chars = self._HEAD.unpack_from(raw, 1)
+            ends = array("Q")
+            ends.frombytes(raw[1 + self._HEAD.size : 1 + self._HEAD.size + 8 * (count + 2)])
+            if len(ends) != count + 2 or ends[-1] != len(raw) or self.block_chars < 1:
+                raise ValueError("offsets do not match the bytes")
+        except (ValueError, struct.error) as exc:
+            raise ValueError(f"not a body in blocks ({exc})") from None
+        self._raw, self._ends = raw, ends
+        self._blocks: dict[int, str] = {}
+        self._contexts: Contexts | None = None
+
+    def _part(self, i: int) -> bytes:
+        """Part ``i`` decompressed (0: the contexts' JSON, then the text blocks)."""
+        part = memoryview(self._raw)[self._ends[i] : self._ends[i + 1]]
+        try:
+            return lz4.block.decompress(part)  # type: ignore[no-any-return]
+        except (lz4.block.LZ4BlockError, ValueError) as exc:  # (ValueError: a bad size)
+            raise ValueError(f"a body block that does not decompress: {exc}") from None
+
+    def _block(self, i: int) -> str:
+        block = self._blocks.get(i)
+        if block is None:  # two threads may both decode it: the same text
+            block = self._blocks[i] = str(self._part(i + 1), "utf-8", "surrogatepass")
+        return block
+
+    @property
+    def contexts(self) -> Contexts:
+        """The chunk contexts (their JSON decompressed when first read)."""
+        if self._contexts is None:
+            self._contexts = Contexts.from_json(self._part(0))
+        return self._contexts
+
+    def slice(self, start: int, end: int) -> str:
+        """``text[start:end]``, decoding only the blocks it covers."""
+        start, end, _ = slice(start, end).indices(self.chars)
+        if start >= end:
+            return ""
+        size = self.block_chars
+        first, last = start // size, (end - 1) // size
+        if first == last:
+            return self._block(first)[start - first * size : end - first * size]
+        text = "".join(self._block(i) for i in range(first, last + 1))
+        return text[start - first * size : end - first * size]
+
+    @property
+    def text(self) -> str:
+        """The whole text."""
+        return self.slice(0, self.chars)
+
+
+Body = DocBody | BodyBlocks
+"""A body as a query reads it: a slice of its text (``slice``), its ``contexts``."""
+
+
+def read_body(raw: bytes) -> Body:
+    """A stored body for reading slices: :class:`BodyBlocks` for a long body kept in
+    blocks (nothing decoded yet), else the :class:`DocBody`."""
+    return BodyBlocks(raw) if raw[:1] == _BLOCKS else DocBody.from_bytes(raw)
 
 
 class VersionRecord(_Record):

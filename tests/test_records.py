@@ -4,6 +4,7 @@ another version's text, and a body that vanished before it was cached is a stale
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from langchain_rse.enrichment import ChunkContext
 from langchain_rse.persistence import default_vectorstore
 from langchain_rse.record_store import RecordStore
 from langchain_rse.records import (
+    BLOCKED_ABOVE,
+    BodyBlocks,
     Contexts,
     DocBody,
     DocRecord,
@@ -28,6 +31,7 @@ from langchain_rse.records import (
     json_bytes,
     local_form,
     plain_form,
+    read_body,
 )
 
 
@@ -186,6 +190,47 @@ def test_a_compressed_record_round_trips_and_other_bytes_are_refused() -> None:
         DocBody.from_bytes(b"\x28\xb5\x2f\xfd")
 
 
+def test_a_long_body_in_blocks_reads_any_slice_decoding_only_its_blocks() -> None:
+    """Above ``BLOCKED_ABOVE`` characters the in-process form keeps the text in blocks
+    compressed alone: every slice (across blocks, at their edges, empty, negative
+    indices) is the text's, and only the blocks it covers are decompressed; the whole
+    body, the contexts and the JSON a save writes are the body's."""
+    rng = random.Random(3)
+    alphabet = "ab \u00e9\u20ac\U0001f4c4\n"  # 1- to 4-byte UTF-8
+    text = "".join(rng.choice(alphabet) for _ in range(5_000))
+    body = DocBody(text=text, contexts=[ChunkContext("T: \u00e9", "header"), ("", "none")])
+    raw = BodyBlocks.encode(body, block_chars=97)
+    blocks = read_body(raw)
+    assert isinstance(blocks, BodyBlocks) and blocks.chars == len(text)
+    assert blocks.slice(100, 150) == text[100:150] and list(blocks._blocks) == [1]
+    assert blocks._contexts is None and blocks.contexts == body.contexts
+    for _ in range(300):
+        a, b = sorted(rng.randrange(-50, len(text) + 50) for _ in range(2))
+        assert blocks.slice(a, b) == text[a:b]
+        assert blocks.slice(b, a) == text[b:a]
+    for edge in (0, 96, 97, 194, len(text) - 1):
+        assert blocks.slice(edge, edge + 1) == text[edge : edge + 1]
+    assert blocks.text == text and DocBody.from_bytes(raw) == body
+    assert json_bytes(raw) == body.to_bytes() == plain_form(body_key("d", "v"), raw)
+    assert read_body(body.local_bytes()) == body  # short: one compressed body, as before
+    long = DocBody(text=text * 20, contexts=[])
+    assert len(long.text) > BLOCKED_ABOVE and long.local_bytes()[:1] == b"\x05"
+    assert local_form(body_key("d", "v"), long.to_bytes()) == long.local_bytes()
+
+
+def test_a_damaged_body_in_blocks_is_a_clear_error() -> None:
+    body = DocBody(text="abc" * 1000, contexts=[])
+    raw = BodyBlocks.encode(body, block_chars=500)
+    with pytest.raises(ValueError, match="not a body in blocks"):
+        BodyBlocks(raw[:-3])  # truncated: the offsets no longer match
+    with pytest.raises(ValueError, match="not a body in blocks"):
+        BodyBlocks(raw[:10])
+    flipped = bytearray(raw)
+    flipped[-20:] = b"\xff" * 20
+    with pytest.raises(ValueError, match="does not decompress"):
+        BodyBlocks(bytes(flipped)).slice(2990, 3000)
+
+
 @pytest.mark.parametrize(
     "contexts", [[["only text"]], [["text", 1]], ["text"], [["a", "b", "c"]], [None]]
 )
@@ -216,3 +261,40 @@ def test_a_pointer_is_read_back_or_refused_with_a_reason() -> None:
         DocRecord.from_bytes(b"not json")
     with pytest.raises(ValueError):  # not UTF-8 either
         DocRecord.from_bytes(b"\x28\xb5\x2f\xfd not json")
+
+
+def test_segments_of_long_documents_are_exact_slices_read_from_their_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Documents kept in blocks (small blocks here) answer exactly as documents kept
+    whole: the same segments, each ``source[start_index:end_index]``; a query with the
+    body cache empty decodes some of a returned document's blocks, not all."""
+    import langchain_rse.records as records
+
+    topics = [["termination", "payment", "audit"], ["confidentiality", "warranty", "fees"]]
+    docs = [Document(make_contract(f"c{i}", t, 12), id=f"c{i}") for i, t in enumerate(topics)]
+    source = {d.id: d.page_content for d in docs}
+    monkeypatch.setattr(records, "BLOCKED_ABOVE", 2_000)
+    monkeypatch.setattr(records, "BLOCK_CHARS", 700)
+    blocked = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    blocked.add_documents(docs)
+    monkeypatch.setattr(records, "BLOCKED_ABOVE", 10**9)
+    whole = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
+    whole.add_documents(docs)
+    pointers = [p for p in blocked._records.pointers(["c0", "c1"]) if p is not None]
+    raw = blocked._records.store.mget([body_key(p.doc_id, p.version) for p in pointers])
+    assert all(r is not None and r[:1] == b"\x05" for r in raw)
+    for q in ("audit rights of the parties", "warranty fees", "termination payment"):
+        blocked._records._bodies.clear()
+        for mode in ("segments", "chunks"):
+            got, want = blocked.invoke(q, mode=mode), whole.invoke(q, mode=mode)
+            assert [(d.page_content, d.metadata) for d in got] == [
+                (d.page_content, d.metadata) for d in want
+            ]
+            for d in got:
+                m = d.metadata
+                assert d.page_content == source[m["doc_id"]][m["start_index"] : m["end_index"]]
+        cached = [blocked._records._bodies[k] for k in list(blocked._records._bodies.keys())]
+        assert cached and all(isinstance(b, BodyBlocks) for b in cached)
+        assert any(0 < len(b._blocks) < -(-b.chars // 700) for b in cached)
+    assert [d.page_content for d in blocked.get(["c0", "c1"])] == list(source.values())
