@@ -142,25 +142,32 @@ def test_retriever_over_ivf_replaces_and_deletes_as_over_flat() -> None:
         assert sorted(d.page_content for d in got) == sorted(d.page_content for d in want)
 
 
-def test_langchains_faiss_over_ivf_refuses_deletes_before_writing() -> None:
-    """LangChain's ``FAISS.delete`` renumbers its map, not an IVF index: a retriever over
-    it adds documents, but refuses a delete or a replacement with a ``ValueError`` that
-    names ``LocalFAISS``, before anything is written or removed."""
-    emb = HashingEmbeddings()
-    vs = store(emb, ivf_index(emb), LangChainFAISS, InMemoryDocstore({}))
-    assert type(vs) is LangChainFAISS
+def refuses_removals(vs: Any, match: str) -> None:
+    """A retriever over ``vs`` adds documents, but a delete, a replacement and a vacuum
+    (sync and async) raise a ``ValueError`` matching ``match`` before anything is written
+    or removed (the vectors, the BM25 index and the records stay as they were)."""
     r = RSERetriever(vectorstore=vs)
     r.add_documents(contracts())
     before, n = answers(r), vs.index.ntotal
-    with pytest.raises(ValueError, match="LocalFAISS"):
-        r.delete(["c0"])
-    with pytest.raises(ValueError, match="LocalFAISS"):
-        r.add_documents([Document(make_contract("c1", ["indemnity", "audit"]), id="c1")])
-    with pytest.raises(ValueError, match="LocalFAISS"):
-        r.vacuum()
-    assert vs.index.ntotal == n and answers(r) == before
-    r.add_documents([Document(make_contract("c9", ["indemnity"]), id="c9")])  # adds still work
+    replaced = [Document(make_contract("c1", ["indemnity", "audit"]), id="c1")]
+    for call in (lambda: r.delete(["c0"]), lambda: r.add_documents(replaced), r.vacuum):
+        with pytest.raises(ValueError, match=match):
+            call()
+    for coro in (r.adelete(["c0"]), r.aadd_documents(replaced), r.avacuum()):
+        with pytest.raises(ValueError, match=match):
+            asyncio.run(coro)  # type: ignore[arg-type]
+    assert vs.index.ntotal == n and answers(r) == before and len(r.get(["c0", "c1"])) == 2
+    r.add_documents([Document(make_contract("c9", ["indemnity"]), id="c9")])
     assert vs.index.ntotal > n
+
+
+def test_langchains_faiss_over_ivf_refuses_deletes_before_writing() -> None:
+    """LangChain's ``FAISS.delete`` renumbers its map, not an IVF index: a retriever over
+    it refuses removals with a ``ValueError`` that names ``LocalFAISS``."""
+    emb = HashingEmbeddings()
+    vs = store(emb, ivf_index(emb), LangChainFAISS, InMemoryDocstore({}))
+    assert type(vs) is LangChainFAISS
+    refuses_removals(vs, "LocalFAISS")
 
 
 def test_ivf_with_an_array_direct_map_refuses_deletes() -> None:
@@ -198,27 +205,12 @@ def test_ivf_store_saves_and_loads_after_deletes(tmp_path: Any) -> None:
 
 def test_an_index_that_cannot_remove_refuses_deletes_before_writing() -> None:
     """FAISS cannot remove from an HNSW index: the store's delete, and a retriever's
-    delete, replacement or vacuum (sync and async), raise a ``ValueError`` that says so
-    before anything is written or removed (the BM25 index, the records and the vectors
-    stay as they were); adding still works."""
+    removals, raise a ``ValueError`` that says so before anything changes."""
     emb = HashingEmbeddings()
-    dim = len(emb.embed_query("probe"))
-    vs = store(emb, faiss.IndexHNSWFlat(dim, 16))
-    r = RSERetriever(vectorstore=vs)
-    r.add_documents(contracts())
-    before, n = answers(r), vs.index.ntotal
+    vs = store(emb, faiss.IndexHNSWFlat(len(emb.embed_query("probe")), 16))
+    vs.add_texts(["fees clause"], ids=["x"])
     with pytest.raises(ValueError, match="cannot remove vectors"):
-        vs.delete([next(iter(vs.index_to_docstore_id.values()))])
-    with pytest.raises(ValueError, match="cannot remove vectors"):
-        r.delete(["c0"])
-    with pytest.raises(ValueError, match="cannot remove vectors"):
-        r.add_documents([Document(make_contract("c1", ["indemnity", "audit"]), id="c1")])
-    with pytest.raises(ValueError, match="cannot remove vectors"):
-        r.vacuum()
-    replaced = [Document(make_contract("c1", ["indemnity"]), id="c1")]
-    for call in (r.adelete(["c0"]), r.aadd_documents(replaced), r.avacuum()):
-        with pytest.raises(ValueError, match="cannot remove vectors"):
-            asyncio.run(call)  # type: ignore[arg-type]
-    assert vs.index.ntotal == n and answers(r) == before and len(r.get(["c0", "c1"])) == 2
-    r.add_documents([Document(make_contract("c9", ["indemnity"]), id="c9")])
-    assert vs.index.ntotal > n
+        vs.delete(["x"])
+    assert vs.index_to_docstore_id == {0: "x"}
+    refuses_removals(store(emb, faiss.IndexHNSWFlat(len(emb.embed_query("probe")), 16)),
+                     "cannot remove vectors")  # fmt: skip
