@@ -2,7 +2,7 @@
 
 An in-process record store keeps each document's source text compressed; a query
 decodes the body of every document it returns whose body is not cached. Bodies above
-``records.BLOCKED_ABOVE`` characters are kept in blocks of ``records.BLOCK_CHARS``
+``bodies.BLOCKED_ABOVE`` characters are kept in blocks of ``bodies.BLOCK_CHARS``
 characters, each compressed alone, so a segment decodes the blocks it covers. This
 measures both forms on texts made of CUAD contracts (dev and test alike: only their
 bytes matter here) at several lengths:
@@ -28,11 +28,12 @@ from common import require_data
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
+import langchain_rse.bodies as bodies
 import langchain_rse.records as records
 from langchain_rse import RSERetriever
+from langchain_rse.bodies import DocBody, read_body
 from langchain_rse.persistence import default_vectorstore
 from langchain_rse.record_store import RecordStore
-from langchain_rse.records import DocBody, read_body
 
 SEGMENT = 2_000
 
@@ -50,8 +51,8 @@ def codec_rows(text: str, lengths: list[int]) -> list[str]:
     rows = []
     for n in lengths:
         body = DocBody(text=text[:n], contexts=[["", "none"]] * (n // 300))
-        whole = records.compressed(body.packed())
-        blocked = records.BodyBlocks.encode(body)
+        whole = bodies.compressed(body.packed())
+        blocked = bodies.BodyBlocks.encode(body)
         at = n // 2 - SEGMENT // 2
         cells = []
         for raw in (whole, blocked):
@@ -64,20 +65,20 @@ def codec_rows(text: str, lengths: list[int]) -> list[str]:
 
 def end_to_end(text: str, length: int, docs: int, blocked: bool) -> tuple[float, float, float]:
     """Median ``invoke`` wall ms, its CPU ms and the record-body reads' CPU ms, caches cold."""
-    above = records.BLOCKED_ABOVE if blocked else 10**12
+    above = bodies.BLOCKED_ABOVE if blocked else 10**12
     corpus = [Document(text[i * length : (i + 1) * length], id=f"d{i}") for i in range(docs)]
-    with mock.patch.object(records, "BLOCKED_ABOVE", above):
+    with mock.patch.object(bodies, "BLOCKED_ABOVE", above):
         r = RSERetriever(vectorstore=default_vectorstore(DeterministicFakeEmbedding(size=64)))
         r.add_documents(corpus)
     words = text[: length * docs].split()
     queries = [" ".join(words[i : i + 6]) for i in range(0, len(words) - 6, len(words) // 40)]
     spent = [0.0]
-    bodies = RecordStore.bodies
+    read_bodies = RecordStore.bodies
 
-    def timed(self: RecordStore, recs: list[records.DocRecord]) -> list[records.Body]:
+    def timed(self: RecordStore, recs: list[records.DocRecord]) -> list[bodies.Body]:
         start = time.thread_time()
         try:
-            return bodies(self, recs)
+            return read_bodies(self, recs)
         finally:
             spent[0] += time.thread_time() - start
 
@@ -110,8 +111,8 @@ def main() -> None:
             break
     text = "\n\n".join(parts)
 
-    print(f"block size {records.BLOCK_CHARS:,} characters; bodies above "
-          f"{records.BLOCKED_ABOVE:,} in blocks; a {SEGMENT:,}-character segment read "
+    print(f"block size {bodies.BLOCK_CHARS:,} characters; bodies above "
+          f"{bodies.BLOCKED_ABOVE:,} in blocks; a {SEGMENT:,}-character segment read "
           "from the middle; best of 7, ms\n")  # fmt: skip
     print("| characters | whole: bytes/char | whole: segment ms | whole: all ms "
           "| blocks: bytes/char | blocks: segment ms | blocks: all ms |")  # fmt: skip

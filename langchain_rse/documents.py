@@ -20,9 +20,9 @@ from langchain_core.documents import Document
 from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertResponse
 from pydantic import PrivateAttr
 
+from langchain_rse.bodies import compressed, decompressed
 from langchain_rse.chunking import doc_id_for, document_leads
 from langchain_rse.lexical import BM25Index
-from langchain_rse.records import compressed, decompressed
 
 __all__ = ["LeadIndex"]
 

@@ -30,6 +30,7 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 
+from langchain_rse.bodies import Contexts, DocBody
 from langchain_rse.chunking import Chunk, chunk_key, chunk_uuid, make_splitter, split_text
 from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import ChunkContext, index_text
@@ -38,8 +39,6 @@ from langchain_rse.locks import ReadWriteLock
 from langchain_rse.progress import Progress
 from langchain_rse.record_store import RecordStore
 from langchain_rse.records import (
-    Contexts,
-    DocBody,
     DocRecord,
     Spans,
     VersionRecord,

@@ -41,10 +41,10 @@ __all__ = [
     "read_manifest",
 ]
 
+from langchain_rse.bodies import local_form, plain_form
 from langchain_rse.components import describe_component, restore_components
 from langchain_rse.embedding_cache import underlying
 from langchain_rse.lexical import saved_stemmer
-from langchain_rse.records import local_form, plain_form
 
 logger = logging.getLogger(__name__)
 

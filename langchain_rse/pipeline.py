@@ -20,12 +20,13 @@ from typing import Any
 
 from langchain_core.documents import Document
 
+from langchain_rse.bodies import Body
 from langchain_rse.chunking import chunk_uuid, doc_of, in_docs, parse_chunk_key
 from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import CODE_CORPUS, FusionMethod, fused, quotes_code
 from langchain_rse.pages import PAGE_OFFSETS, page_range
-from langchain_rse.records import Body, DocRecord, StaleRead
+from langchain_rse.records import DocRecord, StaleRead
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.sansio import Request

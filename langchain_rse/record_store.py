@@ -9,16 +9,14 @@ from collections.abc import Sequence
 from cachetools import LRUCache
 from langchain_core.stores import BaseStore
 
+from langchain_rse.bodies import Body, DocBody, read_body
 from langchain_rse.records import (
-    Body,
-    DocBody,
     DocRecord,
+    JsonRecord,
     StaleRead,
     VersionRecord,
-    _Record,
     body_key,
     pointer_key,
-    read_body,
     version_key,
 )
 
@@ -38,7 +36,7 @@ class RecordStore:
     whose segments come from recently read documents reads no body.
 
     With ``compress`` (for a store in this process's memory) bodies are written
-    LZ4-compressed, long ones in blocks (:class:`~langchain_rse.records.BodyBlocks`: a
+    LZ4-compressed, long ones in blocks (:class:`~langchain_rse.bodies.BodyBlocks`: a
     query decodes the blocks its segments cover; such a body weighs its whole text in the
     cache); stores other processes share get plain JSON, which every version of the
     library reads.
@@ -102,7 +100,7 @@ class RecordStore:
         found, keys = self._cached(records)
         return self._decoded(records, found, await self.store.amget(keys) if keys else [])
 
-    def put(self, pairs: Sequence[tuple[str, _Record]]) -> None:
+    def put(self, pairs: Sequence[tuple[str, JsonRecord]]) -> None:
         if pairs:
             local = self.compress
             self.store.mset([

@@ -14,18 +14,11 @@ from pydantic import ValidationError
 
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
-from langchain_rse.enrichment import ChunkContext
-from langchain_rse.persistence import default_vectorstore
-from langchain_rse.record_store import RecordStore
-from langchain_rse.records import (
+from langchain_rse.bodies import (
     BLOCKED_ABOVE,
     BodyBlocks,
     Contexts,
     DocBody,
-    DocRecord,
-    Spans,
-    StaleRead,
-    body_key,
     compressed,
     decompressed,
     json_bytes,
@@ -33,6 +26,10 @@ from langchain_rse.records import (
     plain_form,
     read_body,
 )
+from langchain_rse.enrichment import ChunkContext
+from langchain_rse.persistence import default_vectorstore
+from langchain_rse.record_store import RecordStore
+from langchain_rse.records import DocRecord, Spans, StaleRead, body_key
 
 
 class CountingStore(InMemoryByteStore):
@@ -269,16 +266,16 @@ def test_segments_of_long_documents_are_exact_slices_read_from_their_blocks(
     """Documents kept in blocks (small blocks here) answer exactly as documents kept
     whole: the same segments, each ``source[start_index:end_index]``; a query with the
     body cache empty decodes some of a returned document's blocks, not all."""
-    import langchain_rse.records as records
+    import langchain_rse.bodies as bodies
 
     topics = [["termination", "payment", "audit"], ["confidentiality", "warranty", "fees"]]
     docs = [Document(make_contract(f"c{i}", t, 12), id=f"c{i}") for i, t in enumerate(topics)]
     source = {d.id: d.page_content for d in docs}
-    monkeypatch.setattr(records, "BLOCKED_ABOVE", 2_000)
-    monkeypatch.setattr(records, "BLOCK_CHARS", 700)
+    monkeypatch.setattr(bodies, "BLOCKED_ABOVE", 2_000)
+    monkeypatch.setattr(bodies, "BLOCK_CHARS", 700)
     blocked = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
     blocked.add_documents(docs)
-    monkeypatch.setattr(records, "BLOCKED_ABOVE", 10**9)
+    monkeypatch.setattr(bodies, "BLOCKED_ABOVE", 10**9)
     whole = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
     whole.add_documents(docs)
     pointers = [p for p in blocked._records.pointers(["c0", "c1"]) if p is not None]
