@@ -68,16 +68,14 @@ _PACKED = b"\x00"
 """The first byte of a body in the form an in-process store keeps (see :meth:`DocBody.packed`);
 JSON starts with ``{``."""
 
+_BLOCKS = b"\x05"
+"""The first byte of a body kept in blocks (:class:`BodyBlocks`)."""
+
 
 def json_bytes(raw: bytes) -> bytes:
-    """A stored record as JSON: a body an in-process store keeps (compressed, packed or
-    JSON) is decompressed, and a packed one written as JSON again."""
-    if raw[:1] == b"{":
-        return raw
-    if raw[:1] == _BLOCKS:
-        return DocBody.from_bytes(raw).to_bytes()
-    raw = decompressed(raw)
-    return DocBody.from_bytes(raw).to_bytes() if raw[:1] == _PACKED else raw
+    """A stored body as JSON: JSON as it is, any form an in-process store keeps
+    (:meth:`DocBody.from_bytes` reads them all) written as JSON again."""
+    return raw if raw[:1] == b"{" else DocBody.from_bytes(raw).to_bytes()
 
 
 def plain_form(key: str, raw: bytes) -> bytes:
@@ -215,9 +213,6 @@ class DocBody(JsonRecord):
             return BodyBlocks.encode(self)
         return compressed(self.packed())
 
-
-_BLOCKS = b"\x05"
-"""The first byte of a body kept in blocks (:class:`BodyBlocks`)."""
 
 BLOCK_CHARS = 32_768
 """Characters of text per block of a long body."""
