@@ -547,6 +547,8 @@ def profile_top(
 FLAT, IVF, MEMORY = "FAISS-Flat", "FAISS-IVF", "InMemory"
 WARM = "again (caches warm)"
 """The breakdown of the same queries run a second time (record and key caches warm)."""
+IN_TURN = "branches in turn"
+"""The breakdown with ``parallel_branches=False``: no worker thread beside the dense search."""
 SCANLESS = f"{FLAT}, hits memoized (no scan)"
 """A diagnostic breakdown: the exact store's dense search answered from a memo of its own
 answers, so no scan streams the vectors through the CPU caches before the rest of the query
@@ -627,6 +629,14 @@ def run_size(size: int, settings: Settings) -> SizeResult:
                 result.breakdown[f"{name} {WARM}"] = stage_breakdown(
                     retriever, vectorstore, corpus, timed, cold=False
                 )
+                if "parallel_branches" in type(retriever).model_fields:  # since session 22
+                    retriever.parallel_branches = False
+                    try:
+                        result.breakdown[f"{name}, {IN_TURN}"] = stage_breakdown(
+                            retriever, vectorstore, corpus, timed
+                        )
+                    finally:
+                        retriever.parallel_branches = True
         if isinstance(store, LocalFAISS):
             with using_store(retriever, store), memoized_search():
                 for q in timed:  # fills the memo

@@ -229,6 +229,14 @@ class RSERetriever(DocumentIndex):
     the same call: a model on the same OpenMP runtime as FAISS (one shared ``libgomp``, as
     in a conda environment) runs on this many threads too; pip wheels bring their own (the
     bundled model embedded a query in 16 ms either way)."""
+    parallel_branches: bool = True
+    """``invoke`` runs the lexical search and the document route in a worker thread while
+    the calling thread runs the dense search; ``False`` runs them in turn. In parallel a
+    query returns sooner on an idle machine and costs more CPU (2-core VM, 100k chunks:
+    exact 5.1 -> 4.1 ms, IVF 2.0-2.2 -> 1.8 ms, up to 0.3 CPU-ms more); with as many query
+    processes as cores it served 1-9% fewer queries per second: ``False`` suits such
+    services (``benchmarks/bench_branches.py``).
+    ``ainvoke`` runs every search concurrently either way."""
     show_progress: bool | None = None
     """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
     ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a
@@ -283,13 +291,14 @@ class RSERetriever(DocumentIndex):
         ``RunnableLambda`` inspects signatures)."""
         k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
         translator = self.filter_translator
-        threads = self.faiss_threads
-        key = (id(self.vectorstore), id(self.lexical_store), k, id(translator), threads or 0)
+        threads, beside = self.faiss_threads, self.parallel_branches
+        key = (id(self.vectorstore), id(self.lexical_store), k, id(translator), threads or 0,
+               beside)  # fmt: skip
         branches = self._branches.get(key)
         if branches is None:
             branches = self._branches[key] = SearchBranches(
                 self.vectorstore, self._lexical, self.lexical_store, self._writer.vs_lock, k,
-                translator, self._writer.sync_local, threads)  # fmt: skip
+                translator, self._writer.sync_local, threads, beside)  # fmt: skip
         return branches
 
     @property

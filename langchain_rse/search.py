@@ -185,6 +185,9 @@ class SearchBranches:
     threads: int | None = None
     """OpenMP threads of a FAISS store's search (see :func:`faiss_threads`; the retriever
     passes its ``faiss_threads``); None: FAISS's own setting."""
+    beside: bool = True
+    """Run the lexical searches and the route in a worker thread beside the dense searches
+    (the retriever's ``parallel_branches``); False: after them, on the calling thread."""
 
     def __post_init__(self) -> None:
         self.dense_runnable = RunnableLambda(self.dense, afunc=self.adense, name="dense_search")
@@ -232,7 +235,7 @@ class SearchBranches:
         original) query, each a child run under ``config`` — or, when no callback handler
         would see those runs, called directly (no run overhead). The lexical searches and
         the route run in a worker thread while this thread runs the dense searches
-        (:class:`~langchain_rse.threads.Beside`)."""
+        (:class:`~langchain_rse.threads.Beside`), or after them when not :attr:`beside`."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
         callbacks = config.get("callbacks")
         traced = callbacks is None or bool(getattr(callbacks, "handlers", True))
@@ -247,7 +250,7 @@ class SearchBranches:
             lexical = [lexical_search(r) for r in requests]
             return lexical, router.route(queries[0], config, traced) if router else None
 
-        other = Beside(lexical_and_route)
+        other = Beside(lexical_and_route, self.beside)
         try:
             dense = [dense_search(r) for r in requests]
         except BaseException:

@@ -64,6 +64,22 @@ def test_the_lexical_search_runs_while_the_dense_one_does(retriever, monkeypatch
     assert spy.threads["lexical"] != threading.get_ident()
 
 
+def test_parallel_branches_off_runs_them_in_turn_on_the_calling_thread(retriever, monkeypatch
+                                                                        ) -> None:  # fmt: skip
+    expected = retriever.invoke(QUERY)
+    spy, order = Spy(monkeypatch), []
+    spy.in_dense, spy.in_lexical = (lambda: order.append("dense")), (lambda: order.append("lex"))
+    retriever.parallel_branches = False
+    assert retriever.invoke(QUERY) == expected
+    assert order == ["dense", "lex"]  # the lexical search after the dense one
+    assert spy.threads == {"dense": threading.get_ident(), "lexical": threading.get_ident()}
+    retriever.parallel_branches = True  # and back: the setting is read on every call
+    lexical_started = threading.Event()
+    spy.in_dense, spy.in_lexical = (lambda: lexical_started.wait(WAIT)), lexical_started.set
+    assert retriever.invoke(QUERY) == expected
+    assert spy.threads["lexical"] != threading.get_ident()
+
+
 def test_traced_calls_overlap_too(retriever, monkeypatch) -> None:
     from langchain_core.callbacks import BaseCallbackHandler
 
