@@ -250,7 +250,9 @@ class SearchBranches:
             lexical = [lexical_search(r) for r in requests]
             return lexical, router.route(queries[0], config, traced) if router else None
 
-        other = Beside(lexical_and_route, self.beside)
+        if not self.beside:  # in turn, on this thread
+            return [dense_search(r) for r in requests], *lexical_and_route()
+        other = Beside(lexical_and_route)
         try:
             dense = [dense_search(r) for r in requests]
         except BaseException:

@@ -55,15 +55,13 @@ if hasattr(os, "register_at_fork"):
 
 class Beside(Generic[T]):
     """``fn()`` started in the shared pool, in a copy of the caller's context (so
-    LangChain's callbacks and tracing see the caller's run); with ``in_thread=False``, run
-    on the calling thread when its result is asked for (in turn, no thread)."""
+    LangChain's callbacks and tracing see the caller's run)."""
 
-    def __init__(self, fn: Callable[[], T], in_thread: bool = True) -> None:
+    def __init__(self, fn: Callable[[], T]) -> None:
         self._fn = fn
         self._future: Future[T] | None = None
-        if in_thread:
-            with contextlib.suppress(RuntimeError):  # the interpreter is shutting down
-                self._future = _executor().submit(contextvars.copy_context().run, fn)
+        with contextlib.suppress(RuntimeError):  # the interpreter is shutting down: in turn
+            self._future = _executor().submit(contextvars.copy_context().run, fn)
 
     def result(self) -> T:
         """Its result (or exception); run here if no worker has started it yet."""
