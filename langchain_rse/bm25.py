@@ -378,9 +378,10 @@ class IncrementalBM25:
 
     # ------------------------------------------------------------------ scoring
 
-    def _idf(self, terms: np.ndarray) -> np.ndarray:
+    def _idf(self, df: np.ndarray) -> np.ndarray:
+        """The IDF of terms with these document frequencies (all above 0)."""
         n = self.n_live
-        df = self.df[terms].astype(np.float64)
+        df = df.astype(np.float64)
         if self.variant == "lucene":
             return np.log1p((n - df + 0.5) / (df + 0.5))
         idf = np.log(n - df + 0.5) - np.log(df + 0.5)
@@ -408,24 +409,30 @@ class IncrementalBM25:
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
         if not token_ids or self.n_live == 0:
             return empty
-        uniq, mult = np.unique(np.asarray(token_ids, dtype=np.int64), return_counts=True)
-        live_terms = self.df[uniq] > 0
-        uniq, mult = uniq[live_terms], mult[live_terms]
-        if not len(uniq):
-            return empty
-        weights: np.ndarray = self._idf(uniq) * mult.astype(np.float64)
+        counts: dict[int, int] = {}  # a query has a few terms: counted here, not by np.unique
+        for t in token_ids:
+            counts[t] = counts.get(t, 0) + 1
+        uniq = np.fromiter(sorted(counts), dtype=np.int64, count=len(counts))
+        df = self.df[uniq]
+        if not (live_terms := df > 0).all():
+            uniq, df = uniq[live_terms], df[live_terms]
+            if not len(uniq):
+                return empty
+        mult = np.fromiter(map(counts.__getitem__, uniq.tolist()), np.float64, len(uniq))
+        weights: np.ndarray = self._idf(df) * mult
         if self.variant == "okapi":
             weights *= self.k1 + 1.0
         docs, tfs, w, sizes = [], [], [], []
+        term_weights = weights.tolist()
         for seg in self.segments:
-            m = seg.matrix
-            present = uniq < m.shape[0]
-            terms = uniq[present]
-            starts, ends = m.indptr[terms], m.indptr[terms + 1]
-            for s, e, wt in zip(starts.tolist(), ends.tolist(), weights[present].tolist()):
+            indptr, indices, data = seg.matrix.indptr, seg.matrix.indices, seg.matrix.data
+            known = len(indptr) - 1  # terms this segment has rows for: a prefix of ``uniq``
+            terms = uniq if uniq[-1] < known else uniq[uniq < known]
+            starts, ends = indptr[terms].tolist(), indptr[terms + 1].tolist()
+            for s, e, wt in zip(starts, ends, term_weights):
                 if e > s:
-                    docs.append(m.indices[s:e])
-                    tfs.append(m.data[s:e])
+                    docs.append(indices[s:e])
+                    tfs.append(data[s:e])
                     w.append(wt)
                     sizes.append(e - s)
         if not docs:
