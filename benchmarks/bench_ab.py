@@ -7,7 +7,8 @@ checked out in a temporary git worktree), each build the same corpus, retriever 
 FAISS-IVF copy with its own benchmark code, then take turns: each round, each library runs
 ``speed_query.stage_breakdown`` over the same queries on the exact and the IVF store,
 record caches cold and then warm, and reports its own work (CPU ms per query beyond the
-searches, as ``bench_speed`` counts it). The table gives every round and the medians.
+searches, as ``bench_speed`` counts it) and the BM25 scoring (the chunk search and the
+document router's lead search). The tables give the medians.
 
     python benchmarks/bench_ab.py REV [--size 100000] [--rounds 10] [--queries 50]
 
@@ -28,11 +29,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 COLUMNS = ("exact, cold", "exact, warm", "IVF, cold", "IVF, warm")
+BM25 = "  BM25 scoring + top-k (IncrementalBM25.top)"
+"""The stage-breakdown row of the BM25 searches (chunks and document leads)."""
 
 
 def worker(root: str, size: int, queries: int, conn: Connection) -> None:
     """Build at ``size`` chunks with the library and benchmark code under ``root``, then
-    answer each round request with the four own-work numbers of :data:`COLUMNS`."""
+    answer each round request with the own work and the BM25 scoring of each of
+    :data:`COLUMNS`."""
     sys.path[:0] = [root, os.path.join(root, "benchmarks")]
     import faiss
     from bench_speed import SEARCH_STAGES
@@ -51,13 +55,14 @@ def worker(root: str, size: int, queries: int, conn: Connection) -> None:
         retriever.invoke(q)
     conn.send("ready")
     while conn.recv() == "round":
-        own = []
+        own, bm25 = [], []
         for vectorstore in (store, ivf):
             with using_store(retriever, vectorstore):
                 for cold in (True, False):
                     rows = dict(stage_breakdown(retriever, vectorstore, corpus, timed, cold=cold))
                     own.append(rows["total invoke"] - sum(rows[s] for s in SEARCH_STAGES))
-        conn.send(own)
+                    bm25.append(rows[BM25])
+        conn.send(own + bm25)
 
 
 def main() -> None:
@@ -102,15 +107,18 @@ def main() -> None:
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", other],
                            check=False)  # fmt: skip
-    print(
-        f"\nown work beyond the searches, ms of CPU per query, medians of {args.rounds} "
-        f"alternated rounds at N={args.size:,} ({args.queries} queries a breakdown)\n"
-    )
-    print("| library | " + " | ".join(COLUMNS) + " |")
-    print("|---" * (len(COLUMNS) + 1) + "|")
-    for label, found in rows.items():
-        cells = " | ".join(f"{statistics.median(c):.3f}" for c in zip(*found))
-        print(f"| {label} | {cells} |")
+    n = len(COLUMNS)
+    for title, at in (("own work beyond the searches", slice(0, n)),
+                      ("BM25 scoring (chunks and document leads)", slice(n, 2 * n))):  # fmt: skip
+        print(
+            f"\n{title}, ms of CPU per query, medians of {args.rounds} alternated rounds at "
+            f"N={args.size:,} ({args.queries} queries a breakdown)\n"
+        )
+        print("| library | " + " | ".join(COLUMNS) + " |")
+        print("|---" * (n + 1) + "|")
+        for label, found in rows.items():
+            medians = [statistics.median(c) for c in zip(*found)][at]
+            print(f"| {label} | " + " | ".join(f"{x:.3f}" for x in medians) + " |")
 
 
 if __name__ == "__main__":
