@@ -26,7 +26,6 @@ weights BM25 as much as the dense branch (exact identifiers are BM25's strength)
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Literal, NamedTuple, overload
@@ -254,15 +253,31 @@ def _by_key_id(branches: Sequence[Ranked]) -> _Numbering | None:
         return [lists[b][p] for b, p in zip(owner, where[hits].tolist())]  # type: ignore[misc]
 
     repeats = len(firsts) < len(flat)
-    if repeats:  # a hit merged with an earlier one: their keys must match
-        later = np.ones(len(flat), dtype=bool)
-        later[firsts] = False
-        for hit in np.flatnonzero(later).tolist():
-            first = int(firsts[labels[hit]])
-            b, a = bisect_right(bounds, hit) - 1, bisect_right(bounds, first) - 1
-            if lists[b][int(where[hit])] != lists[a][int(where[first])]:
-                return None
+    if repeats and _collides(labels, firsts, bounds, where, lists):
+        return None
     return _Numbering([labels[a:b] for a, b in zip(bounds, bounds[1:])], firsts, repeats, keys)
+
+
+def _collides(labels: np.ndarray, firsts: np.ndarray, bounds: list[int], where: np.ndarray,
+              lists: list[Sequence[str | None]]) -> bool:  # fmt: skip
+    """Whether a hit merged with an earlier one (the same key id) names another key. A hit
+    at the position of the earlier one in the same key list is the same key; the others
+    (the other index's hits, a key at two positions) have their keys compared."""
+    later = np.ones(len(labels), dtype=bool)
+    later[firsts] = False
+    hits = np.flatnonzero(later)
+    first = firsts[labels[hits]]
+    edges = np.asarray(bounds)
+    owner = np.searchsorted(edges, hits, side="right") - 1
+    first_owner = np.searchsorted(edges, first, side="right") - 1
+    # each branch's key list, numbered by identity (a focus search shares its index's list)
+    list_no = np.asarray(
+        [next(j for j, other in enumerate(lists) if other is keys) for keys in lists]
+    )
+    check = (list_no[owner] != list_no[first_owner]) | (where[hits] != where[first])
+    pairs = zip(owner[check].tolist(), where[hits[check]].tolist(),
+                first_owner[check].tolist(), where[first[check]].tolist())  # fmt: skip
+    return any(lists[b][p] != lists[a][q] for b, p, a, q in pairs)
 
 
 def fused(

@@ -161,6 +161,31 @@ def test_hits_that_share_a_key_id_but_not_a_key_are_told_apart() -> None:
     assert out == fuse([list(dense), list(lexical)], [1.0, 1.0])
 
 
+def test_hits_of_two_indexes_are_compared_by_key_and_one_position_is_one_key() -> None:
+    """Branches over two key lists (two indexes): a shared key id with another key is
+    told apart, one key in both is merged; a repeat at the same position of the same list
+    (a focus search over the same index) is merged."""
+    dense_keys, lexical_keys = ["a", "c"], ["b", "c", "x"]
+    ids = {"a": 7, "b": 7, "c": 9, "x": 11}  # "a" and "b" collide, at one position
+
+    def branch(keys: list[str], at: list[int], scores: list[float]) -> Ranked:
+        pos = np.array(at)
+        return Ranked(keys, pos, np.array([ids[keys[p]] for p in at]), np.array(scores))
+
+    dense, lexical = (
+        branch(dense_keys, [0, 1], [0.9, 0.5]),
+        branch(lexical_keys, [0, 1], [3.0, 1.0]),
+    )
+    focus = branch(dense_keys, [1, 0], [0.8, 0.7])  # the same list: "c" and "a" again
+    for branches in ([dense, lexical], [dense, lexical, focus]):
+        got = fused(branches, [1.0] * len(branches)).top()  # type: ignore[arg-type]
+        assert got == fuse([list(b) for b in branches], [1.0] * len(branches))
+        assert {h.id for h in got} == {"a", "b", "c"}
+    lexical = branch(lexical_keys, [2, 1], [3.0, 1.0])  # no collision: matched by key id
+    got = fused([dense, lexical, focus], [1.0, 1.0, 1.0]).top()
+    assert {h.id: h.ranks for h in got} == {"a": (1, None, 2), "c": (2, 2, 1), "x": (None, 1, None)}
+
+
 def test_a_ranked_branch_is_a_sequence_of_pairs() -> None:
     keys = ["x", None, "y", "z"]
     r = Ranked(keys, np.array([3, 0]), key_ids(["z", "x"]), np.array([2.0, 1.0]))
