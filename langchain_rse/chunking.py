@@ -73,12 +73,17 @@ def doc_of(key: str) -> str:
 
 
 def in_docs(keys: Sequence[str], docs: Collection[str]) -> np.ndarray:
-    """Whether each chunk key belongs to one of ``docs`` (a boolean array): only keys that
-    start like one of theirs are parsed."""
+    """Whether each chunk key belongs to one of ``docs`` (a boolean array): a key that
+    starts like one of theirs does when it has two separators more than the doc id (its
+    version and index have none; a doc id may have some)."""
     prefixes = tuple(f"{d}{_SEP}" for d in docs)
-    return np.fromiter(
-        (k.startswith(prefixes) and doc_of(k) in docs for k in keys), dtype=bool, count=len(keys)
-    )
+    counts = {d.count(_SEP) + 2 for d in docs}
+    if len(counts) > 1:  # doc ids with different separator counts: parse the key
+        test = (k.startswith(prefixes) and doc_of(k) in docs for k in keys)
+    else:
+        n = counts.pop() if counts else 2
+        test = (k.startswith(prefixes) and k.count(_SEP) == n for k in keys)
+    return np.fromiter(test, dtype=bool, count=len(keys))
 
 
 def chunk_uuid(key: str) -> str:

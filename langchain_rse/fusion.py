@@ -199,6 +199,18 @@ class Fused:
         """The ids of the first ``n`` hits of the ranking."""
         return self._keys(self.order[:n].tolist())
 
+    def reach(self, n: int, factor: float) -> int:
+        """How many of the first ids of the ranking can be among its first ``n`` once some
+        scores are multiplied by ``factor`` (at least 1): those whose multiplied score
+        reaches the ``n``-th score, which boosting only raises. Whether the others are
+        boosted changes the ranking after the ``n``-th place only."""
+        if n >= len(self.order):
+            return len(self.order)
+        if n <= 0:
+            return 0
+        nth = self.scores[self.order[n - 1]]
+        return int(np.count_nonzero(self.scores * factor >= nth))
+
     def boosted(self, favoured: np.ndarray, factor: float) -> Fused:
         """The scores of the ids where ``favoured`` (a boolean per id) multiplied by
         ``factor``, and the ranking re-sorted by them (ties keep this ranking's order)."""

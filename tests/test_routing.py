@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 import pytest
@@ -364,6 +365,20 @@ def test_in_docs_parses_keys_whose_doc_id_holds_the_separator() -> None:
     assert in_docs([], {"a"}).tolist() == []
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_in_docs_agrees_with_parsing_every_key(seed: int) -> None:
+    """Doc ids made of ``a``, ``b`` and separators: ``in_docs`` says what ``doc_of`` does."""
+    from langchain_rse.chunking import _SEP, chunk_key, doc_of, in_docs
+
+    rng = random.Random(seed)
+    ids = list({"".join(rng.choice(["a", "b", _SEP]) for _ in range(rng.randint(1, 4)))
+                for _ in range(12)})  # fmt: skip
+    keys = [chunk_key(d, rng.choice(["v1", "v2.1"]), rng.randint(0, 30)) for d in ids * 3]
+    for n in (1, 2, 3):
+        docs = set(rng.sample(ids, min(n, len(ids))))
+        assert in_docs(keys, docs).tolist() == [doc_of(k) in docs for k in keys]
+
+
 def test_the_lead_index_returns_the_leads_it_was_given() -> None:
     """Leads are kept compressed, not as the given ``Document``s: ``get``, ``invoke`` and a
     re-analysis under another stemmer see the same text, id and metadata."""
@@ -519,3 +534,32 @@ def test_the_built_in_lead_index_stems_as_the_retriever_does() -> None:
         assert isinstance(built_in, LeadIndex) and built_in.stemmer == stemmer
         assert len(built_in) == len(NAMES)
         assert [d for d, _ in built_in.hits("Orion supply agreement")][0] == "orion.txt"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None:
+    """The candidates of a soft route read the documents of the ids that can make the pool
+    only (``Fused.reach``): the same candidates, scores and ranks as boosting every id."""
+    from langchain_rse.chunking import chunk_key, in_docs
+    from langchain_rse.fusion import fused
+    from langchain_rse.pipeline import QuerySettings, candidates
+    from langchain_rse.search import DenseResult
+    from langchain_rse.segments import get_preset
+
+    rng = random.Random(seed)
+    keys = [chunk_key(d, "v", i) for d in "abcdef" for i in range(rng.randint(1, 40))]
+    dense = [(k, rng.random()) for k in rng.sample(keys, min(len(keys), rng.randint(1, 60)))]
+    lexical = [(k, rng.random()) for k in rng.sample(keys, min(len(keys), rng.randint(0, 60)))]
+    dense.sort(key=lambda h: -h[1])
+    lexical.sort(key=lambda h: -h[1])
+    pool, boost = rng.choice([1, 5, 20, 50]), rng.choice([0.5, 2.0, 9.0])
+    s = QuerySettings(k=4, mode="chunks", queries=["q"], weights=(4.0, 1.0), fusion="rrf",
+                      rrf_k=rng.choice([0.0, 60.0]), candidate_pool=pool, relevance="rank",
+                      params=get_preset("default"), rerank=False, strict_rerank=False)  # fmt: skip
+    routed = set(rng.sample("abcdef", rng.randint(1, 2)))
+    router = DocumentRouter(retriever=LeadIndex(), check_k=None, boost=boost)
+    got, route = candidates(s, [DenseResult(dense)], [lexical], routed, router, confirmed=True)
+    ranking = fused([dense, lexical], [4.0, 1.0], "rrf", s.rrf_k)
+    want = ranking.boosted(in_docs(ranking.ids, routed), 1.0 + boost).top(pool)
+    assert [(c.key, c.score, tuple(r or None for r in c.ranks)) for c in got] == want
+    assert route is not None and route.docs == routed
