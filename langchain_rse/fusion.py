@@ -256,40 +256,36 @@ def _by_key_id(branches: Sequence[Ranked]) -> _Numbering | None:
     labels[order] = np.cumsum(head) - 1
     firsts = order[head]
     bounds = list(accumulate((len(b) for b in branches), initial=0))
+    branch_of = np.repeat(np.arange(len(branches)), np.diff(bounds))  # each hit's branch
     where = np.concatenate([b.at for b in branches])  # each hit's key position
     lists = [b.keys for b in branches]
 
     def keys(at: list[int]) -> list[str]:
         hits = firsts[at]
-        owner = (np.searchsorted(bounds, hits, side="right") - 1).tolist()
-        return [lists[b][p] for b, p in zip(owner, where[hits].tolist())]  # type: ignore[misc]
+        return [lists[b][p] for b, p in zip(branch_of[hits].tolist(), where[hits].tolist())]  # type: ignore[misc]
 
     repeats = len(firsts) < len(flat)
-    if repeats and _collides(labels, firsts, bounds, where, lists):
+    if repeats and _collides(labels, firsts, branch_of, where, lists):
         return None
     return _Numbering([labels[a:b] for a, b in zip(bounds, bounds[1:])], firsts, repeats, keys)
 
 
-def _collides(labels: np.ndarray, firsts: np.ndarray, bounds: list[int], where: np.ndarray,
+def _collides(labels: np.ndarray, firsts: np.ndarray, branch_of: np.ndarray, where: np.ndarray,
               lists: list[Sequence[str | None]]) -> bool:  # fmt: skip
     """Whether a hit merged with an earlier one (the same key id) names another key. A hit
-    at the position of the earlier one in the same key list is the same key; the others
-    (the other index's hits, a key at two positions) have their keys compared."""
+    at the position of the earlier one in the same key list (a focus search's hit, over the
+    index of an earlier branch) is the same key; the others have their keys compared."""
     later = np.ones(len(labels), dtype=bool)
     later[firsts] = False
     hits = np.flatnonzero(later)
     first = firsts[labels[hits]]
-    edges = np.asarray(bounds)
-    owner = np.searchsorted(edges, hits, side="right") - 1
-    first_owner = np.searchsorted(edges, first, side="right") - 1
-    # each branch's key list, numbered by identity (a focus search shares its index's list)
-    list_no = np.asarray(
-        [next(j for j, other in enumerate(lists) if other is keys) for keys in lists]
+    b, p = branch_of[hits].tolist(), where[hits].tolist()
+    a, q = branch_of[first].tolist(), where[first].tolist()
+    return any(
+        lists[i][m] != lists[j][n]
+        for i, m, j, n in zip(b, p, a, q)
+        if m != n or lists[i] is not lists[j]
     )
-    check = (list_no[owner] != list_no[first_owner]) | (where[hits] != where[first])
-    pairs = zip(owner[check].tolist(), where[hits[check]].tolist(),
-                first_owner[check].tolist(), where[first[check]].tolist())  # fmt: skip
-    return any(lists[b][p] != lists[a][q] for b, p, a, q in pairs)
 
 
 def fused(
