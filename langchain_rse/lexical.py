@@ -344,13 +344,16 @@ class BM25Index:
             return Ranked(bm.keys, docs, bm.key_id[docs], scores)
 
     def _allowed(self, docs: np.ndarray, allowed: Callable[[dict[str, Any]], bool]) -> np.ndarray:
-        """Which of ``docs`` have a group ``allowed`` accepts (one call per group)."""
+        """Which of ``docs`` have a group ``allowed`` accepts (one call per group; the groups
+        found by marking a flag per group, not by sorting the documents' group ids)."""
         gids = self._bm25.gid[docs]
-        uniq, inverse = np.unique(gids, return_inverse=True)
         groups, names = self._groups, self._group_keys
-        seen = (_with_doc_id(names[g], groups.get(names[g], {})) for g in uniq.tolist())
-        verdict = np.fromiter((bool(allowed(m)) for m in seen), dtype=bool, count=len(uniq))
-        return verdict[inverse]
+        verdict = np.zeros(len(names), dtype=bool)
+        verdict[gids] = True
+        found = np.flatnonzero(verdict).tolist()
+        seen = (_with_doc_id(names[g], groups.get(names[g], {})) for g in found)
+        verdict[found] = np.fromiter((bool(allowed(m)) for m in seen), dtype=bool, count=len(found))
+        return verdict[gids]
 
     # ------------------------------------------------------------------ persistence
 
