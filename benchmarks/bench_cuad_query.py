@@ -10,9 +10,10 @@ over the seeded dev contracts and times ``invoke`` over their questions with the
 in turn (``parallel_branches=False``: every stage on the calling thread), CPU ms per query
 (means; the median of ``--rounds`` rounds), caches warm after one pass:
 
-- the searches: FAISS (the unfiltered search and the focus's search inside the routed
-  documents, each whole), the query-vector lookup (this benchmark's embedding cache) and
-  BM25 scoring (chunks and leads, every call);
+- the searches, as ``bench_speed.py`` counts them: FAISS (the unfiltered search and the
+  focus's search inside the routed documents, each whole), the query-vector lookup (this
+  benchmark's embedding cache), the query's BM25 tokens and BM25 scoring (chunks and
+  leads, every call);
 - the own work beyond them, and the stages that hold it (each timed whole, searches
   inside included): the route, the route's check against the unrouted ranking, the
   focus text, fusion and candidates, and the pipeline after them (records, RSE, results).
@@ -39,6 +40,7 @@ from common import CachedEmbeddings, base_embeddings, log
 from cuad_data import DEFAULT_CONTRACTS, DEFAULT_SEED, contract_documents, load_cuad, make_enricher
 from speed_query import StageTimer
 
+import langchain_rse.lexical as lexical
 import langchain_rse.pipeline as pipeline
 from langchain_rse import RSERetriever
 from langchain_rse.bm25 import IncrementalBM25
@@ -52,8 +54,10 @@ SEARCHES = [
     ("FAISS, inside the routed documents (ChunkDocstore._search_docs)", ChunkDocstore,
      "_search_docs"),
     ("query vector lookup (CachedEmbeddings.embed_query)", CachedEmbeddings, "embed_query"),
+    ("query tokens, chunks and leads (lexical.tokenize)", lexical, "tokenize"),
     ("BM25 scoring, chunks and leads (IncrementalBM25.top)", IncrementalBM25, "top"),
 ]  # fmt: skip
+"""The searches, as ``bench_speed.SEARCH_STAGES`` counts them."""
 STAGES = [
     ("route (DocumentRouter.route)", DocumentRouter, "route"),
     ("route check (pipeline.confirmed_route)", pipeline, "confirmed_route"),
