@@ -70,7 +70,7 @@ STAGES = [
 
 
 def paths(retriever: RSERetriever, queries: list[str]) -> Counter[str]:
-    """How many queries held a route, how many were boosted, how many fused four branches."""
+    """How many queries held a route and how many fused four branches (the focus's too)."""
     seen: Counter[str] = Counter()
     original = pipeline.candidates
 

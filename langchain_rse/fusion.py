@@ -199,17 +199,20 @@ class Fused:
         """The ids of the first ``n`` hits of the ranking."""
         return self._keys(self.order[:n].tolist())
 
-    def reach(self, n: int, factor: float) -> int:
-        """How many of the first ids of the ranking can be among its first ``n`` once some
-        scores are multiplied by ``factor`` (at least 1): those whose multiplied score
-        reaches the ``n``-th score, which boosting only raises. Whether the others are
-        boosted changes the ranking after the ``n``-th place only."""
-        if n >= len(self.order):
-            return len(self.order)
-        if n <= 0:
-            return 0
-        nth = self.scores[self.order[n - 1]]
-        return int(np.count_nonzero(self.scores * factor >= nth))
+    def boosted_first(self, n: int, favoured: Callable[[list[str]], np.ndarray], factor: float
+                      ) -> Fused:  # fmt: skip
+        """:meth:`boosted` for the ids whose keys ``favoured`` marks (a boolean per key),
+        exact in the first ``n`` places: only the keys of ids that can reach them are read,
+        those whose score times ``factor`` (at least 1) reaches the ``n``-th score, which
+        boosting only raises. Whether the others are boosted changes the ranking after the
+        ``n``-th place only."""
+        reach = len(self.order)
+        if n < reach:
+            nth = self.scores[self.order[n - 1]] if n > 0 else np.inf
+            reach = int(np.count_nonzero(self.scores * factor >= nth))
+        marked = np.zeros(len(self.scores), dtype=bool)
+        marked[self.order[:reach]] = favoured(self.ranked_ids(reach))
+        return self.boosted(marked, factor)
 
     def boosted(self, favoured: np.ndarray, factor: float) -> Fused:
         """The scores of the ids where ``favoured`` (a boolean per id) multiplied by
@@ -265,20 +268,19 @@ def _by_key_id(branches: Sequence[Ranked]) -> _Numbering | None:
         return [lists[b][p] for b, p in zip(branch_of[hits].tolist(), where[hits].tolist())]  # type: ignore[misc]
 
     repeats = len(firsts) < len(flat)
-    if repeats and _collides(labels, firsts, branch_of, where, lists):
-        return None
+    if repeats:  # a hit merged with an earlier one: their keys must match
+        later = order[~head]
+        if _collides(later, firsts[labels[later]], branch_of, where, lists):
+            return None
     return _Numbering([labels[a:b] for a, b in zip(bounds, bounds[1:])], firsts, repeats, keys)
 
 
-def _collides(labels: np.ndarray, firsts: np.ndarray, branch_of: np.ndarray, where: np.ndarray,
+def _collides(hits: np.ndarray, first: np.ndarray, branch_of: np.ndarray, where: np.ndarray,
               lists: list[Sequence[str | None]]) -> bool:  # fmt: skip
-    """Whether a hit merged with an earlier one (the same key id) names another key. A hit
-    at the position of the earlier one in the same key list (a focus search's hit, over the
-    index of an earlier branch) is the same key; the others have their keys compared."""
-    later = np.ones(len(labels), dtype=bool)
-    later[firsts] = False
-    hits = np.flatnonzero(later)
-    first = firsts[labels[hits]]
+    """Whether one of ``hits``, each merged with the earlier hit ``first`` (the same key id),
+    names another key. A hit at the position of the earlier one in the same key list (a
+    focus search's hit, over the index of an earlier branch) is the same key; the others
+    have their keys compared."""
     b, p = branch_of[hits].tolist(), where[hits].tolist()
     a, q = branch_of[first].tolist(), where[first].tolist()
     return any(

@@ -18,7 +18,6 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from langchain_core.documents import Document
 
 from langchain_rse.bodies import Body
@@ -218,10 +217,7 @@ def candidates(
         routed = router.confirmed(routed, ranking.ranked_ids(router.check_k))
     if routed is not None and router is not None and not math.isinf(router.boost):
         factor = 1.0 + router.boost
-        reach = ranking.reach(pool, factor)  # the only ids that can make the pool boosted
-        favoured = np.zeros(len(ranking.scores), dtype=bool)
-        favoured[ranking.order[:reach]] = in_docs(ranking.ranked_ids(reach), routed)
-        ranking = ranking.boosted(favoured, factor)
+        ranking = ranking.boosted_first(pool, lambda keys: in_docs(keys, routed), factor)
         route = Route(frozenset(routed), factor)
     elif routed is not None:
         kept = [[h for h in b if doc_of(h[0]) in routed] for b in branches]

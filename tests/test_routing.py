@@ -539,7 +539,7 @@ def test_the_built_in_lead_index_stems_as_the_retriever_does() -> None:
 @pytest.mark.parametrize("seed", range(30))
 def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None:
     """The candidates of a soft route read the documents of the ids that can make the pool
-    only (``Fused.reach``): the same candidates, scores and ranks as boosting every id."""
+    only (``Fused.boosted_first``): the same candidates, scores and ranks as boosting every id."""
     from langchain_rse.chunking import chunk_key, in_docs
     from langchain_rse.fusion import fused
     from langchain_rse.pipeline import QuerySettings, candidates
