@@ -345,7 +345,7 @@ SAVED_FIELDS = (
     "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
     "lexical_stemmer", "fetch_k", "candidate_pool", "fusion", "weights", "code_weights",
     "code_corpus_weights", "rrf_k", "relevance", "preset", "max_queries", "max_query_chars",
-    "max_document_chars", "index_batch_size",
+    "max_document_chars", "index_batch_size", "max_chars",
 )  # fmt: skip
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from langchain_core.documents import Document
 
 from langchain_rse.bodies import Body
@@ -92,6 +93,9 @@ class QuerySettings:
     strict_rerank: bool
     filter: Filter | None = None
     """Checked on every candidate's document metadata, whatever the stores returned."""
+    max_chars: int | None = None
+    """Most characters of text returned in all (the context budget); None: the preset's
+    chunk budget alone."""
     trace: bool = False
     """Also yield ``("trace", Trace)`` before returning (for ``RSERetriever.explain``)."""
     rerank_queries: list[str] | None = None
@@ -109,6 +113,7 @@ class QuerySettings:
         expansions: list[str],
         f: Any,
         trace: bool = False,
+        max_chars: int | None = None,
     ) -> QuerySettings:
         """The settings of one call of retriever ``r`` (its fields, narrowed by the call's
         ``mode``, extra ``queries`` and ``filter``)."""
@@ -129,6 +134,7 @@ class QuerySettings:
             strict_rerank=r.strict_rerank,
             filter=both(parse(r.filter) if r.filter else None, parse(f) if f else None),
             trace=trace,
+            max_chars=max_chars,
         )
 
 
@@ -304,8 +310,18 @@ def select(
     of a document outside it must be worth ``route.factor`` times ``min_segment_value``:
     the bar rises by the factor the routed documents' chunks were favoured by."""
     if s.mode == "chunks":
-        ranked = sorted(cands, key=lambda c: -c.relevance)
-        return [(c.doc_id, c.chunk_index, c.chunk_index + 1, c.relevance) for c in ranked[: s.k]]
+        ranked, room = sorted(cands, key=lambda c: -c.relevance), s.max_chars
+        chosen: Selection = []
+        for c in ranked:
+            if len(chosen) == s.k:
+                break
+            if room is not None:
+                start, end = metas[c.doc_id].spans[c.chunk_index]
+                if end - start > room:
+                    continue
+                room -= end - start
+            chosen.append((c.doc_id, c.chunk_index, c.chunk_index + 1, c.relevance))
+        return chosen
     p = s.params
     docs = list(dict.fromkeys([c.doc_id for c in cands]))
     position = {d: i for i, d in enumerate(docs)}
@@ -314,8 +330,14 @@ def select(
         [(position[c.doc_id], c.chunk_index, c.relevance) for c in cands],
         p.irrelevant_chunk_penalty,
     )
-    budget = p.max_total_chunks + (len(s.queries) - 1) * p.extra_query_chunks
-    segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
+    if s.max_chars is None:  # the preset's budget, in chunks
+        budget = p.max_total_chunks + (len(s.queries) - 1) * p.extra_query_chunks
+        segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
+    else:  # the caller's budget, in characters
+        sizes = np.fromiter((n for d in docs for n in _strides(metas[d].spans)), np.int64,
+                            len(values))  # fmt: skip
+        segs = best_segments(values, offsets, p.max_segment_chunks, len(values),
+                             p.min_segment_value, sizes, s.max_chars)  # fmt: skip
     if p.merge_touching:
         segs = merge_touching(segs)
     if route is not None and not math.isinf(route.factor):
@@ -323,6 +345,14 @@ def select(
         segs = [g for g in segs if docs[g.doc] in route.docs or g.value >= bar]
     segs = by_best_chunk(segs, values, offsets)
     return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
+
+
+def _strides(spans: Sequence[tuple[int, int]]) -> list[int]:
+    """What each chunk adds to a segment's length: from its start to its end or the next
+    chunk's start, whichever is later (so a run's strides add up to at least its text,
+    however the chunks overlap or leave gaps)."""
+    nexts = [b for b, _ in spans[1:]] + [0]
+    return [max(e, n) - b for (b, e), n in zip(spans, nexts)]
 
 
 def results(

@@ -60,6 +60,7 @@ from langchain_rse.validation import (
     check_filter,
     check_invoke_args,
     check_k,
+    check_max_chars,
     check_settings,
     clean_query,
 )
@@ -167,6 +168,10 @@ class RSERetriever(DocumentIndex):
     """Snowball stemmer of the in-process BM25 index (``"english"``, ``"german"``, ... as
     in ``Stemmer.algorithms()``), or ``None`` to match words as they are. An external
     ``lexical_store`` analyzes text itself."""
+    max_chars: int | None = None
+    """The context budget: the most characters of text one call returns, in all (an
+    ``invoke(query, max_chars=...)`` argument too). Segments fill it best first and never
+    exceed it; ``k`` still bounds how many come back. ``None``: the preset's chunk budget."""
     fetch_k: int = 50
     """Candidates fetched from each branch (dense and lexical)."""
     candidate_pool: int = 50
@@ -446,19 +451,21 @@ class RSERetriever(DocumentIndex):
     # ------------------------------------------------------------------ querying
 
     def _retrieval(self, query: Any, k: Any, mode: Any, queries: Any, filter: Any,
-                   unknown: dict[str, Any]) -> Generator[Request, Any, list[Document]]:  # fmt: skip
+                   max_chars: Any, unknown: dict[str, Any]
+                   ) -> Generator[Request, Any, list[Document]]:  # fmt: skip
         """Check the call (at once), then one retrieval as a sans-I/O generator:
         ``("expand", query)`` when a query expander is set, then
         :func:`~langchain_rse.pipeline.retrieve`."""
         check_invoke_args(unknown)
         query, k = clean_query(query, self.max_query_chars), check_k(self.k if k is None else k)
+        max_chars = check_max_chars(self.max_chars if max_chars is None else max_chars)
 
         def steps() -> Generator[Request, Any, list[Document]]:
             if k == 0:
                 return []
             expansions = (yield ("expand", query)) if self.query_expander is not None else []
             s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter,
-                                          trace=current_traces() is not None)  # fmt: skip
+                                          current_traces() is not None, max_chars)  # fmt: skip
             return (yield from pipeline.retrieve(s, self.router))
 
         return steps()
@@ -481,9 +488,10 @@ class RSERetriever(DocumentIndex):
         mode: Literal["segments", "chunks"] | None = None,
         queries: list[str] | None = None,
         filter: dict[str, Any] | None = None,
+        max_chars: int | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        steps = self._retrieval(query, k, mode, queries, filter, kwargs)
+        steps = self._retrieval(query, k, mode, queries, filter, max_chars, kwargs)
         handlers = self._handlers(run_manager.get_child(), False)
         return drive(steps, handlers, pipeline.THROWN)  # type: ignore[no-any-return]
 
@@ -496,9 +504,10 @@ class RSERetriever(DocumentIndex):
         mode: Literal["segments", "chunks"] | None = None,
         queries: list[str] | None = None,
         filter: dict[str, Any] | None = None,
+        max_chars: int | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        steps = self._retrieval(query, k, mode, queries, filter, kwargs)
+        steps = self._retrieval(query, k, mode, queries, filter, max_chars, kwargs)
         handlers = self._handlers(run_manager.get_child(), True)
         return await adrive(steps, handlers, pipeline.THROWN)  # type: ignore[no-any-return]
 

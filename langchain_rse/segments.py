@@ -158,8 +158,15 @@ def best_segments(
     max_segment_chunks: int,
     max_total_chunks: int,
     min_segment_value: float,
+    sizes: np.ndarray | None = None,
+    max_size: int | None = None,
 ) -> list[Segment]:
-    """Greedy-exact segment search (see the module docstring); best first."""
+    """Greedy-exact segment search (see the module docstring); best first.
+
+    With ``sizes`` (each chunk's length in characters, flattened like ``values``) and
+    ``max_size``, the picks' total size also stays within ``max_size``: a run that no longer
+    fits is skipped like one that overlaps a pick, so smaller runs still fill the rest.
+    """
     values = np.asarray(values, dtype=np.float64)
     offsets = np.asarray(offsets, dtype=np.int64)
     n = values.size
@@ -168,6 +175,11 @@ def best_segments(
         return []
     prefix = np.zeros(n + 1)
     np.cumsum(values, out=prefix[1:])
+    room = None if max_size is None or sizes is None else int(max_size)
+    if room is not None:
+        size_prefix = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.asarray(sizes, dtype=np.int64), out=size_prefix[1:])
+        size_at = size_prefix.tolist()
     cap = min(int(max_segment_chunks), budget, n)
     # A run longer than one chunk that starts on a negative chunk, or ends on a chunk worth
     # at most 0, is never picked: the run without that chunk is worth more (or as much, and
@@ -194,7 +206,7 @@ def best_segments(
     taken = bytearray(n)
     firsts, starts = offsets.tolist(), first.tolist()
     segments: list[Segment] = []
-    while worthy.size and budget > 0:
+    while worthy.size and budget > 0 and room != 0:
         head = np.ones(worthy.size, dtype=bool)
         batch = 4 * cap * budget
         if batch < worthy.size:  # the best `batch` runs and every run tied with the last
@@ -206,12 +218,17 @@ def best_segments(
             i = starts[row]
             if length > budget or taken.find(1, i, i + length) != -1:
                 continue
+            if room is not None:
+                size = size_at[i + length] - size_at[i]
+                if size > room:
+                    continue
+                room -= size
             taken[i : i + length] = b"\x01" * length
             doc = bisect_right(firsts, i) - 1
             start = i - firsts[doc]
             segments.append(Segment(doc, start, start + length, v))
             budget -= length
-            if budget == 0:
+            if budget == 0 or room == 0:
                 break
     return segments
 

@@ -106,6 +106,19 @@ def check_k(k: Any) -> int:
     return k
 
 
+MIN_MAX_CHARS = 100
+"""The smallest context budget accepted: below it hardly a chunk fits."""
+
+
+def check_max_chars(value: Any) -> int | None:
+    """A context budget: None or an int of at least :data:`MIN_MAX_CHARS`, else ``ValueError``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_MAX_CHARS:
+        raise ValueError(f"max_chars must be an integer >= {MIN_MAX_CHARS} or None, got {value!r}")
+    return value
+
+
 def query_set(
     query: str, queries: Any, expansions: list[str], max_queries: int, max_chars: int
 ) -> list[str]:
@@ -134,6 +147,7 @@ def check_settings(r: Any) -> None:
     """Raise ``ValueError`` for a retriever configuration that could not run (checked at
     construction and on every assignment, so a bad setting fails where it is made)."""
     check_k(r.k)
+    check_max_chars(r.max_chars)
     for name in _POSITIVE:
         if getattr(r, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(r, name)}")
@@ -167,7 +181,7 @@ def check_expander(value: Any) -> Any:
     return value
 
 
-INVOKE_ARGS = ("k", "mode", "queries", "filter")
+INVOKE_ARGS = ("k", "mode", "queries", "filter", "max_chars")
 """The keyword arguments ``invoke`` accepts besides ``config``."""
 
 
