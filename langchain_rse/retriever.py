@@ -294,8 +294,7 @@ class RSERetriever(DocumentIndex):
         self._writer.attach_leads(leads)
 
     def _search(self) -> SearchBranches:
-        """The search branches for the current settings (built once per setting: a
-        ``RunnableLambda`` inspects signatures)."""
+        """The search branches for the current settings (built once per setting)."""
         k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
         translator = self.filter_translator
         threads, beside = self.faiss_threads, self.parallel_branches
