@@ -117,7 +117,9 @@ def document_leads(documents: Iterable[Document], max_chars: int = LEAD_CHARS) -
     the document with whitespace collapsed — for contracts, reports and papers, the name,
     parties, date or abstract that a query naming the document matches, also behind a
     cover legend (:data:`LEAD_CHARS`). Each lead keeps the input's id (:func:`doc_id_for`)
-    as its ``id`` and ``metadata["doc_id"]``, so routing maps back to the indexed document.
+    as its ``id`` and ``metadata["doc_id"]``, so routing maps back to the indexed document,
+    and the input's scalar metadata (strings, numbers, booleans: what a filter compares), so
+    a router searched with a retriever's filter sees only the documents the filter allows.
     Index the leads in any retriever, e.g.::
 
         router = RSERetriever.from_documents(
@@ -133,7 +135,8 @@ def document_leads(documents: Iterable[Document], max_chars: int = LEAD_CHARS) -
         opening = " ".join(doc.page_content[: max_chars * 4].split())[:max_chars]
         title = doc.metadata.get("title")
         text = f"{title}\n{opening}" if isinstance(title, str) and title.strip() else opening
-        meta = {"doc_id": doc_id}
+        meta = {k: v for k, v in doc.metadata.items() if isinstance(v, (str, int, float, bool))}
+        meta["doc_id"] = doc_id
         if "source" in doc.metadata:
             meta["source"] = doc.metadata["source"]
         leads.append(Document(page_content=text or doc_id, id=doc_id, metadata=meta))

@@ -21,8 +21,9 @@ from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertRespons
 from pydantic import PrivateAttr
 
 from langchain_rse.bodies import compressed, decompressed
-from langchain_rse.chunking import doc_id_for, document_leads
-from langchain_rse.lexical import BM25Index
+from langchain_rse.chunking import chunk_key, doc_id_for, doc_of, document_leads
+from langchain_rse.filters import Filter, matches, parse
+from langchain_rse.lexical import BM25Index, group_of
 
 __all__ = ["LeadIndex"]
 
@@ -34,7 +35,10 @@ class LeadIndex(DocumentIndex):
     ``metadata["title"]`` and the first 2,000 characters), so it stays small next to the chunk
     index (one entry per document, not per chunk) and is rebuilt from the record store
     when another worker changed it. Results carry ``metadata["doc_id"]`` and
-    ``metadata["bm25_score"]``, best first.
+    ``metadata["bm25_score"]``, best first. A search can be given a metadata filter
+    (:mod:`langchain_rse.filters`; ``invoke(query, filter=...)``): it is checked against
+    each lead's metadata (the document's scalar metadata) before the top ``k`` is cut, so
+    documents it rejects neither appear nor push others out.
 
     Usage:
         .. code-block:: python
@@ -73,7 +77,9 @@ class LeadIndex(DocumentIndex):
             if stemmer == self._bm25.stemmer:
                 return
             bm25 = BM25Index(stemmer=stemmer)
-            bm25.add(list(self._leads), [_text(packed) for packed, _ in self._leads.values()])
+            keys = [_key(i) for i in self._leads]
+            bm25.add(keys, [_text(packed) for packed, _ in self._leads.values()],
+                     {group_of(k): m for k, (_, m) in zip(keys, self._leads.values())})  # fmt: skip
             self._bm25 = bm25
 
     def add_sources(self, sources: Iterable[Document]) -> None:
@@ -81,13 +87,16 @@ class LeadIndex(DocumentIndex):
         self.upsert(document_leads(sources))
 
     def upsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
-        """Add or replace lead documents (their ids are doc ids)."""
+        """Add or replace lead documents (their ids are doc ids; their metadata is what a
+        search's filter is checked against)."""
         ids = [doc_id_for(d) for d in items]
+        metas = [dict(d.metadata) for d in items]
+        keys = [_key(i) for i in ids]
         with self._lock:
-            self._leads.update(
-                (i, (_packed(d.page_content), dict(d.metadata))) for i, d in zip(ids, items)
-            )
-            self._bm25.add(ids, [d.page_content for d in items])
+            self._leads.update((i, (_packed(d.page_content), m))
+                               for i, d, m in zip(ids, items, metas))  # fmt: skip
+            self._bm25.add(keys, [d.page_content for d in items],
+                           {group_of(k): m for k, m in zip(keys, metas)})  # fmt: skip
         return UpsertResponse(succeeded=ids, failed=[])
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> DeleteResponse:
@@ -96,7 +105,7 @@ class LeadIndex(DocumentIndex):
             raise ValueError("delete needs a list of document ids")
         with self._lock:
             found = [i for i in ids if self._leads.pop(i, None) is not None]
-            self._bm25.delete(found)
+            self._bm25.delete([_key(i) for i in found])
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
     def get(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]:
@@ -111,21 +120,36 @@ class LeadIndex(DocumentIndex):
         return Document(page_content=_text(found[0]), id=doc_id, metadata={**found[1], **extra})
 
     def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        filter: dict[str, Any] | None = None,
     ) -> list[Document]:
-        return self.search(query)
+        return self.search(query, parse(filter) if filter else None)
 
-    def hits(self, query: str) -> list[tuple[str, float]]:
-        """``(doc id, BM25 score)`` of the ``k`` best leads for ``query``, best first."""
+    def hits(self, query: str, filter: Filter | None = None) -> list[tuple[str, float]]:
+        """``(doc id, BM25 score)`` of the ``k`` best leads for ``query`` that ``filter``
+        (parsed, see :func:`~langchain_rse.filters.parse`) allows, best first."""
         before, leads = self._before_search, self._leads  # private attributes: read once
         if before is not None:
             before()
-        return [(d, score) for d, score in self._bm25.search(query, self.k) if d in leads]
+        allowed = None if filter is None else (lambda metadata: matches(filter, metadata))
+        found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, allowed))
+        return [(d, score) for d, score in found if d in leads]
 
-    def search(self, query: str) -> list[Document]:
-        """The ``k`` best leads for ``query`` (what ``invoke`` returns, without a run)."""
-        leads = (self._lead(doc_id, bm25_score=score) for doc_id, score in self.hits(query))
+    def search(self, query: str, filter: Filter | None = None) -> list[Document]:
+        """The ``k`` best leads for ``query`` that ``filter`` allows (what ``invoke``
+        returns, without a run)."""
+        hits = self.hits(query, filter)
+        leads = (self._lead(doc_id, bm25_score=score) for doc_id, score in hits)
         return [lead for lead in leads if lead is not None]  # None: deleted since the search
+
+
+def _key(doc_id: str) -> str:
+    """A lead's key in the BM25 index: a chunk key, so that its group (its metadata, which
+    a filter sees) maps back to exactly its doc id, whatever characters that holds."""
+    return chunk_key(doc_id, "lead", 0)
 
 
 def _packed(text: str) -> bytes:

@@ -37,11 +37,11 @@ from pydantic import (
 )
 
 from langchain_rse import pipeline
-from langchain_rse.chunking import DEFAULT_CHUNK_SIZE
+from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, doc_id_for
 from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation, current_traces, tracing
-from langchain_rse.filters import Filter
+from langchain_rse.filters import Filter, matches, parse
 from langchain_rse.fusion import FusionMethod
 from langchain_rse.indexing import Writer, index_steps
 from langchain_rse.lexical import BM25Index, LexicalEngine
@@ -209,7 +209,14 @@ class RSERetriever(DocumentIndex):
     """A metadata filter every result must pass (a retriever bound to one tenant), in the
     language of :mod:`langchain_rse.filters`: equality, ``$eq``, ``$ne``, ``$in``, ``$nin``,
     ``$gt``/``$gte``/``$lt``/``$lte``, ``$and``, ``$or``. Pushed down into both searches and
-    checked again on every candidate; ``invoke(query, filter=...)`` narrows it further."""
+    the document route, and checked again on every candidate; ``invoke(query, filter=...)``
+    narrows it further. Nothing of a document it rejects reaches a callback handler or
+    changes a result. It binds the other methods too: :meth:`get` returns, and
+    :meth:`delete` removes, only documents it allows; :meth:`add_documents` refuses a
+    document it rejects, and one whose id is taken by a document it rejects. Index-wide
+    maintenance (:meth:`vacuum`, :meth:`save`) is not filtered. Documents are compared by
+    their metadata with ``doc_id`` added, as the chunks are. (Lexical scores use the
+    statistics of the whole index; one index per tenant keeps even those apart.)"""
     filter_translator: Callable[[Filter], dict[str, Any]] | None = None
     """For a vector or lexical store :mod:`langchain_rse.filters` cannot translate for: a
     function from the parsed filter to that store's search keyword arguments (e.g.
@@ -292,8 +299,7 @@ class RSERetriever(DocumentIndex):
         self._writer.attach_leads(leads)
 
     def _search(self) -> SearchBranches:
-        """The search branches for the current settings (built once per setting: a
-        ``RunnableLambda`` inspects signatures)."""
+        """The search branches for the current settings (built once per setting)."""
         k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
         translator = self.filter_translator
         threads, beside = self.faiss_threads, self.parallel_branches
@@ -359,8 +365,13 @@ class RSERetriever(DocumentIndex):
         the vector store (``index_batch_size`` chunks per call), the lexical index and the
         record store — so contexts, index texts and vectors are held for one group only.
         Progress is reported per stage (see ``show_progress``).
+
+        With a bound :attr:`filter`, a ``ValueError`` is raised before anything is written
+        when a document does not pass it, or when its id is indexed for a document that
+        does not (another tenant's).
         """
         with self._writer.lock:
+            self._check_writable(documents, ids)
             return drive(*index_steps(self, documents, ids, False))  # type: ignore[no-any-return]
 
     async def aadd_documents(
@@ -368,11 +379,59 @@ class RSERetriever(DocumentIndex):
     ) -> list[str]:
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
         (under the same lock as the sync path, re-checking what another writer wrote)."""
+        if self.filter:
+            await asyncio.to_thread(self._check_writable, documents, ids)
         return await adrive(*index_steps(self, documents, ids, True))  # type: ignore[no-any-return]
 
+    def _check_writable(self, documents: Sequence[Document], ids: Sequence[str] | None) -> None:
+        """With a bound :attr:`filter`: a ``ValueError`` naming the first document it
+        rejects, or whose id an indexed document it rejects holds (nothing is written)."""
+        f = parse(self.filter) if self.filter else None
+        if f is None:
+            return
+        if ids is not None and len(ids) != len(documents):
+            return  # add_documents' own validation says so
+        named = [
+            (str(ids[n]) if ids is not None else doc_id_for(doc), doc)
+            for n, doc in enumerate(documents)
+            if isinstance(doc, Document)  # anything else: the validation's error
+        ]
+        for doc_id, doc in named:
+            if not matches(f, {**doc.metadata, "doc_id": doc_id}):
+                raise ValueError(
+                    f"document {doc_id!r} does not pass this retriever's filter "
+                    f"{self.filter!r}; a retriever bound to a filter writes only documents "
+                    "that pass it"
+                )
+        if not named:
+            return
+        held = self._records.pointers([doc_id for doc_id, _ in named])
+        for (doc_id, _), record in zip(named, held):
+            if record is not None and not self._allows(f, record.doc_id, record.metadata):
+                raise ValueError(
+                    f"document id {doc_id!r} is indexed for a document outside this "
+                    "retriever's filter; it cannot be replaced from here (use another id)"
+                )
+
+    @staticmethod
+    def _allows(f: Filter | None, doc_id: str, metadata: dict[str, Any]) -> bool:
+        """Whether ``f`` (None: no filter) allows an indexed document."""
+        return f is None or matches(f, {**metadata, "doc_id": doc_id})
+
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
-        """Remove documents (by doc id) from the vector store, lexical index and record store."""
-        found = self._writer.delete(check_delete_ids(ids), self.router)
+        """Remove documents (by doc id) from the vector store, lexical index and record
+        store. With a bound :attr:`filter`, only documents it allows: other ids are treated
+        as unknown (not removed, not in ``succeeded``)."""
+        doc_ids = check_delete_ids(ids)
+        f = parse(self.filter) if self.filter else None
+        with self._writer.lock:
+            if f is not None:
+                held = self._records.pointers(list(doc_ids))
+                doc_ids = [
+                    d for d, r in zip(doc_ids, held)
+                    if r is not None and self._allows(f, d, r.metadata)
+                ]  # fmt: skip
+            found = self._writer.delete(doc_ids, self.router)
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
     async def adelete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
@@ -383,7 +442,9 @@ class RSERetriever(DocumentIndex):
         """Remove chunks of document versions that are not current: what a writer killed
         half-way, or one that lost a race to another worker, left in the shared stores.
         Returns the number of versions removed. Run it when no writer is active, or pass
-        ``min_age_s`` longer than any write takes so versions being written are spared."""
+        ``min_age_s`` longer than any write takes so versions being written are spared.
+        Index-wide maintenance: a bound :attr:`filter` does not limit it (it never removes
+        a current version, and returns only a count)."""
         return self._writer.vacuum(min_age_s)
 
     async def avacuum(self, min_age_s: float = 0.0) -> int:
@@ -402,8 +463,13 @@ class RSERetriever(DocumentIndex):
         return UpsertResponse(succeeded=await self.aadd_documents(items), failed=[])
 
     def get(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]:
-        """The indexed source documents with these doc ids (unknown ids are skipped)."""
-        records = [r for r in self._records.pointers(list(ids)) if r is not None]
+        """The indexed source documents with these doc ids (unknown ids are skipped, and so
+        are documents a bound :attr:`filter` rejects)."""
+        f = parse(self.filter) if self.filter else None
+        records = [
+            r for r in self._records.pointers(list(ids))
+            if r is not None and self._allows(f, r.doc_id, r.metadata)
+        ]  # fmt: skip
         return [
             Document(page_content=body.text, metadata=dict(r.metadata), id=r.doc_id)
             for r, body in zip(records, self._records.bodies(records))
@@ -418,7 +484,8 @@ class RSERetriever(DocumentIndex):
         ``save`` leaves the previous save loadable. A vector store other than FAISS or
         ``InMemoryVectorStore``, and a record store other than the in-memory default,
         persist themselves and are passed again to :meth:`load`. Components are saved as
-        their class and non-secret settings (never keys).
+        their class and non-secret settings (never keys). Index-wide: a bound :attr:`filter`
+        does not limit what is saved (and is not saved).
         """
         with self._writer.lock:
             n = save_index(self, path)

@@ -4,6 +4,7 @@ agrees."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_rse.chunking import document_leads, parse_chunk_key
 from langchain_rse.documents import LeadIndex
+from langchain_rse.filters import Filter, to_dict
 
 __all__ = ["DEFAULT_BOOST", "DocumentRouter", "as_router", "query_clauses"]
 
@@ -57,6 +59,13 @@ class DocumentRouter(BaseModel):
         retriever = RSERetriever(vectorstore=vs, router=DocumentRouter(retriever=leads, sync=True))
 
     Pass ``router=None`` to turn routing off.
+
+    Under a metadata filter (a retriever bound to a tenant, or ``invoke(filter=...)``) the
+    router sees only what the filter allows: the built-in lead index applies it before its
+    top ``k``, an ``RSERetriever`` router is invoked with it (:func:`document_leads` carry
+    the documents' scalar metadata), and any other router retriever, which cannot be given
+    the filter, is not asked at all (no route: a document outside the filter must neither
+    take the route nor be seen by that retriever's callbacks).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid", frozen=True)
@@ -112,18 +121,39 @@ class DocumentRouter(BaseModel):
             )
         return self
 
-    def route(self, query: str, config: RunnableConfig, traced: bool = True) -> set[str] | None:
-        """The documents ``query`` is routed to (:meth:`chosen` of the retriever's hits): a
-        child run under ``config``; called directly when ``traced`` is False (no callback
-        handler listens) and the retriever is the built-in lead index."""
+    def route(
+        self, query: str, config: RunnableConfig | None = None, filter: Filter | None = None
+    ) -> set[str] | None:
+        """The documents ``query`` is routed to (:meth:`chosen` of the retriever's hits)
+        among those ``filter`` (parsed) allows. The built-in lead index is searched directly
+        (no run of its own: it is internal); another retriever is invoked as a child run
+        under ``config``, with the filter (an ``RSERetriever``) or, under a filter it cannot
+        be given, not at all (None: no route)."""
         r = self.retriever
-        if not traced and isinstance(r, LeadIndex):
-            return self.chosen_ids(r.hits(query))
-        return self.chosen(r.invoke(query, config))
+        if isinstance(r, LeadIndex):
+            return self.chosen_ids(r.hits(query, filter))
+        if filter is None:
+            return self.chosen(r.invoke(query, config))
+        if _takes_filter(r):
+            return self.chosen(r.invoke(query, config, filter=to_dict(filter)))
+        logger.info("routing skipped: %s cannot be given the metadata filter",
+                    type(r).__name__)  # fmt: skip
+        return None
 
-    async def aroute(self, query: str, config: RunnableConfig) -> set[str] | None:
-        """Async :meth:`route` (always a child run)."""
-        return self.chosen(await self.retriever.ainvoke(query, config))
+    async def aroute(
+        self, query: str, config: RunnableConfig | None = None, filter: Filter | None = None
+    ) -> set[str] | None:
+        """Async :meth:`route` (the built-in lead index is searched in a thread)."""
+        r = self.retriever
+        if isinstance(r, LeadIndex):
+            return await asyncio.to_thread(self.route, query, None, filter)
+        if filter is None:
+            return self.chosen(await r.ainvoke(query, config))
+        if _takes_filter(r):
+            return self.chosen(await r.ainvoke(query, config, filter=to_dict(filter)))
+        logger.info("routing skipped: %s cannot be given the metadata filter",
+                    type(r).__name__)  # fmt: skip
+        return None
 
     def focuses(self, query: str) -> bool:
         """Whether :attr:`focus` applies to ``query`` (the built-in lead index, and several
@@ -135,10 +165,10 @@ class DocumentRouter(BaseModel):
             and _focusable(query_clauses(query))
         )
 
-    def focus_query(self, query: str, routed: set[str]) -> str | None:
+    def focus_query(self, query: str, routed: set[str], filter: Filter | None = None) -> str | None:
         """``query`` without the clause that names the ``routed`` documents (the clause
-        whose lead-index score for them is highest), or None when :meth:`focuses` is false
-        or no clause matches their leads.
+        whose lead-index score for them is highest, searching the leads ``filter`` allows),
+        or None when :meth:`focuses` is false or no clause matches their leads.
 
         A naming clause that is itself a question (it ends in ``?``) keeps what it asks: it
         is split at its commas, and the parts that their leads match better than the last
@@ -153,13 +183,13 @@ class DocumentRouter(BaseModel):
         clauses = query_clauses(query)
         if not self.focus or not isinstance(r, LeadIndex) or not _focusable(clauses):
             return None
-        naming = _naming(r, clauses, routed)
+        naming = _naming(r, clauses, routed, filter)
         if naming is None:
             return None
         rest = clauses[naming]
         if rest.endswith("?"):
             parts = [p for p in (p.strip() for p in rest.split(",")) if p]
-            scores = _lead_scores(r, parts, routed)
+            scores = _lead_scores(r, parts, routed, filter)
             keep = [p for p, score in zip(parts, scores) if score <= scores[-1]]
             if len(keep) == len(parts):
                 logger.debug("no focus: the question %r names the document", rest)
@@ -241,15 +271,24 @@ def _focusable(clauses: list[str]) -> bool:
     )
 
 
-def _lead_scores(leads: LeadIndex, parts: list[str], routed: set[str]) -> list[float]:
+def _takes_filter(retriever: BaseRetriever) -> bool:
+    """Whether a router retriever can be given a metadata filter: an ``RSERetriever``."""
+    from langchain_rse.retriever import RSERetriever  # it imports this module
+
+    return isinstance(retriever, RSERetriever)
+
+
+def _lead_scores(
+    leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | None
+) -> list[float]:
     """Each part of a query's best lead-index score among the ``routed`` documents (0:
-    no match)."""
-    return [max((s for d, s in leads.hits(p) if d in routed), default=0.0) for p in parts]
+    no match), searching the leads ``f`` allows."""
+    return [max((s for d, s in leads.hits(p, f) if d in routed), default=0.0) for p in parts]
 
 
-def _naming(leads: LeadIndex, parts: list[str], routed: set[str]) -> int | None:
+def _naming(leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | None) -> int | None:
     """The index of the part of a query whose lead-index score for the ``routed``
     documents is highest, or None when none matches their leads."""
-    scores = _lead_scores(leads, parts, routed)
+    scores = _lead_scores(leads, parts, routed, f)
     best = max(range(len(parts)), key=scores.__getitem__)
     return best if scores[best] > 0 else None

@@ -1,7 +1,10 @@
 """The two search branches: dense (any ``VectorStore``) and lexical (the in-process BM25
 index or an external lexical store). Each returns ``(chunk key, score)`` pairs, best first.
 
-Both are ``RunnableLambda``\\ s, so each search is a child run in LangChain's callbacks.
+Each search, and the document route, is an *internal* child run in LangChain's callbacks
+(a chain run named ``dense_search``, ``lexical_search`` or ``rse.route``, never a
+retriever run): its inputs are the query and the filter, its outputs ids and scores only —
+of the documents the filter allows — never document text (see :func:`child_run`).
 The protected ``_similarity_search_with_relevance_scores`` is the public method minus its
 [0, 1] range warning and threshold filter: fusion only needs an order (RRF) or a
 normalisation, so any monotone score will do.
@@ -12,16 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
+from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
 from langchain_core.documents import Document
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables import RunnableConfig
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
-from langchain_rse.chunking import chunk_key
+from langchain_rse.chunking import chunk_key, parse_chunk_key
 from langchain_rse.filters import (
     Filter,
     FilterError,
@@ -31,6 +35,7 @@ from langchain_rse.filters import (
     matches,
     parse,
     search_kwargs,
+    to_dict,
 )
 from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
@@ -40,6 +45,8 @@ __all__ = [
     "Hit",
     "SearchBranches",
     "SearchRequest",
+    "achild_run",
+    "child_run",
     "faiss_threads",
     "is_local",
     "key_of",
@@ -189,14 +196,6 @@ class SearchBranches:
     """Run the lexical searches and the route in a worker thread beside the dense searches
     (the retriever's ``parallel_branches``); False: after them, on the calling thread."""
 
-    def __post_init__(self) -> None:
-        self.dense_runnable = RunnableLambda(self.dense, afunc=self.adense, name="dense_search")
-        self.lexical_runnable = RunnableLambda(
-            self.lexical_search,
-            afunc=lambda q: asyncio.to_thread(self.lexical_search, q),
-            name="lexical_search",
-        )
-
     def dense(self, request: SearchRequest) -> DenseResult:
         vs, k, query = self.vectorstore, self.k, request["query"]
         kw = _dense_kwargs(vs, request["filter"], self.translator, k)
@@ -232,23 +231,38 @@ class SearchBranches:
         self, queries: list[str], f: Filter | None, router: Any, config: RunnableConfig
     ) -> Found:
         """Both branches for every query, and ``router``'s documents for the first (the
-        original) query, each a child run under ``config`` — or, when no callback handler
-        would see those runs, called directly (no run overhead). The lexical searches and
-        the route run in a worker thread while this thread runs the dense searches
-        (:class:`~langchain_rse.threads.Beside`), or after them when not :attr:`beside`."""
+        original) query, each an internal child run under ``config`` (:func:`child_run`) —
+        or, when no callback handler would see those runs, called directly (no run
+        overhead). The lexical searches and the route run in a worker thread while this
+        thread runs the dense searches (:class:`~langchain_rse.threads.Beside`), or after
+        them when not :attr:`beside`. The route sees only what ``f`` allows."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
         callbacks = config.get("callbacks")
         traced = callbacks is None or bool(getattr(callbacks, "handlers", True))
-        dense_search: Callable[[SearchRequest], DenseResult] = (
-            (lambda r: self.dense_runnable.invoke(r, config)) if traced else self.dense
-        )
-        lexical_search: Callable[[SearchRequest], Sequence[Hit]] = (
-            (lambda r: self.lexical_runnable.invoke(r, config)) if traced else self.lexical_search
-        )
+
+        def dense_search(r: SearchRequest) -> DenseResult:
+            if not traced:
+                return self.dense(r)
+            return child_run(callbacks, "dense_search", _inputs(r), lambda _: self.dense(r),
+                             _dense_outputs)  # fmt: skip
+
+        def lexical_search(r: SearchRequest) -> Sequence[Hit]:
+            if not traced:
+                return self.lexical_search(r)
+            return child_run(callbacks, "lexical_search", _inputs(r),
+                             lambda _: self.lexical_search(r), _hit_outputs)  # fmt: skip
+
+        def route() -> set[str] | None:
+            if not router:
+                return None
+            if not traced:
+                return router.route(queries[0], config, f)  # type: ignore[no-any-return]
+            return child_run(callbacks, "rse.route", _inputs(requests[0]),
+                             lambda cb: router.route(queries[0], {"callbacks": cb}, f),
+                             _route_outputs)  # fmt: skip
 
         def lexical_and_route() -> tuple[list[Sequence[Hit]], set[str] | None]:
-            lexical = [lexical_search(r) for r in requests]
-            return lexical, router.route(queries[0], config, traced) if router else None
+            return [lexical_search(r) for r in requests], route()
 
         if not self.beside:  # in turn, on this thread
             return [dense_search(r) for r in requests], *lexical_and_route()
@@ -264,13 +278,29 @@ class SearchBranches:
     async def arun(
         self, queries: list[str], f: Filter | None, router: Any, config: RunnableConfig
     ) -> Found:
-        """Async :meth:`run`: every search at once."""
+        """Async :meth:`run`: every search at once, each an internal child run."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
+        callbacks = config.get("callbacks")
         n = len(requests)
-        found = await asyncio.gather(
-            *(self.dense_runnable.ainvoke(r, config) for r in requests),
-            *(self.lexical_runnable.ainvoke(r, config) for r in requests),
-            *([router.aroute(queries[0], config)] if router else []),
+
+        def dense(r: SearchRequest) -> Awaitable[DenseResult]:
+            return achild_run(callbacks, "dense_search", _inputs(r), lambda _: self.adense(r),
+                              _dense_outputs)  # fmt: skip
+
+        def lexical(r: SearchRequest) -> Awaitable[Sequence[Hit]]:
+            return achild_run(callbacks, "lexical_search", _inputs(r),
+                              lambda _: asyncio.to_thread(self.lexical_search, r),
+                              _hit_outputs)  # fmt: skip
+
+        def route() -> Awaitable[set[str] | None]:
+            return achild_run(callbacks, "rse.route", _inputs(requests[0]),
+                              lambda cb: router.aroute(queries[0], {"callbacks": cb}, f),
+                              _route_outputs)  # fmt: skip
+
+        found: list[Any] = await asyncio.gather(
+            *(dense(r) for r in requests),
+            *(lexical(r) for r in requests),
+            *([route()] if router else []),
         )
         return list(found[:n]), list(found[n : 2 * n]), found[2 * n] if router else None
 
@@ -280,7 +310,7 @@ class SearchBranches:
         """The text of ``router.focus_query(query, routed)`` (the query's clauses other than
         the one naming the routed documents) and both branches for it, filtered to those
         documents; None when there is no such text (see ``DocumentRouter.focus``)."""
-        text = router.focus_query(query, routed)
+        text = router.focus_query(query, routed, f)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None
@@ -291,7 +321,7 @@ class SearchBranches:
         self, query: str, routed: set[str], f: Filter | None, router: Any, config: RunnableConfig
     ) -> Focused | None:
         """Async :meth:`focus` (the lead index is searched in a thread)."""
-        text = await asyncio.to_thread(router.focus_query, query, routed)
+        text = await asyncio.to_thread(router.focus_query, query, routed, f)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None
@@ -320,6 +350,56 @@ class SearchBranches:
         kw = search_kwargs(self.lexical_store, f, self.translator)
         hits = self.lexical_store.similarity_search_with_score(query, k=self.k, **kw)
         return _keyed([(doc, float(score)) for doc, score in hits])[0]
+
+
+T = TypeVar("T")
+
+
+def child_run(callbacks: Any, name: str, inputs: dict[str, Any], call: Callable[[Any], T],
+              outputs: Callable[[T], dict[str, Any]]) -> T:  # fmt: skip
+    """``call(child callbacks)`` as an internal child run under ``callbacks``: a chain run
+    named ``name`` whose handlers see ``inputs`` and ``outputs(result)``, never the result
+    itself (which may hold document text)."""
+    run = CallbackManager.configure(callbacks).on_chain_start(None, inputs, name=name)
+    try:
+        result = call(run.get_child())
+    except BaseException as exc:
+        run.on_chain_error(exc)
+        raise
+    run.on_chain_end(outputs(result))
+    return result
+
+
+async def achild_run(callbacks: Any, name: str, inputs: dict[str, Any],
+                     call: Callable[[Any], Awaitable[T]],
+                     outputs: Callable[[T], dict[str, Any]]) -> T:  # fmt: skip
+    """Async :func:`child_run`."""
+    run = await AsyncCallbackManager.configure(callbacks).on_chain_start(None, inputs, name=name)
+    try:
+        result = await call(run.get_child())
+    except BaseException as exc:
+        await run.on_chain_error(exc)
+        raise
+    await run.on_chain_end(outputs(result))
+    return result
+
+
+def _inputs(request: SearchRequest) -> dict[str, Any]:
+    f = request["filter"]
+    return {"query": request["query"], "filter": None if f is None else to_dict(f)}
+
+
+def _hit_outputs(hits: Sequence[Hit]) -> dict[str, Any]:
+    """A branch's hits as its run shows them: ``[doc id, chunk index, score]``, best first."""
+    return {"hits": [[*parse_chunk_key(key)[::2], score] for key, score in hits]}
+
+
+def _dense_outputs(result: DenseResult) -> dict[str, Any]:
+    return _hit_outputs(result.hits)
+
+
+def _route_outputs(routed: set[str] | None) -> dict[str, Any]:
+    return {"documents": None if routed is None else sorted(routed)}
 
 
 def query_handlers(search: SearchBranches, router: Any, expander: Any, callbacks: Any,

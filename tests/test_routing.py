@@ -190,17 +190,15 @@ async def test_a_copy_searches_with_its_own_settings() -> None:
     plain, docs = build(fetch_k=2)
     copy = plain.model_copy(update={"fetch_k": 12})
     assert len(plain._search().dense(REQUEST).hits) == 2
-    assert len(copy._search().dense_runnable.invoke(REQUEST).hits) == 12
-    assert len((await copy._search().dense_runnable.ainvoke(REQUEST)).hits) == 12
-    assert len(copy._search().lexical_runnable.invoke(REQUEST)) > 2
+    assert len(copy._search().dense(REQUEST).hits) == 12
+    assert len((await copy._search().adense(REQUEST)).hits) == 12
+    assert len(copy._search().lexical_search(REQUEST)) > 2
     router = DocumentRouter(retriever=lead_router(docs), fetch_k=20)
     routed = plain.model_copy(update={"router": router})
-    assert len(routed._search().dense_runnable.invoke(REQUEST).hits) == 20
+    assert len(routed._search().dense(REQUEST).hits) == 20
     results = routed.invoke(QUERY, k=6, mode="chunks")
     assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
-    assert (
-        len(plain._search().dense_runnable.invoke(REQUEST).hits) == 2
-    )  # the original is unchanged
+    assert len(plain._search().dense(REQUEST).hits) == 2  # the original is unchanged
     # assignment is validated and takes effect too
     plain.fetch_k = 7
     assert len(plain._search().dense(REQUEST).hits) == 7
