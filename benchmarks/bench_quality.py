@@ -1,0 +1,439 @@
+"""The default retriever beside three peers on every dev corpus, at equal context budgets.
+
+One table per corpus (CUAD dev, Anthropic's code set, COVID-QA dev). Every method uses the
+same embedding model (the bundled one, vectors cached in ``benchmarks/.cache/``):
+
+* ``default``: ``RSERetriever`` with its defaults, called as a user would with a context
+  budget: ``retriever.invoke(q, k=50, max_chars=budget)``;
+* ``dense``: the same vector store and chunks searched alone (``similarity_search``), top-k;
+* ``naive500``: LangChain's ``RecursiveCharacterTextSplitter(chunk_size=500)`` chunks (no
+  header) in FAISS, top-k;
+* ``ensemble``: LangChain's ``EnsembleRetriever([BM25Retriever, FAISS], weights=[0.5, 0.5])``
+  over the same 500-character chunks.
+
+Each peer's best-first ranges are cut at the budget (``common.cut_at_budget``). Per budget:
+character recall / precision, evidence hit (at least half the gold characters returned),
+wrong-document share (returned characters from documents holding no gold), characters
+returned, and ``misled``: questions whose whole answer came from one wrong document while
+dense top-k had a gold document first. Questions split into halves by document (``a``: the
+documents at even positions in name order, ``b``: odd; all stay indexed), to tune on one and
+check on the other. On the code set, Pass@5/10/20 of the default in chunks mode as
+``bench_anthropic.py`` measures it.
+
+Usage::
+
+    python benchmarks/bench_quality.py                         # all corpora, all questions
+    python benchmarks/bench_quality.py --corpus covidqa --half a
+    python benchmarks/bench_quality.py --quick                 # smoke run: 3 docs, 10 questions
+
+Tables go to stdout and ``benchmarks/results/quality_<corpus>[_<half>].md`` (a ``--quick``
+run's to ``benchmarks/.cache/results/``, untracked). The method builders are importable,
+for a tuning script to score the same peers (``build_default(docs, emb, **settings)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import random
+import subprocess
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from common import (
+    CACHE_DIR,
+    REPO_ROOT,
+    RESULTS_DIR,
+    CachedEmbeddings,
+    Span,
+    base_embeddings,
+    cut_at_budget,
+    data_dir,
+    fmt_table,
+    log,
+    paired_test,
+    recall_precision,
+)
+from cuad_data import DEFAULT_CONTRACTS, CuadSubset, Query, halves, load_cuad
+from langchain_core.documents import Document
+from langchain_core.vectorstores import InMemoryVectorStore
+
+from langchain_rse import RSERetriever
+
+CORPORA = ("cuad", "code", "covidqa")
+BUDGETS = (2000, 4000, 8000)
+TARGET_BUDGET = 4000
+PEERS = ("dense", "naive500", "ensemble")
+NAIVE_CHUNK = 500
+DEFAULT_K = 50
+"""Segments the default may return: large enough that only the budget binds."""
+
+Method = Callable[[str, int], list[Span]]
+"""A query and a budget in characters -> the returned ranges, best first."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    documents: dict[str, str]
+    """doc id -> text."""
+    queries: list[Query]
+    """Gold spans are ``(doc id, start, end)`` into ``documents``."""
+
+
+def load_corpus(name: str, contracts: int = DEFAULT_CONTRACTS) -> Corpus | None:
+    """``name``'s dev data, or None (with a message) when it is not in ``common.data_dir()``."""
+    path = {"cuad": "cuad/dev.json", "code": "anthropic_codebase/codebase_chunks.json",
+            "covidqa": "covidqa/dev.json"}[name]  # fmt: skip
+    if not (data_dir() / path).exists():
+        log(f"{name}: {data_dir() / path} not found; skipping (see benchmarks/README.md)")
+        return None
+    if name == "cuad":
+        data = load_cuad(contracts)
+        return Corpus(name, data.contracts, data.queries)
+    if name == "code":
+        return load_code()
+    return load_covidqa()
+
+
+def code_spans(files: list[dict[str, Any]]) -> dict[str, Span]:
+    """Each given chunk of the code set (``"uuid:index"``) as its range in its file's text."""
+    spans: dict[str, Span] = {}
+    for f in files:
+        start, uuid = 0, f["original_uuid"]
+        for chunk in sorted(f["chunks"], key=lambda c: c["original_index"]):
+            end = start + len(chunk["content"])
+            spans[f"{uuid}:{chunk['original_index']}"], start = (uuid, start, end), end
+    return spans
+
+
+def load_code() -> Corpus:
+    """Anthropic's code set at character level: each file's text is its chunks joined (as
+    ``content`` holds it), and a golden chunk becomes its character range in the file."""
+    root = data_dir() / "anthropic_codebase"
+    files = json.loads((root / "codebase_chunks.json").read_text(encoding="utf-8"))
+    spans = code_spans(files)
+    queries = []
+    with (root / "evaluation_set.jsonl").open(encoding="utf-8") as lines:
+        for line in filter(str.strip, lines):
+            q = json.loads(line)
+            gold = [spans[f"{u}:{i}"] for u, i in q["golden_chunk_uuids"]]
+            queries.append(Query(q["query"], gold, "code"))
+    return Corpus("code", {f["original_uuid"]: f["content"] for f in files}, queries)
+
+
+def load_covidqa() -> Corpus:
+    """COVID-QA dev: gold = ``span`` (the answer's whole sentence or sentences)."""
+    dev = json.loads((data_dir() / "covidqa" / "dev.json").read_text(encoding="utf-8"))
+    queries = [
+        Query(t["query"], [(s["doc_id"], *s["span"]) for s in t["snippets"]], str(t["qid"]))
+        for t in dev["tests"]
+    ]
+    return Corpus("covidqa", dev["documents"], queries)
+
+
+def smaller(corpus: Corpus, n_docs: int) -> Corpus:
+    """The ``n_docs`` shortest documents that some question is about, and their questions."""
+    asked = {f for q in corpus.queries for f, _, _ in q.gold}
+    keep = sorted(sorted(asked, key=lambda d: (len(corpus.documents[d]), d))[:n_docs])
+    queries = [q for q in corpus.queries if {f for f, _, _ in q.gold} <= set(keep)]
+    return Corpus(corpus.name, {d: corpus.documents[d] for d in keep}, queries)
+
+
+def chosen_questions(corpus: Corpus, half: str, n: int | None, seed: int = 0) -> list[int]:
+    """Positions of the scored questions: one half by document (``cuad_data.halves``) or
+    all, then a seeded sample of ``n`` of them."""
+    split = halves(CuadSubset(corpus.documents, corpus.queries))
+    idx = sorted(split["a"] + split["b"]) if half == "all" else split[half]
+    if n is not None and n < len(idx):
+        idx = sorted(random.Random(seed).sample(idx, n))
+    return idx
+
+
+def as_documents(corpus: Corpus) -> list[Document]:
+    return [
+        Document(page_content=text, id=doc_id, metadata={"source": doc_id})
+        for doc_id, text in corpus.documents.items()
+    ]
+
+
+def spans_of(docs: Sequence[Document]) -> list[Span]:
+    """``(doc_id, start_index, end_index)`` of returned documents, in order."""
+    return [
+        (str(d.metadata["doc_id"]), int(d.metadata["start_index"]), int(d.metadata["end_index"]))
+        for d in docs
+    ]
+
+
+def build_default(
+    documents: list[Document], embeddings: CachedEmbeddings, **settings: Any
+) -> RSERetriever:
+    """``RSERetriever`` with its defaults (``settings`` override them) over ``documents``."""
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(embeddings), show_progress=False, **settings
+    )
+    retriever.add_documents(documents)
+    return retriever
+
+
+def default_method(retriever: RSERetriever, k: int = DEFAULT_K) -> Method:
+    """The library's own pipeline, given the budget as a user gives it."""
+    return lambda q, budget: spans_of(retriever.invoke(q, k=k, max_chars=budget))
+
+
+def ranked(search: Callable[[str], list[Span]]) -> Method:
+    """A budget-blind ranking, searched once per query and cut at each budget."""
+    cached = functools.lru_cache(maxsize=4)(search)
+    return lambda q, budget: cut_at_budget(cached(q), budget)
+
+
+def fetch_k(chunk_size: int, budgets: Sequence[int] = BUDGETS) -> int:
+    """Top-k enough to fill the largest budget with room for short chunks."""
+    return math.ceil(2 * max(budgets) / chunk_size) + 10
+
+
+def dense_method(retriever: RSERetriever, budgets: Sequence[int] = BUDGETS) -> Method:
+    """Plain dense top-k on the default's own vector store and chunks."""
+    store, k = retriever.vectorstore, fetch_k(retriever.chunk_size, budgets)
+    return ranked(lambda q: spans_of(store.similarity_search(q, k=k)))
+
+
+def naive_chunks(corpus: Corpus, chunk_size: int = NAIVE_CHUNK) -> list[Document]:
+    """LangChain's recursive splitter, no overlap, no header; offsets in the metadata."""
+    from langchain_text_splitters import RecursiveCharacterTextSplitter
+
+    splitter = RecursiveCharacterTextSplitter(
+        chunk_size=chunk_size, chunk_overlap=0, add_start_index=True
+    )
+    chunks = splitter.split_documents(
+        [
+            Document(page_content=d.page_content, metadata={"doc_id": d.id})
+            for d in as_documents(corpus)
+        ]
+    )
+    for c in chunks:
+        c.metadata["end_index"] = c.metadata["start_index"] + len(c.page_content)
+    return chunks
+
+
+def build_naive(corpus: Corpus, embeddings: CachedEmbeddings) -> tuple[Any, list[Document]]:
+    """A FAISS store of the naive 500-character chunks, and the chunks."""
+    from langchain_community.vectorstores import FAISS
+
+    chunks = naive_chunks(corpus)
+    return FAISS.from_documents(chunks, embeddings), chunks
+
+
+def naive_method(store: Any, budgets: Sequence[int] = BUDGETS) -> Method:
+    k = fetch_k(NAIVE_CHUNK, budgets)
+    return ranked(lambda q: spans_of(store.similarity_search(q, k=k)))
+
+
+def ensemble_method(store: Any, chunks: list[Document], budgets: Sequence[int] = BUDGETS) -> Method:
+    """LangChain's ``EnsembleRetriever(BM25Retriever, FAISS)`` 0.5 / 0.5, as documented."""
+    from langchain_classic.retrievers import EnsembleRetriever
+    from langchain_community.retrievers import BM25Retriever
+
+    k = fetch_k(NAIVE_CHUNK, budgets)
+    bm25 = BM25Retriever.from_documents(chunks, k=k)
+    dense = store.as_retriever(search_kwargs={"k": k})
+    ensemble = EnsembleRetriever(retrievers=[bm25, dense], weights=[0.5, 0.5])
+    return ranked(lambda q: spans_of(ensemble.invoke(q)))
+
+
+def make_methods(
+    corpus: Corpus, embeddings: CachedEmbeddings, budgets: Sequence[int] = BUDGETS
+) -> dict[str, Method]:
+    """The default and the three peers over ``corpus``."""
+    log(f"{corpus.name}: indexing for the default ({len(corpus.documents)} documents)")
+    retriever = build_default(as_documents(corpus), embeddings)
+    log(f"{corpus.name}: indexing naive {NAIVE_CHUNK}-character chunks")
+    store, chunks = build_naive(corpus, embeddings)
+    return {
+        "default": default_method(retriever),
+        "dense": dense_method(retriever, budgets),
+        "naive500": naive_method(store, budgets),
+        "ensemble": ensemble_method(store, chunks, budgets),
+    }
+
+
+def score(
+    corpus: Corpus, methods: dict[str, Method], idx: Sequence[int], budgets: Sequence[int] = BUDGETS
+) -> dict[str, dict[int, dict[str, list[float]]]]:
+    """Per method, budget and metric: one value per scored question (in ``idx`` order)."""
+    out: dict[str, dict[int, dict[str, list[float]]]] = {
+        m: {b: {} for b in budgets} for m in methods
+    }
+    dense_first: list[bool] = []
+    for i in idx:
+        q = corpus.queries[i]
+        gold_docs = {f for f, _, _ in q.gold}
+        first = methods["dense"](q.text, 1)
+        dense_first.append(bool(first) and first[0][0] in gold_docs)
+    for name, method in methods.items():
+        t0 = time.perf_counter()
+        for j, i in enumerate(idx):
+            q = corpus.queries[i]
+            gold_docs = {f for f, _, _ in q.gold}
+            for b in budgets:
+                got = method(q.text, b)
+                chars = sum(e - s for _, s, e in got)
+                if chars > b:
+                    log(f"{name} returned {chars} characters at budget {b}: over budget")
+                r, p = recall_precision(q.gold, got)
+                docs = {f for f, _, _ in got}
+                wrong = sum(e - s for f, s, e in got if f not in gold_docs)
+                misled = len(docs) == 1 and not docs & gold_docs and dense_first[j]
+                row = {"recall": r, "precision": p, "evidence": float(r >= 0.5),
+                       "wrong_doc": wrong / chars if chars else 0.0, "chars": float(chars),
+                       "misled": float(misled)}  # fmt: skip
+                for key, value in row.items():
+                    out[name][b].setdefault(key, []).append(value)
+        log(f"{corpus.name} {name}: {(time.perf_counter() - t0) / max(len(idx), 1):.2f}s/query")
+    return out
+
+
+def pass_at_k(corpus: Corpus, embeddings: CachedEmbeddings, idx: Sequence[int]) -> dict[int, float]:
+    """The code set as ``bench_anthropic.py`` scores it: each given chunk one document, the
+    default in chunks mode; Pass@k = share of golden chunks in the top k, averaged."""
+    from bench_anthropic import CHUNK_SIZE, KS
+    from bench_anthropic import load as load_anthropic
+
+    docs = [d for d in load_anthropic()[0] if str(d.id).split(":")[0] in corpus.documents]
+    path = data_dir() / "anthropic_codebase" / "codebase_chunks.json"
+    span_of = code_spans(json.loads(path.read_text(encoding="utf-8")))
+    log(f"code: indexing {len(docs)} given chunks for Pass@k")
+    retriever = build_default(docs, embeddings, mode="chunks", chunk_size=CHUNK_SIZE)
+    scores = []
+    for i in idx:
+        q = corpus.queries[i]
+        found = retriever.invoke(q.text, k=max(KS))
+        got = [span_of[str(d.metadata["doc_id"])] for d in found]
+        golden = set(q.gold)
+        scores.append([len(golden & set(got[:k])) / len(golden) for k in KS])
+    return dict(zip(KS, (100 * np.asarray(scores).mean(axis=0)).tolist()))
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(np.mean(xs)) if len(xs) else math.nan
+
+
+def report(
+    corpus: Corpus, results: dict[str, Any], idx: Sequence[int], budgets: Sequence[int] = BUDGETS
+) -> str:
+    """One Markdown table (method x budget) and the paired test at the target budget."""
+    split = halves(CuadSubset(corpus.documents, corpus.queries))
+    members = {h: set(split[h]) for h in ("a", "b")}
+    pos = {h: [j for j, i in enumerate(idx) if i in members[h]] for h in ("a", "b")}
+    header = ["method", "budget", "recall %", "precision %", "evidence %", "wrong doc %"]
+    header += ["chars", "misled (n)", "recall a / b %"]
+    rows = []
+    for b in budgets:
+        for name, res in results.items():
+            v = {key: _mean(values) for key, values in res[b].items()}
+            row = [name, f"{b // 1000}k", *(f"{100 * v[m]:.{2 if m == 'precision' else 1}f}"
+                   for m in ("recall", "precision", "evidence", "wrong_doc"))]  # fmt: skip
+            row += [f"{v['chars']:.0f}", f"{sum(res[b]['misled']):.0f}"]
+            row.append(" / ".join(f"{100 * _mean([res[b]['recall'][j] for j in pos[h]]):.1f}"
+                                  if pos[h] else "-" for h in ("a", "b")))  # fmt: skip
+            rows.append(row)
+    lines = [fmt_table(header, rows)]
+    target = TARGET_BUDGET if TARGET_BUDGET in budgets else sorted(budgets)[len(budgets) // 2]
+    best = max(PEERS, key=lambda m: _mean(results[m][target]["recall"]))
+    d, p = results["default"][target]["recall"], results[best][target]["recall"]
+    t = paired_test([100 * x for x in d], [100 * x for x in p])
+    precision = _mean(results["default"][target]["precision"]) / max(
+        _mean(results[best][target]["precision"]), 1e-12
+    )
+    lines.append(
+        f"\ndefault - best peer ({best}) at {target // 1000}k recall: {t.diff:+.1f} points, "
+        f"p = {t.p:.3f}, wins / losses {t.wins} / {t.losses} (paired sign-flip test, "
+        f"{len(d)} questions); precision x{precision:.2f} of {best}'s"
+    )
+    return "\n".join(lines)
+
+
+def commit() -> str:
+    """This checkout's commit, for the table's caption."""
+    git = ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(git, capture_output=True, text=True).stdout.strip() or "unknown"
+
+
+def run_corpus(
+    name: str, args: argparse.Namespace, embeddings: CachedEmbeddings, model_name: str
+) -> None:
+    corpus = load_corpus(name, args.contracts)
+    if corpus is None:
+        return
+    if args.quick:
+        corpus = smaller(corpus, args.quick_docs)
+    n = args.questions if args.questions is not None else (10 if args.quick else None)
+    idx = chosen_questions(corpus, args.half, n)
+    n_chars = sum(map(len, corpus.documents.values()))
+    log(
+        f"{name}: {len(corpus.documents)} documents ({n_chars / 1e6:.2f}M characters), "
+        f"{len(idx)} of {len(corpus.queries)} questions (half {args.half})"
+    )
+    embeddings.embed_array([corpus.queries[i].text for i in idx], "query")  # batched, cached
+    methods = make_methods(corpus, embeddings, args.budgets)
+    results = score(corpus, methods, idx, args.budgets)
+    title = {"cuad": "CUAD dev", "code": "Anthropic code set", "covidqa": "COVID-QA dev"}[name]
+    text = (
+        f"## {title}: {len(corpus.documents)} documents ({n_chars / 1e6:.2f}M characters), "
+        f"{len(idx)} questions (half {args.half}{', quick' if args.quick else ''})\n\n"
+        f"Commit {commit()}, {time.strftime('%Y-%m-%d')}, embeddings {model_name}; default = "
+        f"`RSERetriever` defaults, `invoke(q, k={DEFAULT_K}, max_chars=budget)`. misled = "
+        "whole answer from one wrong document while dense top-k had a gold document first.\n\n"
+        + report(corpus, results, idx, args.budgets)
+    )
+    if name == "code":
+        passes = pass_at_k(corpus, embeddings, idx)
+        text += "\n\n" + fmt_table(
+            ["default, chunks mode", *(f"Pass@{k}" for k in passes)],
+            [["given chunks", *(f"{v:.2f}" for v in passes.values())]],
+        )
+    print(text + "\n", flush=True)
+    suffix = ("" if args.half == "all" else f"_{args.half}") + ("_quick" if args.quick else "")
+    folder = CACHE_DIR / "results" if args.quick else RESULTS_DIR  # smoke runs stay untracked
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"quality_{name}{suffix}.md"
+    out.write_text(text + "\n", encoding="utf-8")
+    log(f"wrote {out}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--corpus", default=",".join(CORPORA), help="comma-separated: cuad,code,covidqa"
+    )
+    ap.add_argument("--half", default="all", choices=("a", "b", "all"))
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS,
+                    help="CUAD: seeded dev contracts indexed (as bench_cuad.py)")  # fmt: skip
+    ap.add_argument("--questions", type=int, default=None, help="a seeded sample of N questions")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 3 shortest documents per corpus, 10 questions")  # fmt: skip
+    ap.add_argument("--quick-docs", type=int, default=3, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.budgets = tuple(sorted(int(b) for b in args.budgets.split(",")))
+    names = [c.strip() for c in args.corpus.split(",") if c.strip()]
+    if unknown := set(names) - set(CORPORA):
+        ap.error(f"unknown corpus {sorted(unknown)}; choose from {', '.join(CORPORA)}")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    inner, model_name = base_embeddings()
+    embeddings = CachedEmbeddings(inner, model_name)
+    try:
+        for name in names:
+            run_corpus(name, args, embeddings, model_name)
+    finally:
+        embeddings.close()
+
+
+if __name__ == "__main__":
+    main()
