@@ -240,7 +240,9 @@ class RSERetriever(DocumentIndex):
     show_progress: bool | None = None
     """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
     ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a
-    log line every few seconds (logger ``langchain_rse.progress``, level INFO)."""
+    plain line on stderr every 10 seconds, and one after the first batch with the expected
+    time when that is 30 s or more (on the logger ``langchain_rse.progress``, level INFO,
+    instead when the application's logging shows it); no logging set-up is needed."""
 
     _lexical: BM25Index = PrivateAttr()
     _records: RecordStore = PrivateAttr()

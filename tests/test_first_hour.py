@@ -75,3 +75,51 @@ def test_a_query_embeds_on_one_thread_and_leaves_openmp_as_it_was() -> None:
     assert explicit == before + 1  # num_threads=2: a team of two
     assert batch == before + 3  # an indexing batch: min(4, cores or OMP_NUM_THREADS)
     assert setting_q == setting_b == 4  # the process's OpenMP setting was not changed
+
+
+# ---------------------------------------------------------------- 11: progress off a terminal
+
+SLOW_INDEXING = """
+    import sys, time
+    from langchain_core.documents import Document
+    from helpers import HashingEmbeddings, make_contract
+    from langchain_rse import RSERetriever
+
+    class SlowFirstBatch(HashingEmbeddings):
+        # The first batch takes 2 s: at that rate the whole job would take minutes.
+        calls = 0
+        def embed_documents(self, texts):
+            SlowFirstBatch.calls += 1
+            if SlowFirstBatch.calls == 1:
+                time.sleep(2.0)
+            return super().embed_documents(texts)
+
+    docs = [Document(make_contract(f"c{i}", ["termination", "payment", "warranty"], 30),
+                     metadata={"source": f"c{i}.md"}) for i in range(12)]
+    show = None if sys.argv[1:] != ["quiet"] else False
+    r = RSERetriever.from_documents(docs, embedding=SlowFirstBatch(), index_batch_size=16,
+                                    show_progress=show)
+    print(len(r._lexical))
+"""
+
+
+def test_from_documents_shows_progress_on_a_pipe_without_logging_set_up() -> None:
+    result = run_python(SLOW_INDEXING)
+    assert result.returncode == 0, result.stderr
+    chunks = int(result.stdout)
+    lines = result.stderr.splitlines()
+    # before the long work: the expected time at the rate of the first batch
+    estimate = [line for line in lines if "at the measured rate" in line]
+    assert estimate and estimate[0].startswith(f"embedding + writing: {chunks:,} chunks, about ")
+    assert any(line.startswith(f"embedding + writing: {chunks}/{chunks} chunks (100%)")
+               and line.endswith("(done)") for line in lines)  # fmt: skip
+    assert "\r" not in result.stderr  # plain lines, no bar
+
+
+def test_show_progress_false_prints_nothing() -> None:
+    quiet = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SLOW_INDEXING), "quiet"], capture_output=True,
+        text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"},
+        timeout=300, cwd=ROOT)  # fmt: skip
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""
