@@ -28,7 +28,7 @@ from typing import Any
 from langchain_core.documents import Document
 
 from langchain_rse.chunking import DEFAULT_CHUNK_SIZE
-from langchain_rse.loaders import SUFFIXES, folder_files, read_file
+from langchain_rse.loaders import SUFFIXES, file_document, folder_files, read_file
 from langchain_rse.segments import PRESETS
 
 __all__ = ["main"]
@@ -177,15 +177,10 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
 def _read_document(path: Path, max_chars: int) -> tuple[Document, list[str]]:
     """The file as a source document, and notes for the user; ``ValueError`` with the
     reason when it cannot be indexed (unreadable, unsupported, too long, binary)."""
-    from langchain_rse.pages import PAGE_OFFSETS
     from langchain_rse.validation import validate_documents
 
     loaded = read_file(path)
-    key = str(path)
-    metadata: dict[str, Any] = {"source": key, "title": path.stem, "file": path.name}
-    if loaded.page_offsets is not None:
-        metadata[PAGE_OFFSETS] = loaded.page_offsets
-    doc = Document(loaded.text, id=key, metadata=metadata)
+    doc = file_document(path, loaded)  # as loaders.load_documents makes it for Python
     if len(doc.page_content) > max_chars:
         raise ValueError(f"{len(doc.page_content):,} characters, over --max-document-chars "
                          f"{max_chars:,}")  # fmt: skip

