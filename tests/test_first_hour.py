@@ -237,3 +237,22 @@ def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> N
     # the same documents (ids, texts, metadata) as the command's
     ids = [str((docs / name).resolve()) for name in ("lease.md", "sub/policy.txt")]
     assert len(cli_index.get(ids)) == 2 and python_index.get(ids) == cli_index.get(ids)
+
+
+# ---------------------------------------------------------------- import time
+
+
+def test_import_is_light_and_every_name_still_resolves() -> None:
+    result = run_python(
+        """
+        import sys
+        import langchain_rse
+        heavy = [m for m in ("langchain_core.retrievers", "scipy", "langchain_rse.retriever")
+                 if m in sys.modules]
+        names = {name: getattr(langchain_rse, name) for name in langchain_rse.__all__}
+        from langchain_rse.rerank import calibration  # scipy.special only on first use
+        print(heavy, "scipy.special" in sys.modules, len(names), names["RSERetriever"].__name__)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "False", "28", "RSERetriever"]
