@@ -84,7 +84,6 @@ def test_a_query_embeds_on_one_thread_and_leaves_openmp_as_it_was() -> None:
 SLOW_INDEXING = """
     import sys, time
     from langchain_core.documents import Document
-from langchain_core.stores import BaseStore
     from helpers import HashingEmbeddings, make_contract
     from langchain_rse import RSERetriever
 
