@@ -28,7 +28,8 @@ from typing import Any
 from langchain_core.documents import Document
 
 from langchain_rse.chunking import DEFAULT_CHUNK_SIZE
-from langchain_rse.loaders import SUFFIXES, folder_files, read_file
+from langchain_rse.loaders import SUFFIXES, file_document, folder_files, read_file
+from langchain_rse.segments import PRESETS
 
 __all__ = ["main"]
 
@@ -155,13 +156,16 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
         if read_manifest(index_dir)["embedding"]["class"] != "LocalEmbeddings":
             raise CLIError(f"{index_dir} was not built with the bundled embedding model; "
                            "update it from Python with its own embedding")  # fmt: skip
+        preset = {"preset": args.preset} if getattr(args, "preset", None) else {}
         retriever = RSERetriever.load(index_dir, embedding=embedding, enricher=enricher,
-                                      max_document_chars=args.max_document_chars)  # fmt: skip
+                                      max_document_chars=args.max_document_chars,
+                                      **preset)  # fmt: skip
     else:
         retriever = RSERetriever(
             vectorstore=default_vectorstore(embedding),
             enricher=enricher,
             chunk_size=args.chunk_size,
+            preset=getattr(args, "preset", None),  # None: the one tuned for the chunk size
             max_document_chars=args.max_document_chars,
             index_batch_size=64,  # progress (and the embedding cache) move in small steps
         )
@@ -173,15 +177,10 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
 def _read_document(path: Path, max_chars: int) -> tuple[Document, list[str]]:
     """The file as a source document, and notes for the user; ``ValueError`` with the
     reason when it cannot be indexed (unreadable, unsupported, too long, binary)."""
-    from langchain_rse.pages import PAGE_OFFSETS
     from langchain_rse.validation import validate_documents
 
     loaded = read_file(path)
-    key = str(path)
-    metadata: dict[str, Any] = {"source": key, "title": path.stem, "file": path.name}
-    if loaded.page_offsets is not None:
-        metadata[PAGE_OFFSETS] = loaded.page_offsets
-    doc = Document(loaded.text, id=key, metadata=metadata)
+    doc = file_document(path, loaded)  # as loaders.load_documents makes it for Python
     if len(doc.page_content) > max_chars:
         raise ValueError(f"{len(doc.page_content):,} characters, over --max-document-chars "
                          f"{max_chars:,}")  # fmt: skip
@@ -295,8 +294,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     reranker = _make_reranker(args.reranker)
     if reranker is not None:
         kwargs["reranker"] = reranker
-    if args.reranker:
-        kwargs["preset"] = "reranked"
+    if getattr(args, "preset", None) or args.reranker:
+        kwargs["preset"] = getattr(args, "preset", None) or "reranked"
     retriever = _open_index(Path(args.index), **kwargs)
     if args.reranker == "embedding":
         from langchain_rse.rerank import EmbeddingReranker
@@ -434,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chunk-size", type=positive_int, default=DEFAULT_CHUNK_SIZE, help="characters per chunk"
     )
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="RSE parameters, saved in the index (default: 'long_chunks' with "
+                   "--chunk-size 600 or more, else 'default')")  # fmt: skip
     p.add_argument("--max-document-chars", type=positive_int, default=20_000_000, metavar="N",
                    help="skip and report longer files (default 20,000,000)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true",
@@ -452,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="rerank with Cohere (needs COHERE_API_KEY) or offline by embedding similarity; "
         "either uses the 'reranked' RSE preset",
     )
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="RSE parameters for this query (default: the index's)")  # fmt: skip
     p.add_argument("--explain", action="store_true",
                    help="show each document's chunk relevance and chosen segments")  # fmt: skip
     p.add_argument("--html", metavar="FILE",

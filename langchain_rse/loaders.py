@@ -1,5 +1,8 @@
 """Reading files into text for the ``langchain-rse`` command: .txt/.md, .pdf, .html, .docx.
 
+:func:`load_documents` gives Python the documents the command indexes (same ids, metadata
+and chunk texts), so both can share one embedding cache.
+
 Each reader returns a :class:`LoadedText`: the text, the character offset where each page
 starts (PDFs only, so segments can be cited by page) and any notes worth a warning (an
 encoding guessed for a file that is not UTF-8). A file that cannot be used raises
@@ -8,13 +11,26 @@ encoding guessed for a file that is not UTF-8). A file that cannot be used raise
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from langchain_rse.pages import join_pages
+from langchain_core.documents import Document
 
-__all__ = ["SUFFIXES", "LoadedText", "decode_text", "folder_files", "read_file"]
+from langchain_rse.pages import PAGE_OFFSETS, join_pages
+
+__all__ = [
+    "SUFFIXES",
+    "LoadedText",
+    "decode_text",
+    "file_document",
+    "folder_files",
+    "load_documents",
+    "read_file",
+]
 
 _LOCAL_HINT = 'pip install "langchain-rse[local]"'
 
@@ -126,3 +142,43 @@ def folder_files(folder: Path) -> list[Path]:
         for p in folder.rglob("*")
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
     )
+
+
+def file_document(path: Path, loaded: LoadedText) -> Document:
+    """The source document the ``langchain-rse index`` command makes of a file it read.
+
+    Its id and ``metadata["source"]`` are the absolute path, ``title`` the file name without
+    its suffix (the offline enricher puts it in every chunk's header, so it is part of the
+    text that is embedded), ``file`` the file name, and PDFs keep ``page_offsets``.
+    """
+    resolved = path.resolve()
+    key = str(resolved)
+    metadata: dict[str, Any] = {"source": key, "title": resolved.stem, "file": resolved.name}
+    if loaded.page_offsets is not None:
+        metadata[PAGE_OFFSETS] = loaded.page_offsets
+    return Document(loaded.text, id=key, metadata=metadata)
+
+
+def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[Document]:
+    """Files and folders (recursively, hidden ones left out) as the source documents the
+    ``langchain-rse index`` command makes of them: same ids, metadata and text, so an index
+    built from them over the command's embedding cache embeds nothing the command embedded::
+
+        emb = cached_embeddings(LocalEmbeddings(), "idx/embedding_cache")
+        retriever = RSERetriever(vectorstore=default_vectorstore(emb))
+        retriever.add_documents(load_documents(["./contracts"]))
+
+    A file that cannot be read (an unsupported type, no text, damaged) is left out with a
+    warning naming the reason; ``FileNotFoundError`` for a path that does not exist.
+    """
+    docs = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise FileNotFoundError(f"no such file or folder: {raw}")
+        for file in folder_files(path) if path.is_dir() else [path]:
+            try:
+                docs.append(file_document(file, read_file(file)))
+            except (OSError, ValueError) as exc:
+                warnings.warn(f"skipped {file}: {exc}", stacklevel=2)
+    return docs

@@ -1,9 +1,12 @@
-"""Progress of the long indexing stages: a tqdm bar on a terminal, log lines elsewhere.
+"""Progress of the long indexing stages: a tqdm bar on a terminal, plain lines elsewhere.
 
 ``show=True`` draws a tqdm bar on stderr; ``show=None`` (the retriever's default) draws one
-when stderr is a terminal and otherwise logs a line on the ``langchain_rse.progress``
-logger (level INFO) every ``interval`` seconds with the same figures — done, total, rate,
-ETA — so a job log shows that indexing is alive; ``show=False`` reports nothing.
+when stderr is a terminal and otherwise writes a line every ``interval`` seconds with the
+same figures — done, total, rate, ETA — so a job log shows that indexing is alive; work
+expected to take :data:`LONG_WORK_S` or more is announced after its first batch with the
+time it will take at that rate. The lines go to stderr, or to the ``langchain_rse.progress``
+logger (level INFO) when the application has set up logging that shows it (a handler, INFO
+enabled), so they need no configuration. ``show=False`` reports nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ __all__ = ["Progress", "progress_mode"]
 
 logger = logging.getLogger(__name__)
 
-LOG_INTERVAL_S = 5.0
-"""Seconds between two log lines when stderr is not a terminal."""
+LOG_INTERVAL_S = 10.0
+"""Seconds between two progress lines when stderr is not a terminal."""
+LONG_WORK_S = 30.0
+"""Work expected to take this long or longer is announced with its expected time."""
 
 
 def progress_mode(show: bool | None) -> str:
@@ -34,6 +39,24 @@ def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _about(seconds: float) -> str:
+    """A rough duration for people: ``about 40 s``, ``about 12 min``, ``about 2 h 5 min``."""
+    if seconds < 90:
+        return f"about {int(round(seconds))} s"
+    minutes = int(round(seconds / 60))
+    if minutes < 90:
+        return f"about {minutes} min"
+    return f"about {minutes // 60} h {minutes % 60} min"
+
+
+def _emit(text: str) -> None:
+    """One progress line: on the logger when logging shows it, else on stderr."""
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info("%s", text)
+    else:
+        print(text, file=sys.stderr, flush=True)
 
 
 class Progress:
@@ -75,9 +98,15 @@ class Progress:
             self._bar.update(n)
         elif self.mode == "log":
             now = time.monotonic()
+            if self.done == n and n < self.total:  # the first batch gives the rate
+                expected = self.total * (now - self._started) / n
+                if expected >= LONG_WORK_S:
+                    rate = f"{n / (now - self._started):.1f} {self.unit}s/s"
+                    _emit(f"{self.desc}: {self.total:,} {self.unit}s, {_about(expected)} at the "
+                          f"measured rate of {rate}")  # fmt: skip
             if now - self._last_log >= self.interval:
                 self._last_log = now
-                logger.info("%s", self.line())
+                _emit(self.line())
 
     def close(self) -> None:
         """Finish the stage: close the bar, or log the final figures."""
@@ -85,7 +114,7 @@ class Progress:
             self._bar.close()
             self._bar = None
         elif self.mode == "log" and self.done:
-            logger.info("%s (done)", self.line())
+            _emit(f"{self.line()} (done)")
             self.mode = "off"
 
     def __enter__(self) -> Progress:

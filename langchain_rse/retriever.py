@@ -52,7 +52,7 @@ from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, as_router
 from langchain_rse.sansio import Handlers, Request, adrive, drive
 from langchain_rse.search import SearchBranches, is_local, ls_params, query_handlers
-from langchain_rse.segments import RSEParams, get_preset
+from langchain_rse.segments import RSEParams, get_preset, preset_for_chunk_size
 from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.validation import (
     check_delete_ids,
@@ -97,8 +97,9 @@ class RSERetriever(DocumentIndex):
             Index-time context for each chunk (offline ``HeaderEnricher`` by default).
         reranker: BaseReranker | BaseDocumentCompressor | None
             Optional reranker; its calibrated scores become chunk relevance.
-        preset: str
-            Named RSE parameters (see ``langchain_rse.segments.PRESETS``).
+        preset: str | None
+            Named RSE parameters (see ``langchain_rse.segments.PRESETS``); by default the
+            one tuned for ``chunk_size``.
         router: DocumentRouter | None
             Optional document routing (see :class:`~langchain_rse.routing.DocumentRouter`).
 
@@ -193,8 +194,10 @@ class RSERetriever(DocumentIndex):
     relevance: Literal["rank", "score"] = "rank"
     """Chunk relevance without a reranker: ``"rank"`` = ``exp(-rank / decay_rate)`` of the
     fused rank; ``"score"`` = fused score divided by the best fused score."""
-    preset: str = "default"
-    """Named RSE parameters; see ``langchain_rse.segments.PRESETS``."""
+    preset: str | None = None
+    """Named RSE parameters; see ``langchain_rse.segments.PRESETS``. ``None`` (the default):
+    the preset tuned for the chunk size, ``"default"`` below 600 characters (and with a
+    ``splitter``), ``"long_chunks"`` from 600 on."""
     rse_params: RSEParams | None = None
     """Explicit RSE parameters; override ``preset`` when given."""
     router: Annotated[DocumentRouter | None, BeforeValidator(as_router)] = Field(
@@ -252,7 +255,9 @@ class RSERetriever(DocumentIndex):
     show_progress: bool | None = None
     """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
     ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a
-    log line every few seconds (logger ``langchain_rse.progress``, level INFO)."""
+    plain line on stderr every 10 seconds, and one after the first batch with the expected
+    time when that is 30 s or more (on the logger ``langchain_rse.progress``, level INFO,
+    instead when the application's logging shows it); no logging set-up is needed."""
 
     _lexical: BM25Index = PrivateAttr()
     _records: RecordStore = PrivateAttr()
@@ -315,14 +320,21 @@ class RSERetriever(DocumentIndex):
     @property
     def params(self) -> RSEParams:
         """The RSE parameters in force."""
-        return self.rse_params or get_preset(self.preset)
+        return self.rse_params or get_preset(self.preset_name)
+
+    @property
+    def preset_name(self) -> str:
+        """The preset in force: ``preset``, or the one tuned for ``chunk_size``."""
+        if self.preset is not None:
+            return self.preset
+        return preset_for_chunk_size(self.chunk_size if self.splitter is None else 0)
 
     def __repr__(self) -> str:
         return (
             f"RSERetriever(vectorstore={type(self.vectorstore).__name__}, k={self.k}, "
             f"mode={self.mode!r}, chunks={len(self._lexical)}, enricher={self.enricher!r}, "
             f"reranker={type(self.reranker).__name__ if self.reranker else None}, "
-            f"fusion={self.fusion!r}, preset={self.preset!r})"
+            f"fusion={self.fusion!r}, preset={self.preset_name!r})"
         )
 
     __str__ = __repr__

@@ -38,6 +38,7 @@ __all__ = [
     "by_best_chunk",
     "chunk_values",
     "get_preset",
+    "preset_for_chunk_size",
     "merge_touching",
     "rank_relevance",
 ]
@@ -102,6 +103,16 @@ PRESETS: dict[str, RSEParams] = {
     # lower per-chunk price (decay_rate is unused when a reranker gives the relevance).
     "reranked": RSEParams(2, 12, 0.2, 0.2, 10.0),
 }
+
+
+LONG_CHUNKS_FROM = 600
+"""Chunk size (characters) from which ``preset=None`` picks ``"long_chunks"``."""
+
+
+def preset_for_chunk_size(chunk_size: int) -> str:
+    """The preset tuned for ``chunk_size``: ``"default"`` (300-character chunks) below
+    :data:`LONG_CHUNKS_FROM` characters, ``"long_chunks"`` (600) from there on."""
+    return "long_chunks" if chunk_size >= LONG_CHUNKS_FROM else "default"
 
 
 def get_preset(name: str) -> RSEParams:

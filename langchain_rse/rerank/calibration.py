@@ -7,7 +7,6 @@ from typing import Literal, get_args
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import betainc, expit
 
 __all__ = ["CalibrationMethod", "apply_rank_decay", "beta_cdf", "calibrate", "default_calibration"]
 
@@ -29,6 +28,8 @@ def beta_cdf(x: ArrayLike, a: float = 0.4, b: float = 0.4) -> NDArray[np.float64
     if a <= 0 or b <= 0:
         raise ValueError(f"Beta parameters must be positive, got a={a}, b={b}")
     values = np.clip(np.asarray(x, dtype=np.float64), 0.0, 1.0)
+    from scipy.special import betainc  # scipy.special takes 0.2 s to import: on first use
+
     return np.asarray(betainc(a, b, values), dtype=np.float64)
 
 
@@ -73,6 +74,8 @@ def calibrate(
     elif method == "sigmoid":
         if sigmoid_temperature <= 0:
             raise ValueError(f"sigmoid_temperature must be positive, got {sigmoid_temperature}")
+        from scipy.special import expit
+
         out = np.asarray(expit((x - sigmoid_center) / sigmoid_temperature), dtype=np.float64)
     else:
         raise ValueError(f"Unknown calibration method {method!r}; expected one of {_METHODS}")
