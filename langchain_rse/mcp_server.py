@@ -91,7 +91,9 @@ def build_server(retriever: RSERetriever, *, name: str = "langchain-rse") -> MCP
     @server.tool(annotations=read_only)
     async def search(
         query: Annotated[str, Field(description="What to look for: a question or keywords.")],
-        k: Annotated[int, Field(ge=1, le=MAX_K, description="The most sources to return.")] = 4,
+        k: Annotated[
+            int | None, Field(ge=1, le=MAX_K, description="The most sources to return.")
+        ] = None,
         queries: Annotated[
             list[str] | None, Field(description="Other phrasings, searched too.")
         ] = None,
