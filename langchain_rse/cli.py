@@ -8,6 +8,7 @@ Examples::
     langchain-rse query ./idx "governing law" --json
     langchain-rse query ./idx "governing law" --explain --html why.html
     langchain-rse info ./idx
+    langchain-rse mcp ./idx                  (an MCP server over stdio)
 """
 
 from __future__ import annotations
@@ -366,6 +367,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    try:
+        from langchain_rse.mcp_server import serve
+    except ImportError as exc:
+        raise CLIError(f'the MCP server needs `pip install "langchain-rse[mcp]"` ({exc})') from None
+    serve(_open_index(Path(args.index)), http_port=args.http)
+    return 0
+
+
 DEMO_QUESTION = "How much notice does the customer need to terminate for convenience?"
 
 
@@ -466,6 +476,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("index", metavar="DIR")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("mcp", parents=[common],
+                       help="serve an index to MCP clients (search, read) over stdio")  # fmt: skip
+    p.add_argument("index", metavar="DIR")
+    p.add_argument("--http", type=positive_int, metavar="PORT",
+                   help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead")  # fmt: skip
+    p.set_defaults(func=cmd_mcp)
 
     p = sub.add_parser("demo", parents=[common],
                        help="index the bundled sample corpus and answer a question")  # fmt: skip

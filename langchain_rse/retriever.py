@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -64,6 +64,9 @@ from langchain_rse.validation import (
     check_settings,
     clean_query,
 )
+
+if TYPE_CHECKING:
+    from langchain_core.tools import BaseTool
 
 __all__ = ["RSERetriever"]
 
@@ -589,6 +592,30 @@ class RSERetriever(DocumentIndex):
         steps = self._retrieval(query, k, mode, queries, filter, max_chars, kwargs)
         handlers = self._handlers(run_manager.get_child(), True)
         return await adrive(steps, handlers, pipeline.THROWN)  # type: ignore[no-any-return]
+
+    def as_tool(  # type: ignore[override]
+        self, *, name: str = "search", description: str | None = None, allow_filter: bool = False
+    ) -> BaseTool:
+        """A tool for agents: numbered sources with their exact text, and the segments.
+
+        The model reads ``[n] title (source), pages, characters start–end`` and the exact
+        text of each source; the ``ToolMessage`` artifact is the segment ``Document``s
+        (``[n]`` is ``artifact[n - 1]``). The model may pass ``query``, extra ``queries``
+        and ``k``, and a ``filter`` only with ``allow_filter=True`` (it narrows this
+        retriever's ``filter``, never widens it). See
+        :func:`~langchain_rse.tool.create_search_tool`.
+
+        Example:
+            .. code-block:: python
+
+                from langchain.agents import create_agent
+
+                agent = create_agent(llm, tools=[retriever.as_tool(name="search_contracts")])
+        """
+        from langchain_rse.tool import create_search_tool
+
+        return create_search_tool(self, name=name, description=description,
+                                  allow_filter=allow_filter)  # fmt: skip
 
     # ------------------------------------------------------------------ explaining
 
