@@ -22,6 +22,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from langchain_rse.tool import MAX_K, format_sources
+from langchain_rse.validation import MIN_MAX_CHARS
 
 if TYPE_CHECKING:
     from langchain_rse.retriever import RSERetriever
@@ -97,11 +98,15 @@ def build_server(retriever: RSERetriever, *, name: str = "langchain-rse") -> MCP
         queries: Annotated[
             list[str] | None, Field(description="Other phrasings, searched too.")
         ] = None,
+        max_chars: Annotated[
+            int | None,
+            Field(ge=MIN_MAX_CHARS, description="The most characters of text to return."),
+        ] = None,
     ) -> Annotated[CallToolResult, SearchResult]:
         """Search the indexed documents. Returns numbered sources [1], [2], ...: each names
         its title or file, pages and character range, followed by its exact text."""
         try:
-            docs = await retriever.ainvoke(query, k=k, queries=queries)
+            docs = await retriever.ainvoke(query, k=k, queries=queries, max_chars=max_chars)
         except ValueError as exc:
             raise ToolError(str(exc)) from exc
         text, _ = format_sources(docs)

@@ -31,6 +31,8 @@ from langchain_core.messages.content import (
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field
 
+from langchain_rse.validation import MIN_MAX_CHARS
+
 if TYPE_CHECKING:
     from langchain_rse.retriever import RSERetriever
 
@@ -52,8 +54,7 @@ class SearchArgs(BaseModel):
     """What the model passes to the search tool.
 
     Every field but ``query`` is passed on to ``RSERetriever.invoke`` under its own name
-    when the model sets it, so a new ``invoke`` argument (a context budget ``max_chars``,
-    say) is one more field here.
+    when the model sets it, so a new ``invoke`` argument is one more field here.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -64,6 +65,11 @@ class SearchArgs(BaseModel):
         description="Other phrasings of the same request, searched too (results are fused).",
     )
     k: int | None = Field(default=None, ge=1, le=MAX_K, description="The most sources to return.")
+    max_chars: int | None = Field(
+        default=None,
+        ge=MIN_MAX_CHARS,
+        description="The most characters of source text to return in all (a context budget).",
+    )
 
 
 class FilteredSearchArgs(SearchArgs):

@@ -82,8 +82,12 @@ def corpus() -> dict[str, Document]:
 
 
 def retriever_over(corpus: dict[str, Document], **kwargs: Any) -> RSERetriever:
-    retriever = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), **kwargs)
+    """A retriever over every tenant's documents, then bound to ``kwargs`` (a bound filter
+    writes only what it allows)."""
+    retriever = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()))
     retriever.add_documents(list(corpus.values()))
+    for name, value in kwargs.items():
+        setattr(retriever, name, value)
     return retriever
 
 
@@ -187,7 +191,7 @@ async def test_async_agent_loop_and_the_retriever_run_is_the_tools_child(corpus)
 def test_tenant_bound_tool_offers_no_filter_and_never_shows_another_tenant(corpus) -> None:
     retriever = retriever_over(corpus, k=4, filter={"tenant": "acme"})
     tool = retriever.as_tool()
-    assert set(tool.args) == {"query", "queries", "k"}
+    assert set(tool.args) == {"query", "queries", "k", "max_chars"}
     assert "filter" not in tool.tool_call_schema.model_json_schema()["properties"]
     assert tool.args_schema.model_json_schema()["additionalProperties"] is False
 
@@ -221,3 +225,21 @@ def test_tenant_bound_tool_offers_no_filter_and_never_shows_another_tenant(corpu
     check_citable(narrowed, corpus)
     bad = call({"query": "warranty", "filter": {"region": {"$regex": "u"}}})
     assert bad.status == "error" and "$regex" in bad.text
+
+
+def test_the_tool_passes_the_context_budget() -> None:
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from helpers import HashingEmbeddings
+    from langchain_rse import RSERetriever
+    from langchain_rse.sample_data import load_sample_documents
+
+    r = RSERetriever.from_documents(
+        load_sample_documents(), vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10
+    )
+    tool = r.as_tool(name="search")
+    assert "max_chars" in tool.args
+    call = {"name": "search", "args": {"query": "termination notice", "max_chars": 400},
+            "id": "c1", "type": "tool_call"}  # fmt: skip
+    message = tool.invoke(call)
+    assert message.artifact and sum(len(d.page_content) for d in message.artifact) <= 400

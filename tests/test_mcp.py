@@ -104,7 +104,12 @@ async def test_search_then_read_the_cited_range_over_stdio(index: Path) -> None:
         ]
     by_name = {tool.name: tool for tool in tools.tools}
     assert set(by_name) == {"search", "read"}
-    assert set(by_name["search"].input_schema["properties"]) == {"query", "k", "queries"}
+    assert set(by_name["search"].input_schema["properties"]) == {
+        "query",
+        "k",
+        "queries",
+        "max_chars",
+    }
     assert "sources" in by_name["search"].output_schema["properties"]
     assert by_name["read"].annotations.read_only_hint is True
 
