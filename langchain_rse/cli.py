@@ -14,15 +14,21 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import io
 import json
 import logging
 import os
+import re
+import signal
+import stat
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,23 +50,76 @@ class CLIError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C: the message says what was kept; exit status 130, no traceback."""
+
+
 # ---------------------------------------------------------------- reading files
 
 
-def iter_files(paths: Sequence[str]) -> Iterator[Path]:
-    """Files under ``paths`` (files or folders, recursively; hidden files and folders
-    inside a folder are left out), sorted, unique — supported or not: the caller reports
-    the ones it cannot read."""
-    seen: set[Path] = set()
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters other than tab and newline (escape sequences start with them)."""
+
+
+def screen(text: str) -> str:
+    """``text`` safe to print on a terminal: control characters (ESC, BEL, CR, C1...) from
+    documents and file names are shown as ``\\x1b``-style escapes instead of acting on
+    the terminal (window title, clear screen, colours); tabs and newlines stay."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text.replace("\r\n", "\n"))
+
+
+def _json(obj: Any) -> str:
+    """``obj`` as JSON with the exact text; the C1 controls and DEL, which JSON allows raw,
+    are written as ``\\u00XX`` escapes so that printing it cannot drive a terminal."""
+    text = json.dumps(obj, ensure_ascii=False, indent=2)
+    return re.sub(r"[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
+_FILE_TYPES = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
+               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}  # fmt: skip
+
+
+@dataclass
+class Listing:
+    """What ``index`` was given: the files to read and what it left out, and why."""
+
+    files: dict[Path, Path | None] = field(default_factory=dict)
+    """Each file to read (resolved: its key in the index), with the link inside a given
+    folder it was reached through when it lies outside that folder."""
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def list_files(paths: Sequence[str], index_dir: Path, follow_links: bool = False) -> Listing:
+    """Files under ``paths`` (files or folders, recursively; hidden files and folders inside
+    a folder and the index's own folder are left out), sorted, unique — supported or not:
+    the caller reports the ones it cannot read. Links inside a folder to files or folders
+    outside it are followed only with ``follow_links``."""
+    listing = Listing()
+    own = index_dir.resolve()
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             raise CLIError(f"no such file or folder: {raw}")
-        for p in folder_files(path) if path.is_dir() else [path]:
+        if not path.is_dir():
+            listing.files.setdefault(path.resolve(), None)  # a named file: even a link
+            continue
+        root = path.resolve()
+        if own.is_relative_to(root) and own.is_dir():
+            listing.notes.append(f"left out {index_dir}: the index's own folder")
+        for p in folder_files(path, follow_links, leave_out=own):
             resolved = p.resolve()
-            if resolved not in seen:
-                seen.add(resolved)
-                yield resolved
+            if resolved.is_relative_to(own) or (p.is_dir() and resolved.is_relative_to(root)):
+                continue  # the index itself; a link to a folder inside (its files are listed)
+            if resolved.is_relative_to(root):
+                listing.files.setdefault(resolved, None)
+            elif not follow_links:
+                kind = "folder" if p.is_dir() else "file"
+                listing.skipped.append((p, f"a link to a {kind} outside {raw} (not followed; "
+                                           "--follow-links indexes it)"))  # fmt: skip
+            else:
+                listing.files.setdefault(resolved, root / p.relative_to(path))
+    return listing
 
 
 def positive_int(value: str) -> int:
@@ -175,12 +234,14 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
     return retriever, cached
 
 
-def _read_document(path: Path, max_chars: int) -> tuple[Document, list[str]]:
+def _read_document(
+    path: Path, max_chars: int, encoding: str | None = None
+) -> tuple[Document, list[str]]:
     """The file as a source document, and notes for the user; ``ValueError`` with the
     reason when it cannot be indexed (unreadable, unsupported, too long, binary)."""
     from langchain_rse.validation import validate_documents
 
-    loaded = read_file(path)
+    loaded = read_file(path, encoding)
     doc = file_document(path, loaded)  # as loaders.load_documents makes it for Python
     if len(doc.page_content) > max_chars:
         raise ValueError(f"{len(doc.page_content):,} characters, over --max-document-chars "
@@ -192,68 +253,126 @@ def _read_document(path: Path, max_chars: int) -> tuple[Document, list[str]]:
     return doc, loaded.notes
 
 
+def _regular_file(path: Path) -> os.stat_result:
+    """``path``'s status; ``ValueError`` for what is not a regular file (a named pipe
+    would block the read for ever), without opening it."""
+    status = path.stat()
+    if not stat.S_ISREG(status.st_mode):
+        kind = _FILE_TYPES.get(stat.S_IFMT(status.st_mode), "a special file")
+        raise ValueError(f"not a regular file ({kind})")
+    return status
+
+
+@contextlib.contextmanager
+def _finish_before_interrupt() -> Iterator[None]:
+    """Within the block, Ctrl-C waits until the block is done (raised at its end), so the
+    index and its file record are never saved half-way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def cmd_index(args: argparse.Namespace) -> int:
-    from langchain_rse.persistence import atomic_write
+    from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR
+    from langchain_rse.persistence import MANIFEST, atomic_write
 
     index_dir = Path(args.index)
-    files = list(iter_files(args.paths))
-    if not files:
+    listing = list_files(args.paths, index_dir, getattr(args, "follow_links", False))
+    for note in listing.notes:
+        print(screen(f"note: {note}"), file=sys.stderr)
+    skipped = listing.skipped
+    if not listing.files and not skipped:
         raise CLIError(f"no files under {' '.join(args.paths)}")
+    encoding = getattr(args, "encoding", None)
     enricher = _make_enricher(args.llm, index_dir)  # a bad --llm fails before any reading
     record = _load_files_record(index_dir)
     todo: list[Document] = []
-    skipped: list[tuple[Path, str]] = []
     unchanged = 0
-    for path in files:
-        stat = path.stat()
+    gone: list[str] = []
+    for path, link in listing.files.items():
         key = str(path)
-        stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
         previous = record.get(key, {})
-        if previous.get("stamp") == stamp and not previous.get("fallbacks"):
-            unchanged += 1
-            continue
         try:
-            doc, notes = _read_document(path, args.max_document_chars)
+            status = _regular_file(path)
+            stamp = {"size": status.st_size, "mtime_ns": status.st_mtime_ns}
+            if (previous.get("stamp") == stamp and not previous.get("fallbacks")
+                    and previous.get("encoding") == encoding):  # fmt: skip
+                unchanged += 1
+                continue
+            doc, notes = _read_document(path, args.max_document_chars, encoding)
         except (OSError, ValueError) as exc:
-            skipped.append((path, str(exc)))
+            if key in record:  # emptied, made binary or unreadable: redacted, not kept
+                print(screen(f"removed {link or path} from the index: {exc}"), file=sys.stderr)
+                gone.append(key)
+            else:
+                skipped.append((link or path, str(exc)))
             continue
         for note in notes:
-            print(f"note: {path}: {note}", file=sys.stderr)
+            print(screen(f"note: {path}: {note}"), file=sys.stderr)
         todo.append(doc)
         record[key] = {"stamp": stamp}
-    # Files under the given folders that have disappeared are removed from the index.
+        if encoding:
+            record[key]["encoding"] = encoding
+        if link:
+            record[key]["link"] = str(link)
+    # Files under the given paths (or reached through a link there) that were not listed
+    # now (deleted, a link removed or no longer followed) are removed from the index.
     roots = [Path(p).resolve() for p in args.paths]
-    gone = [
+    gone += [
         key
-        for key in record
-        if not Path(key).exists() and any(Path(key).is_relative_to(r) for r in roots)
+        for key, entry in record.items()
+        if Path(key) not in listing.files
+        and any(Path(entry.get("link") or key).is_relative_to(r) for r in roots)
     ]
     for path, reason in skipped:
-        print(f"skipped {path}: {reason}", file=sys.stderr)
+        print(screen(f"skipped {path}: {reason}"), file=sys.stderr)
     if not todo and not unchanged and not gone:
         raise CLIError(f"nothing could be indexed: {len(skipped)} file(s) skipped (see above)")
     retriever, cached = _open_for_indexing(args, index_dir, enricher)
-    if gone:
-        retriever.delete(gone)
-        for key in gone:
-            record.pop(key)
     cached_before = cached()
-    if todo:
-        retriever.add_documents(todo)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        for doc, meta in zip(todo, retriever._records.pointers([str(d.id) for d in todo])):
-            if meta is not None:  # LLM contexts that fell back are retried next run
-                record[str(doc.id)].update(
-                    fallbacks=meta.fallbacks, chunks=len(meta.spans), indexed_at=now
-                )
-    retriever.save(index_dir)
-    atomic_write(index_dir / FILES_RECORD, json.dumps(record, indent=1).encode())
+    saved = False
+    try:
+        if gone:
+            retriever.delete(gone)
+            for key in gone:
+                record.pop(key)
+        if todo:
+            retriever.add_documents(todo)
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            for doc, meta in zip(todo, retriever._records.pointers([str(d.id) for d in todo])):
+                if meta is not None:  # LLM contexts that fell back are retried next run
+                    record[str(doc.id)].update(
+                        fallbacks=meta.fallbacks, chunks=len(meta.spans), indexed_at=now
+                    )
+        with _finish_before_interrupt():
+            retriever.save(index_dir)
+            atomic_write(index_dir / FILES_RECORD, json.dumps(record, indent=1).encode())
+            saved = True
+    except KeyboardInterrupt:
+        if saved:
+            raise Interrupted(f"interrupted after the index at {index_dir} was saved") from None
+        state = "was not changed" if (index_dir / MANIFEST).exists() else "was not written"
+        raise Interrupted(
+            f"interrupted: the index at {index_dir} {state}; {cached()} chunk vector(s) "
+            f"embedded so far are cached in {index_dir / EMBEDDING_CACHE_DIR}, so re-run the "
+            "same command to finish without embedding them again"
+        ) from None
     embedded = cached() - cached_before
     chunks = sum(record[str(d.id)].get("chunks", 0) for d in todo)
     print(
-        f"indexed {len(todo)} file(s), {unchanged} unchanged, {len(skipped)} skipped, "
-        f"{len(gone)} removed; {embedded} of their {chunks} chunk(s) newly embedded "
-        f"(the others were cached); index at {index_dir}"
+        screen(
+            f"indexed {len(todo)} file(s), {unchanged} unchanged, {len(skipped)} skipped, "
+            f"{len(gone)} removed; {embedded} of their {chunks} chunk(s) newly embedded "
+            f"(the others were cached); index at {index_dir}"
+        )
     )
     return 0
 
@@ -272,7 +391,7 @@ def _result_json(d: Document) -> dict[str, Any]:
 
 def _print_results(docs: list[Document], as_json: bool, name_key: str = "source") -> None:
     if as_json:
-        print(json.dumps([_result_json(d) for d in docs], ensure_ascii=False, indent=2))
+        print(_json([_result_json(d) for d in docs]))
         return
     if not docs:
         print("no relevant segments found")
@@ -283,10 +402,12 @@ def _print_results(docs: list[Document], as_json: bool, name_key: str = "source"
             first, last = m["page_start"], m["page_end"]
             pages = f"  page {first}" if first == last else f"  pages {first}-{last}"
         print(
-            f"[{n}] {m.get(name_key, m['doc_id'])}{pages}  chars {m['start_index']}-"
-            f"{m['end_index']}  score {m['score']:.3f}"
+            screen(
+                f"[{n}] {m.get(name_key, m['doc_id'])}{pages}  chars {m['start_index']}-"
+                f"{m['end_index']}  score {m['score']:.3f}"
+            )
         )
-        print(d.page_content.strip())
+        print(screen(d.page_content.strip()))
         print()
 
 
@@ -318,9 +439,9 @@ def cmd_query(args: argparse.Namespace) -> int:
         from langchain_rse.persistence import atomic_write
 
         atomic_write(Path(args.html), explanation.to_html().encode("utf-8", "surrogatepass"))
-        print(f"wrote {args.html}", file=sys.stderr)
+        print(screen(f"wrote {args.html}"), file=sys.stderr)
     if getattr(args, "explain", False) and not args.json:
-        print(explanation.to_text(), end="\n\n")
+        print(screen(explanation.to_text()), end="\n\n")
     _print_results(docs, args.json, getattr(args, "name_key", "source"))
     return 0
 
@@ -358,12 +479,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps({**info, "file_list": files}, indent=2))
         return 0
     for key, value in info.items():
-        print(f"{key:16} {value}")
+        print(screen(f"{key:16} {value}"))
     if files:
         print("\nchunks  indexed (UTC)         file")
         for f in files:
             chunks = "?" if f["chunks"] is None else f["chunks"]
-            print(f"{chunks:>6}  {f['indexed_at'] or '?':20}  {f['file']}")
+            print(screen(f"{chunks:>6}  {f['indexed_at'] or '?':20}  {f['file']}"))
     return 0
 
 
@@ -381,8 +502,9 @@ DEMO_QUESTION = "How much notice does the customer need to terminate for conveni
 
 DEMO_NEXT = """\
 score: the segment's value in RSE: the summed relevance of its chunks (each between 0
-and 1) minus a penalty per chunk, so a longer run of relevant chunks scores higher and
-results are ranked by it. It compares results of one query, not across queries.
+and 1) minus a penalty per chunk, so a longer run of relevant chunks scores higher. The
+results are listed with the one holding the most relevant chunk first, not by score, so
+a later result can score higher. Scores compare results of one query, not across queries.
 
 try next:
   langchain-rse demo "Which law governs the agreement?"
@@ -405,7 +527,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"indexing the bundled sample corpus ({len(names)} documents: {', '.join(names)})")
         index_args = argparse.Namespace(
             paths=[str(folder)], index=str(index_dir), llm=None, chunk_size=DEFAULT_CHUNK_SIZE,
-            no_progress=True, max_document_chars=20_000_000,
+            no_progress=True, max_document_chars=20_000_000, follow_links=False, encoding=None,
         )  # fmt: skip
         out = io.StringIO()
         with contextlib.redirect_stdout(out):  # its summary names the temporary folder
@@ -450,6 +572,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip and report longer files (default 20,000,000)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (or, off a terminal, no progress log lines)")  # fmt: skip
+    p.add_argument("--follow-links", action="store_true",
+                   help="follow links to files and folders outside the given folders")  # fmt: skip
+    p.add_argument("--encoding", type=text_encoding, metavar="NAME",
+                   help="decode .txt .md .html files with this encoding (default: UTF-8, "
+                   "else detected)")  # fmt: skip
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("query", parents=[common], help="print the best segments for a question")
@@ -492,6 +619,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def text_encoding(value: str) -> str:
+    """An argparse type: a text encoding Python knows (its canonical name)."""
+    try:
+        info = codecs.lookup(value)
+    except LookupError:
+        raise argparse.ArgumentTypeError(f"unknown encoding {value!r}") from None
+    if not getattr(info, "_is_text_encoding", True):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a text encoding")
+    return info.name
+
+
 def _describe_component(spec: dict[str, Any]) -> str:
     settings = ", ".join(f"{k}={v!r}" for k, v in spec.get("settings", {}).items())
     return f"{spec['class']}({settings})"
@@ -506,10 +644,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "no_progress", False):  # progress log lines when not on a terminal
         logging.getLogger("langchain_rse.progress").setLevel(logging.INFO)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe (`| head`) shows here, not at exit
+        return code
     except CLIError as exc:
-        print(f"langchain-rse: error: {exc}", file=sys.stderr)
+        print(screen(f"langchain-rse: error: {exc}"), file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(screen(f"\nlangchain-rse: {exc}"), file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("\nlangchain-rse: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader left (`| head`): stop quietly, as Unix tools do; what is still
+        # buffered goes nowhere (the recipe in Python's `signal` documentation).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

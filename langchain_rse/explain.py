@@ -89,7 +89,8 @@ class Explanation:
     def to_html(self) -> str:
         """One self-contained HTML page (no scripts, no external files): per document with
         results, the relevance strip, then the document text with each returned segment
-        highlighted in a ``<mark data-result="N">``."""
+        highlighted in a ``<mark id="seg-N" data-result="N">``, which result N in the list
+        links to."""
         parts = [f"<h1>Query: {html.escape(self.query)}</h1>"]
         parts.append(f"<p>{len(self.results)} result(s). Bars: chunk relevance (height); "
                      "highlighted: the returned segments.</p>")  # fmt: skip
@@ -125,8 +126,8 @@ def _html_results(d: DocumentExplanation, results: list[Document]) -> str:
         if "page_start" in m:
             pages = f", pages {m['page_start']}-{m['page_end']}"
         chars = f"characters {m['start_index']}-{m['end_index']}"
-        items.append(f"<li>result {num}: chunks {start}-{end - 1}, {chars}{pages}, "
-                     f"score {m['score']:.3f}</li>")  # fmt: skip
+        items.append(f"<li><a href='#seg-{num}'>result {num}</a>: chunks {start}-{end - 1}, "
+                     f"{chars}{pages}, score {m['score']:.3f}</li>")  # fmt: skip
     return "".join(items)
 
 
@@ -140,7 +141,8 @@ def _html_text(d: DocumentExplanation, results: list[Document]) -> str:
     for start, end, num in marks:  # segments never overlap
         score = results[num - 1].metadata["score"]
         out.append(html.escape(d.text[pos:start]))
-        out.append(f"<mark data-result='{num}' title='result {num}, score {score:.3f}'>"
+        out.append(f"<mark id='seg-{num}' data-result='{num}' "
+                   f"title='result {num}, score {score:.3f}'>"
                    f"{html.escape(d.text[start:end])}</mark>")  # fmt: skip
         pos = end
     out.append(html.escape(d.text[pos:]))

@@ -46,34 +46,51 @@ class LoadedText:
     """Things the user should know about how the file was read (e.g. its encoding)."""
 
 
-def decode_text(data: bytes) -> tuple[str, str | None]:
+WESTERN = "cp1252"
+"""The encoding preferred when detection cannot tell it from another (short Western text)."""
+
+
+def decode_text(data: bytes, encoding: str | None = None) -> tuple[str, str | None]:
     """``data`` as text, and the encoding that was guessed when it is not UTF-8.
 
-    UTF-8 (with or without a byte-order mark) is decoded as is; anything else is decoded
-    with the encoding ``charset-normalizer`` detects. ``ValueError`` for binary data or
-    bytes no encoding explains.
+    With ``encoding``, the bytes are decoded with it (``ValueError`` when they are not
+    valid in it). Otherwise UTF-8 (with or without a byte-order mark) is decoded as is;
+    anything else is decoded with the encoding ``charset-normalizer`` detects, and when
+    its best guess is no more likely than Windows-1252 (short text gives the detector
+    little to go on: ``Café crème`` is as plausible in Central European cp1250 as
+    ``Café crčme``), Windows-1252 wins. ``ValueError`` for binary data or bytes no
+    encoding explains.
     """
     if b"\x00" in data[:8192]:
         raise ValueError("looks like a binary file (NUL bytes)")
+    if encoding is not None:
+        try:
+            return data.decode(encoding), None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"not valid {encoding} ({exc.reason} at byte {exc.start})") from None
     try:
         return data.decode("utf-8-sig"), None
     except UnicodeDecodeError:
         pass
     from charset_normalizer import from_bytes
 
-    best = from_bytes(data).best()
+    matches = from_bytes(data)
+    best = matches.best()
     if best is None:
         raise ValueError("not UTF-8, and no text encoding explains its bytes")
+    western = next((m for m in matches if WESTERN in m.could_be_from_charset), None)
+    if western is not None and (western.chaos, -western.coherence) <= (best.chaos, -best.coherence):
+        return str(western), WESTERN
     return str(best), best.encoding
 
 
-def _read_plain(path: Path) -> LoadedText:
-    text, encoding = decode_text(path.read_bytes())
-    notes = [f"not UTF-8; decoded as {encoding}"] if encoding else []
+def _read_plain(path: Path, encoding: str | None) -> LoadedText:
+    text, guessed = decode_text(path.read_bytes(), encoding)
+    notes = [f"not UTF-8; decoded as {guessed} (--encoding sets it)"] if guessed else []
     return LoadedText(text, notes=notes)
 
 
-def _read_pdf(path: Path) -> LoadedText:
+def _read_pdf(path: Path, encoding: str | None) -> LoadedText:
     try:
         from pypdf import PdfReader
     except ImportError as exc:  # pragma: no cover - depends on extras
@@ -86,12 +103,12 @@ def _read_pdf(path: Path) -> LoadedText:
     return LoadedText(text, page_offsets=offsets)
 
 
-def _read_html(path: Path) -> LoadedText:
+def _read_html(path: Path, encoding: str | None) -> LoadedText:
     try:
         from bs4 import BeautifulSoup
     except ImportError as exc:  # pragma: no cover - depends on extras
         raise ValueError(f"HTML support needs `{_LOCAL_HINT}`") from exc
-    markup, _ = decode_text(path.read_bytes())
+    markup, _ = decode_text(path.read_bytes(), encoding)
     soup = BeautifulSoup(markup, "html.parser")
     for hidden in soup(["script", "style", "noscript", "template"]):
         hidden.decompose()
@@ -99,7 +116,7 @@ def _read_html(path: Path) -> LoadedText:
     return LoadedText("\n".join(line for line in lines if line))
 
 
-def _read_docx(path: Path) -> LoadedText:
+def _read_docx(path: Path, encoding: str | None) -> LoadedText:
     try:
         import docx
     except ImportError as exc:  # pragma: no cover - depends on extras
@@ -111,7 +128,7 @@ def _read_docx(path: Path) -> LoadedText:
     return LoadedText("\n\n".join(p.text for p in document.paragraphs if p.text.strip()))
 
 
-_READERS: dict[str, Callable[[Path], LoadedText]] = {
+_READERS: dict[str, Callable[[Path, str | None], LoadedText]] = {
     ".txt": _read_plain,
     ".md": _read_plain,
     ".pdf": _read_pdf,
@@ -123,25 +140,41 @@ SUFFIXES = tuple(_READERS)
 """File types the command reads."""
 
 
-def read_file(path: Path) -> LoadedText:
-    """The text of a supported file; ``ValueError`` with a reason when it cannot be used."""
+def read_file(path: Path, encoding: str | None = None) -> LoadedText:
+    """The text of a supported file (plain text and HTML decoded with ``encoding`` when
+    given, else detected); ``ValueError`` with a reason when it cannot be used."""
     reader = _READERS.get(path.suffix.lower())
     if reader is None:
         raise ValueError(f"unsupported file type {path.suffix!r} (use {', '.join(SUFFIXES)})")
-    loaded = reader(path)
+    loaded = reader(path, encoding)
     if not loaded.text.strip():
         raise ValueError("no text to index")
     return loaded
 
 
-def folder_files(folder: Path) -> list[Path]:
-    """Every file under ``folder``, recursively and sorted, less hidden files and files in
-    hidden folders (``.git``, ``.DS_Store``...)."""
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
+def folder_files(
+    folder: Path, follow_links: bool = False, leave_out: Path | None = None
+) -> list[Path]:
+    """Everything under ``folder`` that is not a folder (files, links, named pipes...),
+    recursively and sorted, less hidden entries and hidden folders (``.git``,
+    ``.DS_Store``...) and the folder ``leave_out`` (resolved). Links to folders are listed
+    as entries, and entered only with ``follow_links`` (each real folder once)."""
+    found: list[Path] = []
+    entered: set[Path] = set()
+    for top, dirs, files in os.walk(folder, followlinks=follow_links):
+        real = Path(top).resolve()
+        if real in entered or real == leave_out:  # a loop through links, or the index
+            dirs.clear()
+            continue
+        entered.add(real)
+        here = Path(top)
+        for name in list(dirs):
+            if name.startswith(".") or (here / name).resolve() == leave_out:
+                dirs.remove(name)
+            elif not follow_links and (here / name).is_symlink():
+                found.append(here / name)
+        found.extend(here / name for name in files if not name.startswith("."))
+    return sorted(found)
 
 
 def file_document(path: Path, loaded: LoadedText) -> Document:
@@ -177,6 +210,9 @@ def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[Document]:
         if not path.exists():
             raise FileNotFoundError(f"no such file or folder: {raw}")
         for file in folder_files(path) if path.is_dir() else [path]:
+            if not file.is_file():  # a named pipe, a socket, a device, a broken link
+                warnings.warn(f"skipped {file}: not a regular file", stacklevel=2)
+                continue
             try:
                 docs.append(file_document(file, read_file(file)))
             except (OSError, ValueError) as exc:

@@ -108,14 +108,15 @@ class Progress:
                 self._last_log = now
                 _emit(self.line())
 
-    def close(self) -> None:
-        """Finish the stage: close the bar, or log the final figures."""
+    def close(self, finished: bool = True) -> None:
+        """End the stage: close the bar, or log the final figures (``(done)`` only when
+        the stage ``finished``; a stage cut short by an error or Ctrl-C logs nothing more)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        elif self.mode == "log" and self.done:
+        elif self.mode == "log" and self.done and finished:
             _emit(f"{self.line()} (done)")
-            self.mode = "off"
+        self.mode = "off"
 
     def __enter__(self) -> Progress:
         return self
@@ -126,4 +127,4 @@ class Progress:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(finished=exc_type is None)
