@@ -8,7 +8,7 @@ The language is the subset LangChain's vector stores share::
     {"year": {"$gte": 2020, "$lt": 2025}}                # $gt, $gte, $lt, $lte on numbers
     {"$and": [f1, f2]}    {"$or": [f1, f2]}              # several keys: an implicit $and
 
-Values are strings, numbers or booleans. :func:`parse` checks a filter and returns it as a
+Values are strings, numbers (finite: no NaN or infinity) or booleans. :func:`parse` checks a filter and returns it as a
 small tree; :func:`matches` evaluates it on a document's metadata (the check every candidate
 passes before it can be reranked, valued or returned); :func:`search_kwargs` translates it
 into the keyword arguments of one store's search. A store the retriever cannot translate
@@ -18,6 +18,7 @@ for raises :class:`FilterError`; a filter is never dropped.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,15 @@ Filter = Cmp | Bool
 def _scalar(value: Any, where: str) -> Any:
     if not isinstance(value, _SCALAR):
         raise FilterError(f"{where}: values must be strings, numbers or booleans, got {value!r}")
+    return _finite(value, where)
+
+
+def _finite(value: Any, where: str) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FilterError(
+            f"{where}: {value!r} is not a JSON number (NaN and infinity cannot be stored as "
+            "metadata, so no document has them); use a finite number"
+        )
     return value
 
 
@@ -80,6 +90,7 @@ def _condition(key: str, cond: Any) -> list[Filter]:
         elif op in _ORDER:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise FilterError(f"{key}: {op} compares numbers, got {value!r}")
+            _finite(value, key)
         else:
             value = _scalar(value, key)
         out.append(Cmp(key, op, value))
