@@ -75,6 +75,9 @@ _ROW_WINDOW = 160
 _ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
 _LOOKBACK = 5000
 """How far back the clause before an untitled clause number is looked for in the text."""
+_MAX_LABEL_HITS = 16
+"""How many occurrences of that clause's number are looked at (the nearest): a bound, so
+that text made of one number costs a constant per candidate, not :data:`_LOOKBACK`."""
 _CLAUSE_TEXT = re.compile(r"\.?[ \t]+[A-Z\"“(]")
 _MAX_SKIPPED, _MAX_SKIPPED_TOP = 3, 10
 """Untitled ``4.30`` continues after ``4.27``-``4.29``; top-level ``12.`` after ``2.``-``11.``."""
@@ -175,7 +178,9 @@ def _written_before(text: str, start: int, clause: tuple[int, ...]) -> bool:
     lo = max(0, start - _LOOKBACK)
     for label in labels:
         at = text.rfind(label, lo, start)
-        while at >= 0:
+        for _ in range(_MAX_LABEL_HITS):
+            if at < 0:
+                break
             if (at == 0 or text[at - 1] not in "0123456789.,$") and _CLAUSE_TEXT.match(
                 text, at + len(label)
             ):
