@@ -30,6 +30,7 @@ __all__ = [
     "matches",
     "parse",
     "search_kwargs",
+    "to_chroma",
     "to_dict",
     "to_pgvector",
 ]
@@ -179,6 +180,27 @@ def to_dict(f: Filter) -> dict[str, Any]:
     return {f.op: [to_dict(item) for item in f.items]}
 
 
+def to_chroma(f: Filter) -> dict[str, Any]:
+    """The operator form for Chroma, with :func:`matches`' semantics.
+
+    Chroma takes ``$in``/``$nin`` lists of one type only and ``$and``/``$or`` of two or
+    more filters, so a mixed list is split by type (``{"v": {"$in": [1, 1.5]}}`` becomes
+    an ``$or`` of ``$in [1]`` and ``$in [1.5]``; ``$nin``: an ``$and`` of ``$nin``) and a
+    one-item ``$and``/``$or`` is its item. Chroma compares ``1 == 1.0``, keeps ``True``
+    apart from ``1``, and passes a missing key on ``$ne``/``$nin``, as ``matches`` does.
+    """
+    if isinstance(f, Bool):
+        items = [to_chroma(item) for item in f.items]
+        return items[0] if len(items) == 1 else {f.op: items}
+    if f.op not in ("$in", "$nin"):
+        return {f.key: {f.op: f.value}}
+    by_type: dict[type, list[Any]] = {}
+    for value in f.value:
+        by_type.setdefault(type(value), []).append(value)
+    each = [{f.key: {f.op: values}} for values in by_type.values()]
+    return each[0] if len(each) == 1 else {"$or" if f.op == "$in" else "$and": each}
+
+
 def to_milvus_expr(f: Filter) -> str:
     """A Milvus boolean expression (metadata as dynamic fields)."""
     if isinstance(f, Bool):
@@ -239,7 +261,7 @@ def _callable_on_metadata(f: Filter) -> dict[str, Any]:
 _TRANSLATORS: dict[str, Translator] = {
     "InMemoryVectorStore": _callable_on_document,
     "FAISS": _callable_on_metadata,
-    "Chroma": lambda f: {"filter": to_dict(f)},
+    "Chroma": lambda f: {"filter": to_chroma(f)},
     "PGVector": lambda f: {"filter": to_pgvector(f)},
     "PGVectorStore": lambda f: {"filter": to_dict(f)},
     "PostgresLexicalStore": lambda f: {"filter": to_dict(f)},
