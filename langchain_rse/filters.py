@@ -8,11 +8,12 @@ The language is the subset LangChain's vector stores share::
     {"year": {"$gte": 2020, "$lt": 2025}}                # $gt, $gte, $lt, $lte on numbers
     {"$and": [f1, f2]}    {"$or": [f1, f2]}              # several keys: an implicit $and
 
-Values are strings, numbers (finite: no NaN or infinity) or booleans. :func:`parse` checks a filter and returns it as a
-small tree; :func:`matches` evaluates it on a document's metadata (the check every candidate
-passes before it can be reranked, valued or returned); :func:`search_kwargs` translates it
-into the keyword arguments of one store's search. A store the retriever cannot translate
-for raises :class:`FilterError`; a filter is never dropped.
+Values are strings, finite numbers (no NaN or infinity) or booleans. :func:`parse` checks a
+filter and returns it as a small tree; :func:`matches` evaluates it on a document's metadata
+(the check every candidate passes before it can be reranked, valued or returned);
+:func:`search_kwargs` translates it into the keyword arguments of one store's search. A
+store the retriever cannot translate for raises :class:`FilterError`; a filter is never
+dropped.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
 import uuid
@@ -61,7 +64,7 @@ def test_markup_in_metadata_is_text_in_the_html_page(tmp_path: Path) -> None:
     dom = headless(browser, "--dump-dom", page.as_uri())
     assert dom.returncode == 0 and "<mark" in dom.stdout, dom.stderr[-2000:]
     assert "<title>langchain-rse: terminate notice</title>" in dom.stdout  # no script ran
-    assert "<img" not in dom.stdout and "id=\"injected\"" not in dom.stdout  # no new element
+    assert "<img" not in dom.stdout and 'id="injected"' not in dom.stdout  # no new element
     escaped = PAYLOAD.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     assert f"pages {escaped}-{escaped}" in dom.stdout  # shown as the literal text
 
@@ -110,6 +113,29 @@ def test_a_lone_surrogate_writes_nothing_to_redis(redis_port: int) -> None:
         assert state(r) == (0, [], 0)
 
 
+def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The command in a subprocess (its stderr writes a surrogate as ``\\udcff``)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    argv = (sys.executable, "-m", "langchain_rse.cli", *argv)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, errors="replace",
+                          timeout=300)  # fmt: skip
+
+
+def test_a_file_name_that_is_not_utf8_is_skipped_not_fatal(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "good.txt").write_text("Payment terms are thirty days.\n", encoding="utf-8")
+    bad = docs / os.fsdecode(b"bad\xff.txt")  # the name decodes to a lone surrogate
+    bad.write_text("Other terms apply here.\n", encoding="utf-8")
+    idx = str(tmp_path / "idx")
+    done = cli("index", str(docs), "--index", idx, "--no-progress")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "indexed 1 file(s)" in done.stdout and "1 skipped" in done.stdout
+    assert "surrogate" in done.stderr
+    done = cli("query", idx, "payment terms", "--json")
+    assert [s["source"] for s in json.loads(done.stdout)] == [str(docs / "good.txt")]
+
+
 # ------------------------------------------------------------------ 16: NaN and infinity
 
 
@@ -119,8 +145,8 @@ def test_nan_and_infinity_in_metadata_are_rejected(value: Any) -> None:
     r.add_documents([Document("an existing document about payment terms", id="keep")])
     before = state(r)
     with pytest.raises(ValueError, match=r"metadata\['score_x'\].*(NaN|infinit)"):
-        r.add_documents([Document("good", id="good"),
-                         Document("payment terms", metadata={"score_x": value}, id="bad")])  # fmt: skip
+        bad = Document("payment terms", metadata={"score_x": value}, id="bad")
+        r.add_documents([Document("good", id="good"), bad])
     assert state(r) == before
 
 
@@ -230,8 +256,9 @@ def chroma_client(tmp_path_factory) -> Iterator[Any]:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("spec", MIXED_FILTERS, ids=[json.dumps(f) for f in MIXED_FILTERS])
-def test_mixed_type_in_filters_on_chroma_match_the_in_memory_semantics(chroma_client: Any,
-                                                                       spec: Any) -> None:  # fmt: skip
+def test_mixed_type_in_filters_on_chroma_match_in_memory_semantics(
+    chroma_client: Any, spec: Any
+) -> None:
     from langchain_chroma import Chroma
 
     name = f"t{uuid.uuid4().hex[:12]}"
