@@ -90,7 +90,8 @@ class Explanation:
         """One self-contained HTML page (no scripts, no external files): per document with
         results, the relevance strip, then the document text with each returned segment
         highlighted in a ``<mark id="seg-N" data-result="N">``, which result N in the list
-        links to."""
+        links to. Every value written into the page (the query, text, metadata such as
+        ``source`` or ``page_start``) is HTML-escaped."""
         parts = [f"<h1>Query: {html.escape(self.query)}</h1>"]
         parts.append(f"<p>{len(self.results)} result(s). Bars: chunk relevance (height); "
                      "highlighted: the returned segments.</p>")  # fmt: skip
@@ -114,7 +115,8 @@ def _html_strip(d: DocumentExplanation) -> str:
         height = 2 + round((rel or 0.0) * 38)
         cls = "bar chosen" if i in chosen else ("bar" if rel is not None else "bar none")
         tip = f"chunk {i}: " + (f"relevance {rel:.3f}" if rel is not None else "not a candidate")
-        bars.append(f"<span class='{cls}' style='height:{height}px' title='{tip}'></span>")
+        bars.append(f"<span class='{cls}' style='height:{height}px' title='{html.escape(tip)}'>"
+                    "</span>")  # fmt: skip
     return f"<div class='strip'>{''.join(bars)}</div>"
 
 
@@ -123,11 +125,11 @@ def _html_results(d: DocumentExplanation, results: list[Document]) -> str:
     for num, start, end in d.segments:
         m = results[num - 1].metadata
         pages = ""
-        if "page_start" in m:
-            pages = f", pages {m['page_start']}-{m['page_end']}"
+        if "page_start" in m:  # metadata: a source may set anything there
+            pages = f", pages {m['page_start']}-{m.get('page_end')}"
         chars = f"characters {m['start_index']}-{m['end_index']}"
-        items.append(f"<li><a href='#seg-{num}'>result {num}</a>: chunks {start}-{end - 1}, "
-                     f"{chars}{pages}, score {m['score']:.3f}</li>")  # fmt: skip
+        line = f"chunks {start}-{end - 1}, {chars}{pages}, score {m['score']:.3f}"
+        items.append(f"<li><a href='#seg-{num}'>result {num}</a>: {html.escape(line)}</li>")
     return "".join(items)
 
 
@@ -141,8 +143,8 @@ def _html_text(d: DocumentExplanation, results: list[Document]) -> str:
     for start, end, num in marks:  # segments never overlap
         score = results[num - 1].metadata["score"]
         out.append(html.escape(d.text[pos:start]))
-        out.append(f"<mark id='seg-{num}' data-result='{num}' "
-                   f"title='result {num}, score {score:.3f}'>"
+        tip = html.escape(f"result {num}, score {score:.3f}")
+        out.append(f"<mark id='seg-{num}' data-result='{num}' title='{tip}'>"
                    f"{html.escape(d.text[start:end])}</mark>")  # fmt: skip
         pos = end
     out.append(html.escape(d.text[pos:]))

@@ -8,16 +8,18 @@ The language is the subset LangChain's vector stores share::
     {"year": {"$gte": 2020, "$lt": 2025}}                # $gt, $gte, $lt, $lte on numbers
     {"$and": [f1, f2]}    {"$or": [f1, f2]}              # several keys: an implicit $and
 
-Values are strings, numbers or booleans. :func:`parse` checks a filter and returns it as a
-small tree; :func:`matches` evaluates it on a document's metadata (the check every candidate
-passes before it can be reranked, valued or returned); :func:`search_kwargs` translates it
-into the keyword arguments of one store's search. A store the retriever cannot translate
-for raises :class:`FilterError`; a filter is never dropped.
+Values are strings, finite numbers (no NaN or infinity) or booleans. :func:`parse` checks a
+filter and returns it as a small tree; :func:`matches` evaluates it on a document's metadata
+(the check every candidate passes before it can be reranked, valued or returned);
+:func:`search_kwargs` translates it into the keyword arguments of one store's search. A
+store the retriever cannot translate for raises :class:`FilterError`; a filter is never
+dropped.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,7 @@ __all__ = [
     "matches",
     "parse",
     "search_kwargs",
+    "to_chroma",
     "to_dict",
     "to_pgvector",
 ]
@@ -61,6 +64,15 @@ Filter = Cmp | Bool
 def _scalar(value: Any, where: str) -> Any:
     if not isinstance(value, _SCALAR):
         raise FilterError(f"{where}: values must be strings, numbers or booleans, got {value!r}")
+    return _finite(value, where)
+
+
+def _finite(value: Any, where: str) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FilterError(
+            f"{where}: {value!r} is not a JSON number (NaN and infinity cannot be stored as "
+            "metadata, so no document has them); use a finite number"
+        )
     return value
 
 
@@ -80,6 +92,7 @@ def _condition(key: str, cond: Any) -> list[Filter]:
         elif op in _ORDER:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise FilterError(f"{key}: {op} compares numbers, got {value!r}")
+            _finite(value, key)
         else:
             value = _scalar(value, key)
         out.append(Cmp(key, op, value))
@@ -168,6 +181,27 @@ def to_dict(f: Filter) -> dict[str, Any]:
     return {f.op: [to_dict(item) for item in f.items]}
 
 
+def to_chroma(f: Filter) -> dict[str, Any]:
+    """The operator form for Chroma, with :func:`matches`' semantics.
+
+    Chroma takes ``$in``/``$nin`` lists of one type only and ``$and``/``$or`` of two or
+    more filters, so a mixed list is split by type (``{"v": {"$in": [1, 1.5]}}`` becomes
+    an ``$or`` of ``$in [1]`` and ``$in [1.5]``; ``$nin``: an ``$and`` of ``$nin``) and a
+    one-item ``$and``/``$or`` is its item. Chroma compares ``1 == 1.0``, keeps ``True``
+    apart from ``1``, and passes a missing key on ``$ne``/``$nin``, as ``matches`` does.
+    """
+    if isinstance(f, Bool):
+        items = [to_chroma(item) for item in f.items]
+        return items[0] if len(items) == 1 else {f.op: items}
+    if f.op not in ("$in", "$nin"):
+        return {f.key: {f.op: f.value}}
+    by_type: dict[type, list[Any]] = {}
+    for value in f.value:
+        by_type.setdefault(type(value), []).append(value)
+    each = [{f.key: {f.op: values}} for values in by_type.values()]
+    return each[0] if len(each) == 1 else {"$or" if f.op == "$in" else "$and": each}
+
+
 def to_milvus_expr(f: Filter) -> str:
     """A Milvus boolean expression (metadata as dynamic fields)."""
     if isinstance(f, Bool):
@@ -228,7 +262,7 @@ def _callable_on_metadata(f: Filter) -> dict[str, Any]:
 _TRANSLATORS: dict[str, Translator] = {
     "InMemoryVectorStore": _callable_on_document,
     "FAISS": _callable_on_metadata,
-    "Chroma": lambda f: {"filter": to_dict(f)},
+    "Chroma": lambda f: {"filter": to_chroma(f)},
     "PGVector": lambda f: {"filter": to_pgvector(f)},
     "PGVectorStore": lambda f: {"filter": to_dict(f)},
     "PostgresLexicalStore": lambda f: {"filter": to_dict(f)},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -41,11 +42,46 @@ def looks_binary(text: str) -> bool:
     return odd > 0.1 * max(len(head), 1)
 
 
+_SURROGATE = (
+    "contains a lone surrogate (e.g. from json.loads('\"\\ud800\"')), which is not valid "
+    "UTF-8 and cannot be stored; replace it first (s.encode('utf-8', 'replace').decode())"
+)
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_problem(value: Any) -> str | None:
+    """What keeps a JSON-serialisable value from being stored and filtered exactly: a lone
+    surrogate in a string, or NaN / infinity (JSON has neither; they came back as ``null``)."""
+    if isinstance(value, str):
+        return None if _is_utf8(value) else _SURROGATE
+    if isinstance(value, float) and not math.isfinite(value):
+        return (
+            f"contains {value!r}: NaN and infinity are not JSON numbers, so they could be "
+            "neither stored nor filtered on (use None or a finite number)"
+        )
+    if isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return None
+    return next((p for p in map(_json_problem, items) if p), None)
+
+
 def validate_documents(
     documents: Sequence[Document], ids: Sequence[str] | None, max_document_chars: int
 ) -> list[str]:
     """The doc id of each document; raises before anything is written if one is invalid
-    (not a ``Document``, binary, too long, metadata that is not JSON, duplicate ids)."""
+    (not a ``Document``, binary, too long, metadata that is not JSON, a lone surrogate in
+    the id, text or metadata, NaN or infinity in metadata, duplicate ids)."""
     if isinstance(documents, (str, Document)):
         raise TypeError("add_documents expects a list of Documents")
     if ids is not None and len(ids) != len(documents):
@@ -67,6 +103,10 @@ def validate_documents(
                 f"document {doc_id!r} looks like binary data decoded as text (NUL or "
                 "many control characters); extract its text first"
             )
+        if not _is_utf8(doc_id):
+            raise ValueError(f"document id {doc_id!r} {_SURROGATE}")
+        if not _is_utf8(doc.page_content):
+            raise ValueError(f"the text of document {doc_id!r} {_SURROGATE}")
         for key, value in doc.metadata.items():
             try:
                 json.dumps(value)
@@ -75,6 +115,9 @@ def validate_documents(
                     f"metadata[{key!r}] of document {doc_id!r} is not JSON-serialisable "
                     f"({type(value).__name__}); convert it to a string or number first"
                 ) from exc
+            problem = _json_problem(key) or _json_problem(value)
+            if problem:
+                raise ValueError(f"metadata[{key!r}] of document {doc_id!r} {problem}")
         if PAGE_OFFSETS in doc.metadata:
             check_page_offsets(doc.metadata[PAGE_OFFSETS], len(doc.page_content), doc_id)
         doc_ids.append(doc_id)

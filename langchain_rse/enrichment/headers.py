@@ -30,7 +30,9 @@ header's wording changes, so that indexes built with the old header are re-enric
 # Python's ``re`` is slow at ``^`` in MULTILINE mode (it tries every position), so every
 # line-anchored pattern here starts with a literal (a newline, three spaces) that its
 # engine can search for quickly; the first line of the text is matched separately.
-_MD_HEADING_BODY = r"(?P<h> {0,3}(?P<hashes>#{1,6})[ \t]+(?P<title>\S.*?)(?:[ \t]+#+)?[ \t\r]*$)"
+# The title runs to the line end; its closing ``#``\ s are cut in Python (``_md_title``): a
+# lazy title before an optional closing sequence backtracks quadratically on long blanks.
+_MD_HEADING_BODY = r"(?P<h> {0,3}(?P<hashes>#{1,6})[ \t]+(?P<title>\S.*)$)"
 _MD_HEADING = (re.compile(r"\n" + _MD_HEADING_BODY, re.M), re.compile(_MD_HEADING_BODY, re.M))
 _MD_FENCE_BODY = r"(?P<h> {0,3}(?P<fence>`{3,}|~{3,}))"
 _MD_FENCE = (re.compile(r"\n" + _MD_FENCE_BODY), re.compile(_MD_FENCE_BODY))
@@ -42,18 +44,22 @@ _NEWLINE_START = re.compile(r"\n[ \t]{0,3}(?=[A-Z0-9])")
 _SOFT_BREAK_START = re.compile(r"   +(?=[A-Z0-9])")
 _TEXT_START = re.compile(r"[ \t]{0,3}(?=[A-Z0-9])")
 _WORDS = r"\S+(?:[ \t]{1,2}\S+){0,15}"  # up to 16 words, stopping at a 3+ space run
+_CLAUSE = r"\d{1,3}(?:\.\d{1,3}){0,7}"
+"""A clause number of up to 8 parts (``12.3.1``). Clause numbers here are bounded so that
+a run of ``1.1.1...`` costs a constant at a line start, not its length (a heading of
+150,000 parts made the outline quadratic in time and memory)."""
 _KEYWORDS = (
     "ARTICLE|Article|SECTION|Section|PART|Part|CHAPTER|Chapter|SCHEDULE|Schedule|"
     "EXHIBIT|Exhibit|ANNEX|Annex|APPENDIX|Appendix|ITEM|Item"
 )
 _PLAIN_HEADING = re.compile(
     # ARTICLE IV / Section 5. / Part 2 - Scope / Item 7A.
-    rf"(?P<kw>{_KEYWORDS})[ \t]+(?P<kwnum>[IVXLCDM]+|\d{{1,3}}(?:\.\d{{1,3}})*[A-Z]?|[A-Z])\b"
+    rf"(?P<kw>{_KEYWORDS})[ \t]+(?P<kwnum>[IVXLCDM]+|{_CLAUSE}[A-Z]?|[A-Z])\b"
     + rf"(?P<kwsep>\.?[ \t]{{0,2}}[.:\-–—]?)(?:[ \t]{{0,2}}(?P<kwtitle>{_WORDS}))?"
     # IV. TERMINATION
     + r"|(?P<roman>[IVX]{1,5})\.[ \t]{1,2}(?P<rtitle>[A-Z]\S*(?:[ \t]{1,2}\S+){0,15})"
     # 12.3 Term / 12. Term / 12.3. Term / 4.
-    + r"|(?P<num>\d{1,3}(?:\.\d{1,3})+\.?|\d{1,3}\.)(?=[ \t\r\n]|\Z)"
+    + r"|(?P<num>\d{1,3}(?:\.\d{1,3}){1,7}\.?|\d{1,3}\.)(?=[ \t\r\n]|\Z)"
     + rf"(?:[ \t]{{1,2}}(?P<ntitle>{_WORDS}))?"
     # TERM AND TERMINATION (a whole logical line of capitals)
     + r"|(?P<caps>[A-Z][A-Z0-9 \t,&'’/().:;\-–—]{2,99}?)(?=[ \t\r]*(?:\n|\Z)|[ \t\xa0]{3})"
@@ -69,6 +75,9 @@ _ROW_WINDOW = 160
 _ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
 _LOOKBACK = 5000
 """How far back the clause before an untitled clause number is looked for in the text."""
+_MAX_LABEL_HITS = 16
+"""How many occurrences of that clause's number are looked at (the nearest): a bound, so
+that text made of one number costs a constant per candidate, not :data:`_LOOKBACK`."""
 _CLAUSE_TEXT = re.compile(r"\.?[ \t]+[A-Z\"“(]")
 _MAX_SKIPPED, _MAX_SKIPPED_TOP = 3, 10
 """Untitled ``4.30`` continues after ``4.27``-``4.29``; top-level ``12.`` after ``2.``-``11.``."""
@@ -169,7 +178,9 @@ def _written_before(text: str, start: int, clause: tuple[int, ...]) -> bool:
     lo = max(0, start - _LOOKBACK)
     for label in labels:
         at = text.rfind(label, lo, start)
-        while at >= 0:
+        for _ in range(_MAX_LABEL_HITS):
+            if at < 0:
+                break
             if (at == 0 or text[at - 1] not in "0123456789.,$") and _CLAUSE_TEXT.match(
                 text, at + len(label)
             ):
@@ -262,6 +273,14 @@ def _fenced_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def _md_title(line: str) -> str:
+    """A Markdown heading's title: the rest of its line less a closing ``#`` sequence
+    (one that follows a blank: ``## Term ##`` -> ``Term``, ``## C#`` stays ``C#``)."""
+    title = line.rstrip(" \t\r")
+    bare = title.rstrip("#")
+    return bare.rstrip(" \t") if bare != title and bare[-1:] in (" ", "\t") else title
+
+
 def _markdown_headings(text: str) -> list[_Heading]:
     """Markdown ATX headings outside fenced code blocks (those without letters ignored)."""
     spans = _fenced_spans(text)
@@ -272,7 +291,7 @@ def _markdown_headings(text: str) -> list[_Heading]:
         i = bisect_left(span_starts, start + 1) - 1
         if i >= 0 and start < spans[i][1]:
             continue  # a '# comment' inside a code block
-        title = collapse(match.group("title"))
+        title = collapse(_md_title(match.group("title")))
         if any(ch.isalnum() for ch in title):
             level = len(match.group("hashes"))
             headings.append(_Heading(start, match.end(), level, title, "markdown"))
