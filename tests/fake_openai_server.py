@@ -49,10 +49,11 @@ class FakeOpenAIServer:
 
     def __init__(
         self,
-        reply: Callable[[dict[str, Any]], str] = _default_reply,
+        reply: Callable[[dict[str, Any]], str | dict[str, Any]] = _default_reply,
         fail: Callable[[dict[str, Any]], int | None] = lambda request: None,
     ) -> None:
-        """``reply`` builds the answer; ``fail`` returns an HTTP status to fail with, or None."""
+        """``reply`` builds the answer: its text, or a whole assistant message (a dict, e.g.
+        with ``tool_calls``); ``fail`` returns an HTTP status to fail with, or None."""
         self.reply = reply
         self.fail = fail
         self.requests: list[dict[str, Any]] = []
@@ -89,9 +90,10 @@ class FakeOpenAIServer:
         with self._lock:
             cached = len(prefix) // 4 if prefix in self._prefixes else 0
             self._prefixes.add(prefix)
-        content = self.reply(request)
+        answer = self.reply(request)
+        message = answer if isinstance(answer, dict) else {"role": "assistant", "content": answer}
         prompt_tokens = max(1, sum(len(p) for p in parts) // 4)
-        completion_tokens = max(1, len(content) // 4)
+        completion_tokens = max(1, len(json.dumps(message)) // 4)
         body = {
             "id": f"chatcmpl-{len(self.requests)}",
             "object": "chat.completion",
@@ -100,8 +102,8 @@ class FakeOpenAIServer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": "stop",
+                    "message": message,
+                    "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
                 }
             ],
             "usage": {
