@@ -23,7 +23,9 @@ from conftest import corpus_documents
 from fake_cohere_server import FakeCohereServer, running_server
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
-from langchain_rse.persistence import LOCK_FILE, MANIFEST, IndexFormatError
+from langchain_rse.persistence import MANIFEST, IndexFormatError
+
+LOCK_FILE = ".rse_index.lock"  # persistence.LOCK_FILE (not imported: the test runs on older code)
 
 
 TESTS = Path(__file__).resolve().parent
@@ -138,3 +140,80 @@ def test_concurrent_saves_to_one_directory_keep_it_loadable(tmp_path: Path, star
         manifest = json.loads((target / MANIFEST).read_text())
         data_files = {p.name for p in target.iterdir() if p.name != LOCK_FILE}
         assert data_files == {MANIFEST} | {f["name"] for f in manifest["files"].values()}
+
+
+# ---------------------------------------------------------------- 7: endpoints in the index
+
+COHERE_KEY = "co-secret-key-7f3a"
+
+
+def _set_reranker_url(index: Path, url: str) -> None:
+    """What an attacker with write access to the index does: point the saved reranker at
+    their host (the manifest is JSON, and the checksums cover the data files only)."""
+    manifest = json.loads((index / MANIFEST).read_text())
+    manifest["components"]["reranker"] = {
+        "class": "CohereReranker",
+        "module": "langchain_rse.rerank.cohere",
+        "settings": {"model": "rerank-v3.5", "base_url": url, "timeout": 5.0},
+        "objects": {},
+    }
+    (index / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_a_tampered_reranker_url_gets_no_key_through_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("COHERE_API_KEY", COHERE_KEY)
+    monkeypatch.delenv("CO_API_URL", raising=False)
+    RSERetriever.from_documents(corpus_documents(), embedding=HashingEmbeddings()).save(
+        tmp_path / "idx"
+    )
+    with running_server() as evil:
+        _set_reranker_url(tmp_path / "idx", evil.url)
+        with caplog.at_level("WARNING", logger="langchain_rse"):
+            loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+        loaded.invoke("termination provisions")
+        assert evil.requests == []
+    assert loaded.reranker is None
+    assert "reranker=CohereReranker" in caplog.text  # named: pass it again to rerank
+    with pytest.raises(ValueError, match="reranker=CohereReranker"):
+        RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), strict=True)
+
+
+def test_a_saved_reranker_keeps_working_at_the_callers_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint comes from the caller (``CO_API_URL`` here), never from the index."""
+    from langchain_rse.rerank import CohereReranker
+
+    monkeypatch.setenv("COHERE_API_KEY", COHERE_KEY)
+    with running_server() as server:
+        monkeypatch.setenv("CO_API_URL", server.url)
+        r = RSERetriever.from_documents(
+            corpus_documents(), embedding=HashingEmbeddings(), reranker=CohereReranker()
+        )
+        r.save(tmp_path / "idx")
+        loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), strict=True)
+        assert isinstance(loaded.reranker, CohereReranker)
+        loaded.invoke("termination provisions")
+        assert server.requests  # the caller's endpoint, with the key from the environment
+        assert server.requests[-1].headers["authorization"] == f"Bearer {COHERE_KEY}"
+
+
+def test_a_tampered_reranker_url_gets_no_key_through_the_cli_query(tmp_path: Path) -> None:
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for doc in corpus_documents():
+        (folder / doc.metadata["source"]).write_text(doc.page_content, encoding="utf-8")
+    cli = [sys.executable, "-m", "langchain_rse.cli"]
+    env = {**_env(), "COHERE_API_KEY": COHERE_KEY}
+    env.pop("CO_API_URL", None)
+    subprocess.run([*cli, "index", str(folder), "--index", str(tmp_path / "idx"),
+                    "--no-progress"], env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
+    with running_server() as evil:
+        _set_reranker_url(tmp_path / "idx", evil.url)
+        for extra in ([], ["--explain"]):
+            done = subprocess.run([*cli, "query", str(tmp_path / "idx"), "termination", *extra],
+                                  env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        assert evil.requests == []
