@@ -65,8 +65,10 @@ def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
 
 
 def _checked(cls: type, settings: dict[str, Any]) -> Any:
-    """``cls(**settings)`` for a plain class, its ``__init__`` annotations checked
-    (strictly: ``"4"`` is not an ``int``)."""
+    """``cls(**settings)``, the values checked strictly (``"4"`` is not an ``int``): by
+    the model of a pydantic class, else by the annotations of its ``__init__``."""
+    if issubclass(cls, BaseModel):
+        return cls.model_validate(settings, strict=True)
     component = cls.__new__(cls)
     validate_call(config=ConfigDict(strict=True))(cls.__init__)(component, **settings)
     return component
@@ -84,17 +86,18 @@ def _build(
             from langchain_rse.documents import LeadIndex
             from langchain_rse.routing import DocumentRouter
 
-            return DocumentRouter(retriever=LeadIndex(), **settings)
+            return _checked(DocumentRouter, {"retriever": LeadIndex(), **settings})
         if name == "CohereReranker":  # the key comes from the environment again
-            return rerank.CohereReranker(**settings)
+            return _checked(rerank.CohereReranker, settings)
         if name == "EmbeddingReranker":
             wanted = objects.get("embeddings")
             if embedding is not None and type(embedding).__name__ == wanted:
-                return rerank.EmbeddingReranker(embeddings=embedding, **settings)
+                return _checked(rerank.EmbeddingReranker, {"embeddings": embedding, **settings})
             if wanted == "LocalEmbeddings":
                 from langchain_rse.embeddings import LocalEmbeddings
 
-                return rerank.EmbeddingReranker(embeddings=LocalEmbeddings(), **settings)
+                values = {"embeddings": LocalEmbeddings(), **settings}
+                return _checked(rerank.EmbeddingReranker, values)
     except (TypeError, ValueError) as exc:
         from langchain_rse.persistence import MANIFEST, IndexFormatError
 

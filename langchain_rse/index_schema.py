@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -24,6 +25,7 @@ from pydantic import (
 from langchain_rse.fusion import FusionMethod
 from langchain_rse.lexical import LexicalEngine
 from langchain_rse.segments import RSEParams
+from langchain_rse.tokenizer import check_stemmer
 
 __all__ = [
     "EXTENSIONS",
@@ -62,6 +64,13 @@ class Component(_Strict):
     module: str
     settings: dict[str, Setting]
     objects: dict[str, str] = {}
+
+
+class Components(_Strict):
+    enricher: Component
+    reranker: Component | None
+    router: Component | None
+    query_expander: Component | None
 
 
 class Described(_Strict):
@@ -113,7 +122,7 @@ class Config(_Strict):
     rse_params: RSEParams | None
     custom_splitter: bool
     # added after 0.1: a save without them gets the retriever's defaults
-    lexical_stemmer: str | None = None
+    lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = None
     code_weights: Weights | None = None
     code_corpus_weights: Weights | None = None
     relevance: Literal["rank", "score"] = "rank"
@@ -144,23 +153,24 @@ class Manifest(_Strict):
     format: Literal["langchain-rse-index"]
     format_version: Literal[1]
     generation: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
-    library_version: str | None = None
+    library_version: str = "unknown"
     config: Config
-    components: (
-        dict[Literal["enricher", "reranker", "router", "query_expander"], Component | None] | None
-    ) = None  # saved by 0.1: only the enricher's class
+    # optional keys: saved by 0.1 without them (it recorded only the enricher's class)
+    components: Components | None = Field(default=None, validate_default=False)
     enricher: Enricher
     embedding: Embedding
     docstore: Docstore
-    lexical: LexicalInfo | None = None  # saved by 0.1: in process
+    lexical: LexicalInfo = LexicalInfo.model_validate({"kind": "in_process", "class": "BM25Index"})
     vectorstore: VectorStoreInfo
-    stats: Stats | None = None
+    stats: Stats = Stats(chunks=0)
     files: dict[Role, FileEntry]
 
     @model_validator(mode="after")
     def _files(self) -> Manifest:
         """Each data file is named for its role and this generation, and the files the
         stores need are there."""
+        if "components" in self.model_fields_set and self.components is None:
+            raise ValueError("components must be a table (only saves by 0.1 lack it)")
         for role, entry in self.files.items():
             if entry.name != f"{role}.{self.generation}.{EXTENSIONS[role]}":
                 raise ValueError(f"file name {entry.name!r} for {role!r} is not allowed")

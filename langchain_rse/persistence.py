@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -198,9 +199,9 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise IndexFormatError(f"{path} is not a langchain-rse index manifest")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:
         raise IndexFormatError(
-            f"index format version {version!r} is not supported by this version of "
+            f"{path}: index format version {version!r} is not supported by this version of "
             f"langchain-rse (it reads version {FORMAT_VERSION}); re-create the index"
         )
     try:
@@ -571,7 +572,7 @@ def _load_index(
             tf = files.read("lexical_tf")
             try:
                 retriever._lexical.load_state(lexical, tf)
-            except ValueError as exc:
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
                 raise IndexFormatError(
                     f"the lexical index cannot be loaded from {files.name('lexical')!r} and "
                     f"{files.name('lexical_tf')!r}: {exc}"
@@ -598,7 +599,10 @@ def _load_docstore(files: IndexFiles) -> Any:
     from langchain_core.stores import InMemoryByteStore
 
     name = files.name("docstore")
-    raw = files.read("docstore").decode("utf-8", "surrogatepass")
+    try:
+        raw = files.read("docstore").decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise IndexFormatError(f"index file {name!r} is not UTF-8 text: {exc}") from None
     items = []
     for number, line in enumerate(raw.splitlines(), start=1):
         if not line:

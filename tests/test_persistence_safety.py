@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from conftest import corpus_documents
-from fake_cohere_server import FakeCohereServer, running_server
+from fake_cohere_server import running_server
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
 from langchain_rse.persistence import MANIFEST, IndexFormatError
@@ -208,8 +207,8 @@ def test_a_tampered_reranker_url_gets_no_key_through_the_cli_query(tmp_path: Pat
     cli = [sys.executable, "-m", "langchain_rse.cli"]
     env = {**_env(), "COHERE_API_KEY": COHERE_KEY}
     env.pop("CO_API_URL", None)
-    subprocess.run([*cli, "index", str(folder), "--index", str(tmp_path / "idx"),
-                    "--no-progress"], env=env, check=True, capture_output=True, timeout=300)  # fmt: skip
+    index = [*cli, "index", str(folder), "--index", str(tmp_path / "idx"), "--no-progress"]
+    subprocess.run(index, env=env, check=True, capture_output=True, timeout=300)
     with running_server() as evil:
         _set_reranker_url(tmp_path / "idx", evil.url)
         for extra in ([], ["--explain"]):
@@ -217,3 +216,230 @@ def test_a_tampered_reranker_url_gets_no_key_through_the_cli_query(tmp_path: Pat
                                   env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
             assert done.returncode == 0, done.stderr
         assert evil.requests == []
+
+
+# ---------------------------------------------------------------- 15: tampered indexes
+
+Path_ = tuple[Any, ...]
+OPTIONAL = {  # keys older saves lack (see index_schema): deleting them leaves a valid index
+    ("library_version",), ("stats",), ("components",), ("lexical",), ("config", "lexical_stemmer"),
+    ("config", "code_weights"), ("config", "code_corpus_weights"), ("config", "relevance"),
+    ("config", "max_queries"), ("config", "max_document_chars"),
+}  # fmt: skip
+NULLABLE = {  # keys where null is a valid setting
+    ("config", "lexical_stemmer"), ("config", "code_weights"), ("config", "code_corpus_weights"),
+    ("embedding", "class"), ("components", "router"),
+}  # fmt: skip
+VALID_ALSO = {  # values of another type that are still valid there
+    ("components", "reranker"), ("components", "query_expander"), ("config", "rse_params"),
+    ("embedding", "model"),
+}  # fmt: skip
+
+
+def _leaves(value: Any, at: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
+    yield at, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*at, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*at, i))
+
+
+def _other_type(value: Any) -> list[Any]:
+    """Values of other JSON types than ``value``'s (strings of numbers included)."""
+    candidates = ["7", 7, 7.5, True, None, [7], {"x": 7}]
+    same = {bool: (bool,), int: (int,), float: (float, int), str: (str,), list: (list,),
+            dict: (dict,), type(None): (type(None),)}[type(value)]  # fmt: skip
+    return [c for c in candidates if not isinstance(c, same) or
+            (isinstance(c, bool) and type(value) is not bool)]  # fmt: skip
+
+
+def _edit(doc: Any, at: Path_, change: Callable[[Any, Any], None]) -> Any:
+    doc = json.loads(json.dumps(doc))
+    parent = doc
+    for part in at[:-1]:
+        parent = parent[part]
+    change(parent, at[-1])
+    return doc
+
+
+def _manifest_mutations(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    for at, value in _leaves(manifest):
+        if (
+            not at
+            or at[:2] in {("components", "enricher"), ("components", "router")}
+            and len(at) > 3
+        ):  # component settings: the component's own class checks them (below)
+            continue
+        if isinstance(at[-1], str) and at not in OPTIONAL and at[-1] != "objects":
+            yield f"delete {at}", _edit(manifest, at, lambda p, k: p.pop(k))
+        if at[:2] not in VALID_ALSO and at not in VALID_ALSO:
+            for other in _other_type(value):
+                if at in NULLABLE and other is None:
+                    continue  # e.g. lexical_stemmer=None: no stemming, a valid setting
+                yield (
+                    f"{at} = {other!r}",
+                    _edit(manifest, at, lambda p, k, o=other: p.__setitem__(k, o)),
+                )  # noqa: E501
+        if isinstance(value, dict):
+            yield (
+                f"extra key in {at}",
+                _edit(manifest, at, lambda p, k: p[k].__setitem__("unexpected", 1)),
+            )
+    bad_values = {
+        ("config", "k"): [-1], ("config", "mode"): ["everything"], ("config", "chunk_size"): [0],
+        ("config", "chunk_overlap"): [10_000, -1], ("config", "weights"): [[0, 0], [1, 2, 3]],
+        ("config", "fusion"): ["sum"], ("config", "preset"): ["no-such-preset"],
+        ("config", "lexical_stemmer"): ["klingon"],
+        ("config", "rse_params"): [{"max_segment_chunks": 0}, {"bogus": 1}],
+        ("format_version",): [99, 0], ("generation",): ["ZZZ", ""], ("vectorstore", "kind"): ["s3"],
+        ("docstore", "kind"): ["cloud"], ("stats", "chunks"): [-1],
+        ("files", "lexical", "sha256"): ["abc"], ("files", "lexical", "name"): ["../lexical.json"],
+        ("components", "enricher", "settings", "max_depth"): ["4", 4.5],
+        ("components", "enricher", "settings", "unexpected"): [1],
+        ("components", "router", "settings", "documents"): ["1", None],
+    }  # fmt: skip
+    for at, values in bad_values.items():
+        for bad in values:
+            yield f"{at} = {bad!r}", _edit(manifest, at, lambda p, k, b=bad: p.__setitem__(k, b))
+    roles = list(manifest["files"])
+    for a in roles:  # swapped files: one role names another's file (and checksum)
+        for b in roles:
+            if a != b:
+                yield (
+                    f"{a} names {b}'s file",
+                    _edit(manifest, ("files", a), lambda p, k, b=b: p.__setitem__(k, p[b])),
+                )
+    for role in roles:
+        if role != "lexical_tf":  # without it, the token lists of older saves are expected
+            yield f"no {role} file", _edit(manifest, ("files", role), lambda p, k: p.pop(k))
+
+
+@pytest.fixture(scope="module", params=["faiss", "in_memory"])
+def saved_index(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    vs = None if request.param == "faiss" else InMemoryVectorStore(HashingEmbeddings())
+    directory = tmp_path_factory.mktemp(request.param) / "idx"
+    RSERetriever.from_documents(
+        corpus_documents(), embedding=HashingEmbeddings(), vectorstore=vs
+    ).save(directory)
+    return directory
+
+
+def _load_must_refuse(directory: Path, what: str, names: set[str]) -> None:
+    try:
+        RSERetriever.load(directory, embedding=HashingEmbeddings())
+    except IndexFormatError as exc:
+        assert any(name in str(exc) for name in names), (what, str(exc))
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"{what}: {type(exc).__name__} instead of IndexFormatError: {exc}")
+    else:
+        pytest.fail(f"{what}: loaded")
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_every_tampered_manifest_is_an_index_format_error(
+    saved_index: Path, tmp_path: Path
+) -> None:
+    manifest = json.loads((saved_index / MANIFEST).read_text())
+    work = _copy(saved_index, tmp_path / "idx")
+    count = 0
+    for what, mutated in _manifest_mutations(manifest):
+        (work / MANIFEST).write_text(json.dumps(mutated))
+        _load_must_refuse(work, what, {MANIFEST, *(f["name"] for f in manifest["files"].values())})
+        count += 1
+    for size in (0, 1, 50, len((saved_index / MANIFEST).read_bytes()) - 2):
+        (work / MANIFEST).write_bytes((saved_index / MANIFEST).read_bytes()[:size])
+        _load_must_refuse(work, f"manifest cut at {size}", {MANIFEST})
+    assert count > 300, count
+
+
+def _file_mutations(role: str, data: bytes) -> Iterator[tuple[str, bytes]]:
+    """Structural mutations of a data file (its checksum is updated: they test the schema)."""
+    yield "truncated", data[: len(data) // 2]
+    if role != "docstore":  # an empty record store is well-formed (see the README note)
+        yield "empty", b""
+    if role == "docstore":
+        lines = data.decode().splitlines()
+        first = json.loads(lines[0])
+        for bad in ([first[0]], [first[0], first[1], "x"], [1, first[1]], [first[0], 5],
+                    [first[0], "not json"], [first[0], "[1, 2]"], {"k": first[0]}):  # fmt: skip
+            yield f"line {bad!r}", "\n".join([json.dumps(bad), *lines[1:]]).encode()
+        yield "a key twice", "\n".join([lines[0], *lines]).encode()
+        return
+    if role not in ("lexical", "vectors"):
+        yield "garbage", b"\x93NUMPY garbage" if role == "lexical_tf" else b"IxF2garbage"
+        return
+    doc = json.loads(data)
+    for at, value in _leaves(doc):
+        if len(at) > 3 or (len(at) >= 1 and isinstance(at[0], int) and at[0] > 0):
+            continue  # the first record stands for all
+        if at and isinstance(at[-1], int) and at[-1] > 0:
+            continue
+        if any(part in ("groups", "metadata") for part in at[:-1]):
+            continue  # metadata: free JSON
+        if at and isinstance(at[-1], str) and at[-1] not in ("stemmer", "docstore"):
+            yield f"delete {at}", json.dumps(_edit(doc, at, lambda p, k: p.pop(k))).encode()
+        if at:
+            for other in _other_type(value):
+                if at[-1] == "stemmer" and other is None:
+                    continue
+                if (
+                    isinstance(value, float)
+                    and isinstance(other, int)
+                    and not isinstance(other, bool)
+                ):
+                    continue  # an int where a float is expected is a number
+                yield (
+                    f"{at} = {other!r}",
+                    json.dumps(_edit(doc, at, lambda p, k, o=other: p.__setitem__(k, o))).encode(),
+                )
+        if isinstance(value, dict) and not (at and at[-1] in ("groups", "metadata")):
+            edited = json.loads(json.dumps(doc))
+            node = edited
+            for part in at:
+                node = node[part]
+            node["unexpected"] = 1
+            yield f"extra key in {at or 'top'}", json.dumps(edited).encode()
+
+
+def test_every_tampered_data_file_is_an_index_format_error(
+    saved_index: Path, tmp_path: Path
+) -> None:
+    manifest = json.loads((saved_index / MANIFEST).read_text())
+    work = _copy(saved_index, tmp_path / "idx")
+    count = 0
+    for role, entry in manifest["files"].items():
+        original = (saved_index / entry["name"]).read_bytes()
+        for what, data in _file_mutations(role, original):
+            for checksum in ("updated", "stale"):
+                if checksum == "stale" and what != "truncated":
+                    continue
+                (work / entry["name"]).write_bytes(data)
+                edited = json.loads(json.dumps(manifest))
+                if checksum == "updated":
+                    edited["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
+                (work / MANIFEST).write_text(json.dumps(edited))
+                _load_must_refuse(work, f"{role}: {what} ({checksum} checksum)", {entry["name"]})
+                count += 1
+        (work / entry["name"]).write_bytes(original)
+        for other_role, other in manifest["files"].items():  # another file's bytes in its place
+            if other_role != role:
+                data = (saved_index / other["name"]).read_bytes()
+                (work / entry["name"]).write_bytes(data)
+                edited = json.loads(json.dumps(manifest))
+                edited["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
+                (work / MANIFEST).write_text(json.dumps(edited))
+                _load_must_refuse(work, f"{role} holds {other_role}'s bytes", {entry["name"]})
+                count += 1
+        (work / entry["name"]).write_bytes(original)
+    (work / MANIFEST).write_bytes((saved_index / MANIFEST).read_bytes())
+    assert RSERetriever.load(work, embedding=HashingEmbeddings()).invoke("termination")
+    assert count > 40, count
