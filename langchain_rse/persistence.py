@@ -12,6 +12,8 @@ Layout of an index directory::
 Every data file of one save carries the same generation ``<gen>`` and a SHA-256 in the
 manifest. Files are written to temporary names and renamed into place, and the manifest
 is replaced last, so a process killed during ``save`` leaves the previous index loadable.
+Saves hold ``.rse_index.lock`` (one at a time per directory). Loading checks the manifest
+and each JSON file against :mod:`langchain_rse.index_schema`.
 """
 
 from __future__ import annotations
