@@ -412,10 +412,8 @@ def _print_results(docs: list[Document], as_json: bool, name_key: str = "source"
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    kwargs: dict[str, Any] = {"mode": args.mode}
-    reranker = _make_reranker(args.reranker)
-    if reranker is not None:
-        kwargs["reranker"] = reranker
+    # Reranked only with --reranker: not by a network service the index names.
+    kwargs: dict[str, Any] = {"mode": args.mode, "reranker": _make_reranker(args.reranker)}
     if getattr(args, "preset", None) or args.reranker:
         kwargs["preset"] = getattr(args, "preset", None) or "reranked"
     retriever = _open_index(Path(args.index), **kwargs)

@@ -4,10 +4,11 @@ expander) — class and non-secret settings — and how ``load`` rebuilds the on
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, ConfigDict, SecretStr, validate_call
 
 __all__ = ["describe_component", "restore_components"]
 
@@ -15,6 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 _PRIMITIVES = (str, int, float, bool, type(None))
+_ENDPOINT = re.compile(r"url|uri|host|endpoint|api_base|base_path|proxy|domain|server", re.I)
+"""Settings that say where a component connects: never taken from an index, which anyone
+who can write to it could point at their own host (with the caller's key in the request)."""
 
 
 def _plain(value: Any) -> bool:
@@ -44,32 +48,62 @@ def describe_component(component: Any) -> dict[str, Any] | None:
 
 
 def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
-    """Rebuild a component this library can rebuild from its saved settings, else None."""
-    from langchain_rse import enrichment, rerank
-
+    """Rebuild a component this library can rebuild from its saved settings, else None;
+    ``IndexFormatError`` when the settings do not fit the class."""
     name, settings, objects = spec["class"], dict(spec["settings"]), spec.get("objects", {})
     if not spec["module"].startswith("langchain_rse."):
         return None
+    endpoints = {k: settings.pop(k) for k in list(settings) if _ENDPOINT.search(k)}
+    component = _build(name, settings, objects, embedding)
+    if component is not None and any(
+        getattr(component, k, None) != v for k, v in endpoints.items()
+    ):  # saved with another endpoint than the caller's (its default or environment)
+        logger.warning("not rebuilding %s: its saved %s is not this process's",
+                       name, ", ".join(sorted(endpoints)))  # fmt: skip
+        return None
+    return component
+
+
+def _checked(cls: type, settings: dict[str, Any]) -> Any:
+    """``cls(**settings)``, the values checked strictly (``"4"`` is not an ``int``): by
+    the model of a pydantic class, else by the annotations of its ``__init__``."""
+    if issubclass(cls, BaseModel):
+        return cls.model_validate(settings, strict=True)
+    component = cls.__new__(cls)
+    validate_call(config=ConfigDict(strict=True))(cls.__init__)(component, **settings)
+    return component
+
+
+def _build(
+    name: str, settings: dict[str, Any], objects: dict[str, str], embedding: Embeddings | None
+) -> Any:
+    from langchain_rse import enrichment, rerank
+
     try:
         if name in ("NoEnricher", "HeaderEnricher"):
-            return getattr(enrichment, name)(**settings)
+            return _checked(getattr(enrichment, name), settings)
         if name == "DocumentRouter" and objects.get("retriever") == "LeadIndex":
             from langchain_rse.documents import LeadIndex
             from langchain_rse.routing import DocumentRouter
 
-            return DocumentRouter(retriever=LeadIndex(), **settings)
+            return _checked(DocumentRouter, {"retriever": LeadIndex(), **settings})
         if name == "CohereReranker":  # the key comes from the environment again
-            return rerank.CohereReranker(**settings)
+            return _checked(rerank.CohereReranker, settings)
         if name == "EmbeddingReranker":
             wanted = objects.get("embeddings")
             if embedding is not None and type(embedding).__name__ == wanted:
-                return rerank.EmbeddingReranker(embeddings=embedding, **settings)
+                return _checked(rerank.EmbeddingReranker, {"embeddings": embedding, **settings})
             if wanted == "LocalEmbeddings":
                 from langchain_rse.embeddings import LocalEmbeddings
 
-                return rerank.EmbeddingReranker(embeddings=LocalEmbeddings(), **settings)
+                values = {"embeddings": LocalEmbeddings(), **settings}
+                return _checked(rerank.EmbeddingReranker, values)
     except (TypeError, ValueError) as exc:
-        logger.debug("could not rebuild %s from %s: %s", name, settings, exc)
+        from langchain_rse.persistence import MANIFEST, IndexFormatError
+
+        raise IndexFormatError(
+            f"{MANIFEST}: the saved settings of {name} do not fit it: {exc}"
+        ) from None
     return None
 
 

@@ -12,6 +12,8 @@ Layout of an index directory::
 Every data file of one save carries the same generation ``<gen>`` and a SHA-256 in the
 manifest. Files are written to temporary names and renamed into place, and the manifest
 is replaced last, so a process killed during ``save`` leaves the previous index loadable.
+Saves hold ``.rse_index.lock`` (one at a time per directory). Loading checks the manifest
+and each JSON file against :mod:`langchain_rse.index_schema`.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ import logging
 import os
 import re
 import secrets
-import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from pydantic import ValidationError
 
 __all__ = [
     "FORMAT_NAME",
@@ -41,6 +45,7 @@ __all__ = [
     "read_manifest",
 ]
 
+from langchain_rse import index_schema
 from langchain_rse.bodies import local_form, plain_form
 from langchain_rse.components import describe_component, restore_components
 from langchain_rse.embedding_cache import underlying
@@ -51,7 +56,9 @@ logger = logging.getLogger(__name__)
 FORMAT_NAME = "langchain-rse-index"
 FORMAT_VERSION = 1
 MANIFEST = "rse_index.json"
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
+LOCK_FILE = ".rse_index.lock"
+"""Held by :func:`save_index` for a whole save, so that saves to one directory (from
+several processes) run one after another. Loading does not take it."""
 _OWN_FILE = re.compile(
     r"^(\.?(lexical|lexical_tf|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..+\.tmp)?"
     r"|\.rse_index\.json\..+\.tmp)$"
@@ -107,8 +114,13 @@ def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
 
 
 def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``data`` to ``path`` through a temporary file, fsync and rename.
+
+    The file gets the permissions of any new file (``0o666`` less the umask), not the
+    owner-only ``0o600`` of :func:`tempfile.mkstemp`: an index or page written for another
+    user or a service account is readable by it under the usual umask."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -116,7 +128,7 @@ def atomic_write(path: Path, data: bytes | memoryview) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -164,61 +176,109 @@ class IndexWriter:
                 path.unlink(missing_ok=True)
 
 
+def _mismatch(what: str, exc: ValidationError) -> IndexFormatError:
+    """The first problem pydantic found in ``what``, as an :class:`IndexFormatError`."""
+    errors = exc.errors()
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the top level"
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return IndexFormatError(f"{what} is malformed at {where}: {first['msg']}{more}")
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check an index directory's manifest (format, version, file names)."""
+    """Read an index directory's manifest and check it against :class:`~langchain_rse.
+    index_schema.Manifest` (format, version, settings, components, file table)."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
             f"no langchain-rse index at {str(directory)!r} ({MANIFEST} missing)"
         )
+    raw = path.read_bytes()
     try:
-        manifest = json.loads(path.read_bytes())
+        manifest = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise IndexFormatError(f"{path} is corrupted or truncated: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise IndexFormatError(f"{path} is not a langchain-rse index manifest")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:
         raise IndexFormatError(
-            f"index format version {version!r} is not supported by this version of "
+            f"{path}: index format version {version!r} is not supported by this version of "
             f"langchain-rse (it reads version {FORMAT_VERSION}); re-create the index"
         )
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        raise IndexFormatError(f"{path}: the 'files' table is missing or malformed")
-    for role, entry in files.items():
-        name = entry.get("name") if isinstance(entry, dict) else None
-        digest = entry.get("sha256") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not isinstance(digest, str):
-            raise IndexFormatError(f"{path}: the entry for {role!r} is malformed")
-        if not _SAFE_NAME.match(name) or ".." in name:
-            raise IndexFormatError(f"{path}: file name {name!r} for {role!r} is not allowed")
-    return manifest
+    try:
+        index_schema.Manifest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _mismatch(str(path), exc) from None
+    return manifest  # type: ignore[no-any-return]
 
 
-def read_checked(directory: Path, manifest: dict[str, Any], role: str) -> bytes:
-    """The bytes of a data file named in the manifest, read once and checked."""
-    entry = manifest["files"].get(role)
-    if entry is None:
-        raise IndexFormatError(f"index at {str(directory)!r} has no {role!r} file")
-    path = directory / entry["name"]
-    if path.is_symlink() or path.resolve().parent != directory.resolve():
-        raise IndexFormatError(
-            f"index file {entry['name']!r} is a link or lies outside {str(directory)!r}"
-        )
-    if not path.is_file():
-        raise IndexFormatError(f"index file {entry['name']!r} is missing from {str(directory)!r}")
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise IndexFormatError(
-            f"index file {entry['name']!r} is corrupted or truncated (checksum mismatch)"
-        )
-    return data
+class IndexFiles:
+    """The data files a manifest names, opened at once (a save that replaces them later
+    does not take them away) and each read once, checked against its SHA-256."""
 
+    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+        self.directory, self.manifest = directory, manifest
+        self._handles: dict[str, Any] = {}
+        try:
+            for role, entry in manifest["files"].items():
+                self._handles[role] = self._open(entry["name"])
+        except BaseException:
+            self.close()
+            raise
 
-def load_checked_json(directory: Path, manifest: dict[str, Any], role: str) -> Any:
-    data = read_checked(directory, manifest, role)
-    return _parse_json(data, f"index file {manifest['files'][role]['name']!r}")
+    def _open(self, name: str) -> Any:
+        path = self.directory / name
+        if path.is_symlink() or path.resolve().parent != self.directory.resolve():
+            raise IndexFormatError(
+                f"index file {name!r} is a link or lies outside {str(self.directory)!r}"
+            )
+        try:
+            return path.open("rb")
+        except (FileNotFoundError, IsADirectoryError):
+            raise IndexFormatError(
+                f"index file {name!r} is missing from {str(self.directory)!r}"
+            ) from None
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.close()
+
+    def __enter__(self) -> IndexFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def name(self, role: str) -> str:
+        return str(self.manifest["files"][role]["name"])
+
+    def read(self, role: str) -> bytes:
+        """The bytes of the data file for ``role``, checked."""
+        handle = self._handles.get(role)
+        if handle is None:
+            raise IndexFormatError(
+                f"index at {str(self.directory)!r} has no {role!r} file ({MANIFEST} lacks it)"
+            )
+        data = handle.read()
+        if hashlib.sha256(data).hexdigest() != self.manifest["files"][role]["sha256"]:
+            raise IndexFormatError(
+                f"index file {self.name(role)!r} is corrupted or truncated (checksum mismatch)"
+            )
+        return data  # type: ignore[no-any-return]
+
+    def json(self, role: str, model: Any = None) -> Any:
+        """The JSON data file for ``role``, checked against the pydantic ``model`` if given
+        (then the model instance is returned)."""
+        data = _parse_json(self.read(role), f"index file {self.name(role)!r}")
+        return data if model is None else self.json_check(role, data, model)
+
+    def json_check(self, role: str, data: Any, model: Any) -> Any:
+        """``data`` read from the file for ``role`` as the pydantic ``model``."""
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise _mismatch(f"index file {self.name(role)!r}", exc) from None
 
 
 # ---------------------------------------------------------------- vector stores
@@ -287,49 +347,43 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
     return info
 
 
-def load_vectorstore(
-    directory: Path, manifest: dict[str, Any], embedding: Embeddings
-) -> VectorStore:
-    info = manifest["vectorstore"]
+def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
+    info = files.manifest["vectorstore"]
     kind = info["kind"]
     if kind == "in_memory":
         vs = InMemoryVectorStore(embedding)
-        for rec in load_checked_json(directory, manifest, "vectors"):
-            vs.store[rec["id"]] = {
-                "id": rec["id"],
-                "vector": rec["vector"],
-                "text": rec["text"],
-                "metadata": rec["metadata"],
-            }
+        for rec in files.json("vectors", index_schema.InMemoryVectors).root:
+            vs.store[rec.id] = rec.model_dump()
         return vs
     if kind == "faiss":
         faiss, FAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
-        data = load_checked_json(directory, manifest, "vectors")
-        raw = read_checked(directory, manifest, "vectors_index")
+        data = files.json("vectors", index_schema.FaissVectors)
+        raw = files.read("vectors_index")
+        name = files.name("vectors_index")
         try:
             index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
         except RuntimeError as exc:
-            raise IndexFormatError(f"the FAISS index file cannot be read: {exc}") from None
-        if index.ntotal != len(data["ids"]):
-            raise IndexFormatError("FAISS index and its documents disagree in size")
-        if data.get("docstore") == "chunks":
+            raise IndexFormatError(f"the FAISS index file {name!r} cannot be read: {exc}") from None
+        if index.ntotal != len(data.ids):
+            raise IndexFormatError(
+                f"the FAISS index file {name!r} and {files.name('vectors')!r} disagree in size"
+            )
+        if data.docstore == "chunks":
             from langchain_rse.stores.chunk_docstore import ChunkDocstore
 
-            store = ChunkDocstore(
-                dict(zip(data["ids"], (d["metadata"] for d in data["documents"])))
-            )
+            store = ChunkDocstore(dict(zip(data.ids, (d.metadata for d in data.documents))))
         else:  # saved by an earlier version, or a FAISS store with its own InMemoryDocstore
             store = InMemoryDocstore({
-                i: Document(page_content=d["text"], metadata=d["metadata"], id=i)
-                for i, d in zip(data["ids"], data["documents"])
+                i: Document(page_content=d.text, metadata=d.metadata, id=i)
+                for i, d in zip(data.ids, data.documents)
             })  # fmt: skip
         vs = FAISS(
             embedding,
             index,
             store,
-            dict(enumerate(data["ids"])),
-            normalize_L2=data["normalize_L2"],
-            distance_strategy=DistanceStrategy(data["distance_strategy"]),
+            dict(enumerate(data.ids)),
+            normalize_L2=data.normalize_L2,
+            distance_strategy=DistanceStrategy(data.distance_strategy),
         )
         vs.prepare_search()  # at load, not at the first query
         return vs  # type: ignore[no-any-return]
@@ -362,11 +416,16 @@ def _library_version() -> str:
 def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
     """Write ``retriever``'s own state to ``path`` (see :meth:`RSERetriever.save`);
     returns the number of chunks saved."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    with FileLock(Path(path) / LOCK_FILE):  # another process's save finishes first
+        return _save_index(retriever, IndexWriter(path))
+
+
+def _save_index(retriever: Any, writer: IndexWriter) -> int:
     from dataclasses import asdict
 
     from langchain_core.stores import InMemoryByteStore
 
-    writer = IndexWriter(path)
     header, arrays = retriever._lexical.export_state()
     writer.add_bytes("lexical", "json", _json_bytes(header))
     writer.add_bytes("lexical_tf", "npz", arrays)
@@ -422,13 +481,46 @@ def load_index(
     strict: bool,
     kwargs: dict[str, Any],
 ) -> Any:
-    """Rebuild a retriever from a directory written by :func:`save_index`."""
-    from langchain_core.stores import InMemoryByteStore
+    """Rebuild a retriever from a directory written by :func:`save_index`.
 
+    A save that replaces the index while it is read (and removes the files of the
+    generation being read) makes it read the new generation instead."""
+    directory = Path(path)
+    for attempt in range(_LOAD_ATTEMPTS):
+        manifest = read_manifest(directory)
+        try:
+            return _load_index(cls, directory, manifest, embedding, vectorstore, docstore,
+                               strict, kwargs)  # fmt: skip
+        except IndexFormatError:
+            if attempt + 1 == _LOAD_ATTEMPTS or not _replaced(directory, manifest):
+                raise
+            logger.info("index at %s was replaced while it was read; reading it again", path)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_LOAD_ATTEMPTS = 5
+
+
+def _replaced(directory: Path, manifest: dict[str, Any]) -> bool:
+    """Whether the manifest now names another generation than ``manifest``."""
+    try:
+        return bool(read_manifest(directory)["generation"] != manifest["generation"])
+    except (OSError, ValueError):
+        return False
+
+
+def _load_index(
+    cls: Any,
+    directory: Path,
+    manifest: dict[str, Any],
+    embedding: Embeddings | None,
+    vectorstore: VectorStore | None,
+    docstore: Any,
+    strict: bool,
+    kwargs: dict[str, Any],
+) -> Any:
     from langchain_rse.segments import RSEParams
 
-    directory = Path(path)
-    manifest = read_manifest(directory)
     config = dict(manifest["config"])
     for legacy in ("route_documents", "route_fetch_k", "route_check_k"):
         config.pop(legacy, None)  # saved by 0.1 (routing is one `router` object now)
@@ -447,50 +539,48 @@ def load_index(
         spec = {"class": name, "module": module, "settings": {}}
         manifest["components"] = {"enricher": spec}
     kwargs = {**kwargs, **restore_components(manifest, kwargs, embedding, strict)}
-    if vectorstore is None:
-        if embedding is None:
-            if manifest["embedding"]["class"] != "LocalEmbeddings":
-                raise ValueError(
-                    f"pass embedding=... (the index was built with "
-                    f"{manifest['embedding']['class']})"
-                )
-            from langchain_rse.embeddings import LocalEmbeddings
-
-            embedding = LocalEmbeddings()
-        vectorstore = load_vectorstore(directory, manifest, embedding)
-    if docstore is None:
-        if manifest["docstore"]["kind"] != "embedded":
-            raise ValueError(
-                f"this index keeps its chunks in an external {manifest['docstore']['class']}; "
-                "pass docstore=..."
-            )
-        docstore = InMemoryByteStore()
-        raw = read_checked(directory, manifest, "docstore").decode("utf-8", "surrogatepass")
-        try:
-            pairs = [json.loads(line) for line in raw.splitlines() if line]
-        except json.JSONDecodeError as exc:
-            raise IndexFormatError(f"chunk store file is not valid JSON: {exc}") from None
-        docstore.mset([(k, local_form(k, v.encode("utf-8", "surrogatepass"))) for k, v in pairs])
-    lexical_info = manifest.get("lexical", {"kind": "in_process"})
+    lexical_info = manifest.get("lexical") or {"kind": "in_process"}
     if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
         raise ValueError(
             f"this index searches an external lexical store ({lexical_info['class']}); "
             "pass lexical_store=..."
         )
-    lexical = load_checked_json(directory, manifest, "lexical")
-    if not isinstance(lexical, dict):
-        raise IndexFormatError("the lexical index file is malformed")
-    config.setdefault("lexical_stemmer", saved_stemmer(lexical))  # saved before stemming
-    retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
-    if lexical.get("format") is not None:  # token ids and frequencies in an .npz
-        try:
-            retriever._lexical.load_state(lexical, read_checked(directory, manifest, "lexical_tf"))
-        except ValueError as exc:
-            raise IndexFormatError(f"the lexical index cannot be loaded: {exc}") from None
-        return retriever
+    with IndexFiles(directory, manifest) as files:
+        if vectorstore is None:
+            if embedding is None:
+                if manifest["embedding"]["class"] != "LocalEmbeddings":
+                    raise ValueError(
+                        f"pass embedding=... (the index was built with "
+                        f"{manifest['embedding']['class']})"
+                    )
+                from langchain_rse.embeddings import LocalEmbeddings
+
+                embedding = LocalEmbeddings()
+            vectorstore = load_vectorstore(files, embedding)
+        if docstore is None:
+            if manifest["docstore"]["kind"] != "embedded":
+                raise ValueError(
+                    f"this index keeps its chunks in an external "
+                    f"{manifest['docstore']['class']}; pass docstore=..."
+                )
+            docstore = _load_docstore(files)
+        lexical = files.json("lexical")
+        arrays = isinstance(lexical, dict) and "format" in lexical
+        files.json_check("lexical", lexical, index_schema.Lexical if arrays else
+                         index_schema.LegacyLexical)  # fmt: skip
+        config.setdefault("lexical_stemmer", saved_stemmer(lexical))  # saved before stemming
+        retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
+        if arrays:  # token ids and frequencies in an .npz
+            tf = files.read("lexical_tf")
+            try:
+                retriever._lexical.load_state(lexical, tf)
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+                raise IndexFormatError(
+                    f"the lexical index cannot be loaded from {files.name('lexical')!r} and "
+                    f"{files.name('lexical_tf')!r}: {exc}"
+                ) from None
+            return retriever
     # Saved by earlier versions: token lists in JSON (tokenized again here).
-    if not isinstance(lexical.get("keys"), list) or not isinstance(lexical.get("tokens"), list):
-        raise IndexFormatError("the lexical index file has neither arrays nor token lists")
     groups = lexical.get("groups")
     if groups is None:  # saved by 0.1: the metadata filters check comes from the records
         from langchain_rse.lexical import group_of
@@ -503,3 +593,33 @@ def load_index(
         }
     retriever._lexical.set_tokens(dict(zip(lexical["keys"], lexical["tokens"])), groups)
     return retriever
+
+
+def _load_docstore(files: IndexFiles) -> Any:
+    """The in-memory record store from ``docstore.<gen>.jsonl``: one ``[key, JSON record]``
+    pair per line."""
+    from langchain_core.stores import InMemoryByteStore
+
+    name = files.name("docstore")
+    try:
+        raw = files.read("docstore").decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise IndexFormatError(f"index file {name!r} is not UTF-8 text: {exc}") from None
+    items = []
+    for number, line in enumerate(raw.splitlines(), start=1):
+        if not line:
+            continue
+        try:
+            key, value = json.loads(line)
+            if not isinstance(key, str) or not isinstance(json.loads(value), dict):
+                raise TypeError("not a [key, JSON object] pair")
+            items.append((key, local_form(key, value.encode("utf-8", "surrogatepass"))))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise IndexFormatError(
+                f"index file {name!r} is malformed at line {number}: {exc}"
+            ) from None
+    if len({key for key, _ in items}) != len(items):
+        raise IndexFormatError(f"index file {name!r} holds a key twice")
+    docstore = InMemoryByteStore()
+    docstore.mset(items)
+    return docstore

@@ -496,7 +496,9 @@ class RSERetriever(DocumentIndex):
         """Save the index to a directory: settings, BM25 index, record store, local vectors.
 
         JSON and FAISS files only, no pickle. Writes are atomic: a process killed during
-        ``save`` leaves the previous save loadable. A vector store other than FAISS or
+        ``save`` leaves the previous save loadable, and saves to one directory from several
+        processes run one after another (a lock file, ``.rse_index.lock``). Files are
+        created ``0o666`` less the umask. A vector store other than FAISS or
         ``InMemoryVectorStore``, and a record store other than the in-memory default,
         persist themselves and are passed again to :meth:`load`. Components are saved as
         their class and non-secret settings (never keys). Index-wide: a bound :attr:`filter`
@@ -522,11 +524,13 @@ class RSERetriever(DocumentIndex):
         ``embedding`` is needed for a saved local vector store (the bundled
         ``LocalEmbeddings`` is used when the index was built with it). Pass
         ``vectorstore`` / ``docstore`` when they were external. The offline enrichers, a
-        ``CohereReranker`` (key from the environment) and an ``EmbeddingReranker`` over the
+        ``CohereReranker`` (key and endpoint from the environment, never from the index: one
+        saved with another endpoint is not rebuilt) and an ``EmbeddingReranker`` over the
         same embedding are rebuilt from their saved settings; any other component the index
         was saved with (an LLM enricher, a compressor, a router, a query expander) must be
         passed again: it is named in a warning, or a ``ValueError`` with ``strict=True``.
-        Other keyword arguments override saved settings.
+        Other keyword arguments override saved settings. A corrupted, truncated, tampered or
+        newer-format index raises ``IndexFormatError`` naming the file.
         """
         return load_index(cls, path, embedding, vectorstore, docstore, strict, kwargs)  # type: ignore[no-any-return]
 

@@ -17,7 +17,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from conftest import corpus_documents
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
-from langchain_rse.persistence import MANIFEST, IndexFormatError
+from langchain_rse.persistence import LOCK_FILE, MANIFEST, IndexFormatError
 
 TESTS = Path(__file__).resolve().parent
 QUERIES = ["termination provisions", "royalties and audit rights", "insurance"]
@@ -71,7 +71,7 @@ def test_round_trip_in_a_fresh_process(built, tmp_path) -> None:
 
 def test_saved_files_contain_no_pickle(built, tmp_path) -> None:
     built.save(tmp_path / "idx")
-    files = list((tmp_path / "idx").iterdir())
+    files = [f for f in (tmp_path / "idx").iterdir() if f.name != LOCK_FILE]  # empty lock file
     assert not any(f.suffix in (".pkl", ".pickle") for f in files)
     for f in files:
         data = f.read_bytes()
@@ -91,7 +91,7 @@ def test_saved_files_contain_no_pickle(built, tmp_path) -> None:
 def test_resave_leaves_one_generation(built, tmp_path) -> None:
     built.save(tmp_path / "idx")
     built.save(tmp_path / "idx")
-    names = sorted(p.name for p in (tmp_path / "idx").iterdir())
+    names = sorted(p.name for p in (tmp_path / "idx").iterdir() if p.name != LOCK_FILE)
     assert len({n.split(".")[1] for n in names if n != MANIFEST}) == 1
 
 

@@ -29,7 +29,7 @@ from fake_openai_server import FakeOpenAIServer, chunk_of, prompt_parts
 from helpers import HashingEmbeddings, index_texts, make_contract, stored_metadata
 from langchain_rse import RSERetriever
 from langchain_rse.enrichment import ContextualEnricher, FileByteStore
-from langchain_rse.persistence import MANIFEST, IndexFormatError
+from langchain_rse.persistence import LOCK_FILE, MANIFEST, IndexFormatError
 from langchain_rse.rerank import CohereReranker, RerankError
 
 PACKAGE = Path(__file__).resolve().parent.parent / "langchain_rse"
@@ -184,7 +184,7 @@ def build(
 
 def check_saved_files(directory: Path) -> list[Path]:
     """Every file is JSON/JSONL, a NumPy .npz of plain arrays or a FAISS index: no pickle."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != LOCK_FILE)
     manifest = json.loads((directory / MANIFEST).read_text())
     assert {p.name for p in files} == {MANIFEST} | {f["name"] for f in manifest["files"].values()}
     for path in files:
