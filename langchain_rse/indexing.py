@@ -362,9 +362,9 @@ class Writer:
                 if not prev.fallbacks and prev.version in recorded:
                     logger.debug("document %r unchanged; not re-indexed", doc_id)
                     continue
-                if not prev.fallbacks:
-                    logger.warning("document %r: the records of its version %s are gone (a "
-                                   "broken index); writing it again", doc_id, prev.version)  # fmt: skip
+                if not prev.fallbacks:  # replaced meanwhile, or a broken index
+                    logger.info("document %r: its version %s has no record; writing it again",
+                                doc_id, prev.version)  # fmt: skip
             version = f"{base}.{secrets.token_hex(6)}"
             if prev is not None:  # its chunks will be removed
                 self._check_deletes()
