@@ -355,7 +355,9 @@ class Writer:
         plan = Plan(validate_documents(documents, ids, max_document_chars))
         olds = self.records.pointers(plan.doc_ids) if plan.doc_ids else []
         bases = [document_version(d.page_content, d.metadata, *fingerprints) for d in documents]
-        same = [p for p, base in zip(olds, bases) if p is not None and is_version_of(p.version, base)]
+        same = [
+            p for p, base in zip(olds, bases) if p is not None and is_version_of(p.version, base)
+        ]
         recorded = self._recorded(same)
         for doc, doc_id, prev, base in zip(documents, plan.doc_ids, olds, bases):
             if prev is not None and is_version_of(prev.version, base):
@@ -373,7 +375,8 @@ class Writer:
                 logger.warning("document %r has no text; nothing indexed for it", doc_id)
                 plan.removals.append(doc_id)
                 continue
-            plan.todo.append(Todo(doc, doc_id, version, chunks, prev and prev.version))
+            replaces = prev.version if prev is not None else None
+            plan.todo.append(Todo(doc, doc_id, version, chunks, replaces))
         return plan
 
     def _recorded(self, pointers: Sequence[DocRecord]) -> set[str]:

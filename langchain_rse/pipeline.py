@@ -405,7 +405,9 @@ def replaced(
     return {
         (c.doc_id, c.version)
         for c in before
-        if c.doc_id not in kept and (m := metas.get(c.doc_id)) is not None and m.version != c.version
+        if c.doc_id not in kept
+        and (m := metas.get(c.doc_id)) is not None
+        and m.version != c.version
     }
 
 

@@ -98,7 +98,7 @@ def exactly_current(r: RSERetriever, lexical: bool = True) -> None:
     want = sorted((p.doc_id, p.version) for p in current for _ in p.spans)
     assert stored == want, "orphan or missing chunks in the vector store"
     if lexical:
-        assert sorted(tuple(k.split("\x1f")[:2]) for k in r._lexical.keys()) == want
+        assert sorted(tuple(k.split("\x1f")[:2]) for k in list(r._lexical.keys())) == want
     assert sorted((v.doc_id, v.version) for v in r._records.versions()) == sorted(
         (p.doc_id, p.version) for p in current
     )
@@ -332,7 +332,7 @@ def traced_growth(setup: Callable[[], Any], cycle: Callable[[Any, int], None], n
 
 
 def test_bm25_add_delete_cycles_give_their_group_entries_back() -> None:
-    words = "payment termination escrow audit royalties insurance".split()
+    words = ["payment", "termination", "escrow", "audit", "royalties", "insurance"]
 
     def setup() -> BM25Index:
         index = BM25Index(compact_min=64, background_merges=False)
