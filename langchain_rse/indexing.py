@@ -10,8 +10,16 @@ For each document a writer
 4. reads the pointer again: if another writer swapped after it, it *lost* and deletes its
    own version; otherwise it deletes the versions it replaced.
 
-A version whose writer was killed, or that slipped between two writers' reads, keeps its
-``ver/`` record: :meth:`Writer.vacuum` removes every non-current version found there.
+Every write makes a new version id (the content fingerprint and a random suffix), so a
+version that stopped being current never becomes current again: a cleanup that deletes it
+cannot hit a document another worker has just written back (the same text again gets
+another id), and a write that failed half-way is retried under fresh chunk ids. A cleanup
+also re-reads the pointers right before it deletes, and spares the versions they name.
+
+A version whose writer was killed or failed, or that slipped between two writers' reads,
+keeps its ``ver/`` record: :meth:`Writer.vacuum` removes every non-current version found
+there, and the pointers whose version is gone (a broken index: re-adding the document
+writes it again).
 """
 
 from __future__ import annotations
@@ -70,6 +78,8 @@ class Todo:
     doc_id: str
     version: str
     chunks: list[Chunk]
+    replaces: str | None = None
+    """The version the plan found current (None: the document was not indexed)."""
 
     @property
     def enrich_args(self) -> tuple[str, str, dict[str, Any], list[Chunk]]:
@@ -113,6 +123,8 @@ class Prepared:
     record: DocRecord
     body: DocBody
     chunks: list[Chunk]
+    replaces: str | None = None
+    """The version the plan found current."""
 
     @classmethod
     def of(cls, todo: Todo, contexts: list[ChunkContext] | None, enricher: Any) -> Prepared:
@@ -129,7 +141,14 @@ class Prepared:
             spans=Spans((c.start_index, c.end_index) for c in chunks),
             fallbacks=sum(ctx.method == "fallback" for ctx in contexts),
         )
-        return cls(record, DocBody(text=todo.doc.page_content, contexts=Contexts(contexts)), chunks)
+        body = DocBody(text=todo.doc.page_content, contexts=Contexts(contexts))
+        return cls(record, body, chunks, todo.replaces)
+
+    def written_meanwhile(self, now: DocRecord | None) -> bool:
+        """Whether ``now`` (the pointer when the write starts) is another writer's version
+        of the same content, written since the plan."""
+        base = self.record.version.split(".")[0]
+        return now is not None and now.version != self.replaces and is_version_of(now.version, base)
 
 
 def indexing(
@@ -326,18 +345,29 @@ class Writer:
         fingerprints: tuple[str, str],
         max_document_chars: int,
     ) -> Plan:
-        """Validate, split and version (no writes); unchanged documents are skipped."""
+        """Validate, split and version (no writes); unchanged documents are skipped.
+
+        Each new version's id is the content fingerprint and a random suffix (see the
+        module docstring). A document is unchanged when its indexed version has the same
+        fingerprint, no fallback contexts and its ``ver/`` record (else it is written again:
+        the enricher's cache makes the good chunks free; a version whose records are gone
+        is a broken index)."""
         plan = Plan(validate_documents(documents, ids, max_document_chars))
         olds = self.records.pointers(plan.doc_ids) if plan.doc_ids else []
-        for doc, doc_id, prev in zip(documents, plan.doc_ids, olds):
-            version = document_version(doc.page_content, doc.metadata, *fingerprints)
-            if prev is not None and is_version_of(prev.version, version):
-                if not prev.fallbacks:
+        bases = [document_version(d.page_content, d.metadata, *fingerprints) for d in documents]
+        same = [
+            p for p, base in zip(olds, bases) if p is not None and is_version_of(p.version, base)
+        ]
+        recorded = self._recorded(same)
+        for doc, doc_id, prev, base in zip(documents, plan.doc_ids, olds, bases):
+            if prev is not None and is_version_of(prev.version, base):
+                if not prev.fallbacks and prev.version in recorded:
                     logger.debug("document %r unchanged; not re-indexed", doc_id)
                     continue
-                # Unchanged, but some chunk contexts fell back: index it again (the
-                # enricher's cache makes the good chunks free) under a fresh version id.
-                version = f"{version}.{secrets.token_hex(4)}"
+                if not prev.fallbacks:  # replaced meanwhile, or a broken index
+                    logger.info("document %r: its version %s has no record; writing it again",
+                                doc_id, prev.version)  # fmt: skip
+            version = f"{base}.{secrets.token_hex(6)}"
             if prev is not None:  # its chunks will be removed
                 self._check_deletes()
             chunks = split_text(doc.page_content, doc_id, splitter)
@@ -345,8 +375,15 @@ class Writer:
                 logger.warning("document %r has no text; nothing indexed for it", doc_id)
                 plan.removals.append(doc_id)
                 continue
-            plan.todo.append(Todo(doc, doc_id, version, chunks))
+            replaces = prev.version if prev is not None else None
+            plan.todo.append(Todo(doc, doc_id, version, chunks, replaces))
         return plan
+
+    def _recorded(self, pointers: Sequence[DocRecord]) -> set[str]:
+        """The versions of ``pointers`` whose ``ver/`` record is in the record store."""
+        keys = [version_key(p.doc_id, p.version) for p in pointers]
+        found = self.records.store.mget(keys) if keys else []
+        return {p.version for p, raw in zip(pointers, found) if raw is not None}
 
     # ------------------------------------------------------------ write
 
@@ -363,19 +400,22 @@ class Writer:
         leads in step. ``progress`` is told the number of chunks of each batch written
         to the vector store (the stage that embeds them)."""
         with self.lock:
-            ids = [p.record.doc_id for p in prepared]
-            planned = self.records.pointers(ids)
-            todo = [
-                p for p, o in zip(prepared, planned) if o is None or o.version != p.record.version
-            ]
+            pointers = self.records.pointers([p.record.doc_id for p in prepared])
+            pairs = [(p, o) for p, o in zip(prepared, pointers) if not p.written_meanwhile(o)]
+            todo, planned = [p for p, _ in pairs], [o for _, o in pairs]
             if len(todo) < len(prepared):
                 logger.debug("%d documents were written meanwhile", len(prepared) - len(todo))
-            self.records.put([(version_key(p.record.doc_id, p.record.version),
-                               p.record.version_record()) for p in todo])  # fmt: skip
-            self._write_chunks(todo, batch_size, progress)
+            versions = [p.record.version_record() for p in todo]
+            self.records.put([(version_key(v.doc_id, v.version), v) for v in versions])
+            try:
+                self._write_chunks(todo, batch_size, progress)
+                self.records.put([(body_key(p.record.doc_id, p.record.version), p.body)
+                                  for p in todo])  # fmt: skip
+            except Exception:
+                self._discard(versions)
+                raise
             if progress is not None and len(todo) < len(prepared):
                 progress(sum(len(p.chunks) for p in prepared) - sum(len(p.chunks) for p in todo))
-            self.records.put([(body_key(p.record.doc_id, p.record.version), p.body) for p in todo])
             ids = [p.record.doc_id for p in todo]
             before = self.records.pointers(ids)
             self.records.put([(pointer_key(p.record.doc_id), p.record) for p in todo])
@@ -404,6 +444,21 @@ class Writer:
                 router.sync_leads(sources, removals)
                 if router.retriever is self.leads:
                     self._lead_versions.update((p.record.doc_id, p.record.version) for p in todo)
+                    self._forget_leads(removals)
+
+    def _forget_leads(self, doc_ids: Sequence[str]) -> None:
+        """Forget the lead versions of removed documents."""
+        for doc_id in doc_ids:
+            self._lead_versions.pop(doc_id, None)
+
+    def _discard(self, versions: Sequence[VersionRecord]) -> None:
+        """After a write failed half-way: remove what it wrote of ``versions``, or leave
+        them (recorded) to :meth:`vacuum` if that fails too."""
+        try:
+            self._remove_versions(versions)
+        except Exception:
+            logger.warning("could not remove the %d versions of a failed write; vacuum() "
+                           "removes them later", len(versions), exc_info=True)  # fmt: skip
 
     def _write_chunks(
         self,
@@ -454,17 +509,26 @@ class Writer:
     # ------------------------------------------------------------ remove
 
     def _remove_versions(self, versions: Sequence[VersionRecord]) -> None:
-        """Delete these versions' chunks everywhere, then their bodies and records."""
+        """Delete these versions' chunks everywhere, then their bodies and records; the
+        versions the pointers name now (read right before) are spared. Chunks a store
+        does not hold are skipped (a write cut short)."""
         if not versions:
             return
+        pointers = self.records.pointers(list(dict.fromkeys(v.doc_id for v in versions)))
+        current = {(p.doc_id, p.version) for p in pointers if p is not None}
+        spared = [v for v in versions if (v.doc_id, v.version) in current]
+        if spared:
+            logger.warning("not removing %d versions that are current: %s", len(spared),
+                           ", ".join(f"{v.doc_id!r} {v.version}" for v in spared))  # fmt: skip
+            versions = [v for v in versions if (v.doc_id, v.version) not in current]
         keys = [key for v in versions for key in v.chunk_keys()]
         self.lexical.delete(keys)
         if keys:
             ids = [chunk_uuid(k) for k in keys]
             with self.vs_lock.write():
-                done = [self.vectorstore.delete(ids=ids)]
+                done = [delete_held(self.vectorstore, ids)]
             if self.lexical_store is not None:
-                done.append(self.lexical_store.delete(ids=ids))
+                done.append(delete_held(self.lexical_store, ids))
             if False in done:  # some stores report a failed delete instead of raising
                 raise RuntimeError(
                     f"a store failed to delete {len(ids)} chunks; they stay recorded, "
@@ -492,15 +556,31 @@ class Writer:
             self._bump()
             if router is not None:
                 router.sync_leads((), found)
+                if router.retriever is self.leads:
+                    self._forget_leads(found)
         return found
 
-    def vacuum(self, min_age_s: float = 0.0) -> int:
+    def vacuum(self, min_age_s: float = 0.0, router: DocumentRouter | None = None) -> int:
         """Remove every version that is not its document's current one and was recorded
-        at least ``min_age_s`` seconds ago (chunks left by a killed writer or a lost
-        race); returns how many versions were removed. With several writers, pass a
-        ``min_age_s`` longer than any write takes, so versions being written are spared."""
+        at least ``min_age_s`` seconds ago (chunks left by a killed or failed writer, or a
+        lost race), and every pointer whose version lost its body or record (a broken
+        index: the document is gone until it is added again); returns how many versions
+        were removed. A version that cannot be removed is logged and left for the next
+        vacuum; the others are removed. With several writers, pass a ``min_age_s`` longer
+        than any write takes, so versions being written are spared."""
         self._check_deletes()
         with self.lock:
+            store = self.records.store
+            docs = [k for k in store.yield_keys() if k.startswith("doc/")]
+            pointers = [DocRecord.from_bytes(r) for r in store.mget(docs) if r is not None]
+            keys = set(store.yield_keys())  # after the pointers: their versions were written
+            broken = [
+                p for p in pointers
+                if body_key(p.doc_id, p.version) not in keys
+                or version_key(p.doc_id, p.version) not in keys
+            ]  # fmt: skip
+            if broken:
+                self._drop_broken(broken, router)
             versions = self.records.versions()
             current = dict(zip(
                 (v.doc_id for v in versions),
@@ -513,7 +593,60 @@ class Writer:
                 if (c := current.get(v.doc_id)) is None or c.version != v.version
                 if now - v.written_at >= min_age_s
             ]
-            self._remove_versions(stale)
-        if stale:
-            logger.info("vacuum removed %d stale document versions", len(stale))
-        return len(stale)
+            listed = {(v.doc_id, v.version) for v in stale}
+            stale += [p.version_record() for p in broken if (p.doc_id, p.version) not in listed]
+            removed = self._remove_each(stale)
+            if broken:
+                self._bump()
+        if removed:
+            logger.info("vacuum removed %d stale document versions", removed)
+        return removed
+
+    def _drop_broken(self, broken: list[DocRecord], router: DocumentRouter | None) -> None:
+        """Delete the pointers of ``broken`` (versions whose body or record is gone) that
+        still name them."""
+        now = self.records.pointers([p.doc_id for p in broken])
+        gone = [p.doc_id for p, n in zip(broken, now) if n is not None and n.version == p.version]
+        if not gone:
+            return
+        logger.warning("vacuum: %d documents named a version whose records are gone; "
+                       "they are removed (add them again): %s", len(gone),
+                       ", ".join(map(repr, gone)))  # fmt: skip
+        self.records.delete([pointer_key(d) for d in gone])
+        if router is not None:
+            router.sync_leads((), gone)
+            if router.retriever is self.leads:
+                self._forget_leads(gone)
+
+    def _remove_each(self, versions: list[VersionRecord]) -> int:
+        """:meth:`_remove_versions`, one version at a time when the whole batch fails:
+        returns how many were removed (failures are logged and stay recorded)."""
+        try:
+            self._remove_versions(versions)
+            return len(versions)
+        except Exception:
+            if len(versions) == 1:
+                logger.warning("vacuum could not remove version %s of %r; the next vacuum "
+                               "tries again", versions[0].version, versions[0].doc_id,
+                               exc_info=True)  # fmt: skip
+                return 0
+        return sum(self._remove_each([v]) for v in versions)
+
+
+def delete_held(store: VectorStore, ids: list[str]) -> bool | None:
+    """``store.delete(ids=ids)``, of the ids the store holds: LangChain's FAISS deletes
+    nothing and raises when one is missing (chunks of a write cut short, or removed
+    already), so there the ids it holds are looked up and deleted."""
+    try:
+        return store.delete(ids=ids)
+    except ValueError:
+        try:
+            held = {d.id for d in store.get_by_ids(ids)}
+        except NotImplementedError:
+            raise
+        present = [i for i in ids if i in held]
+        if len(present) == len(ids):
+            raise
+        logger.debug("%d of %d chunks to delete were not in the store", len(ids) - len(present),
+                     len(ids))  # fmt: skip
+        return store.delete(ids=present) if present else True

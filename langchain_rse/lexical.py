@@ -101,7 +101,11 @@ class BM25Index:
         self._groups: dict[str, dict[str, Any]] = {}
         """Metadata per group (a document version): what filters are checked against."""
         self._gid: dict[str, int] = {}
-        self._group_keys: list[str] = []
+        self._group_keys: list[str | None] = []
+        """Each group id's group (None: free, reused by the next new group)."""
+        self._group_live: list[int] = []
+        """Each group id's live chunks: a group whose last chunk goes is forgotten."""
+        self._free_gids: list[int] = []
         self._rw = ReadWriteLock()
         self._merger: threading.Thread | None = None
         self.merge_errors = 0
@@ -152,32 +156,59 @@ class BM25Index:
             raise ValueError("ids and texts must have the same length")
         tokens = {i: tokenize(t, self.stemmer) for i, t in zip(ids, texts)}  # last duplicate wins
         with self._rw.write():
+            bm = self._bm25
+            self._release(bm.delete([i for i in tokens if i in bm.doc_of]))  # replaced ones
             self._groups.update(groups or {})
             self._add_locked(list(tokens), list(tokens.values()))
 
     def _add_locked(self, ids: list[str], tokens: list[list[str]]) -> None:
         bm = self._bm25
-        gids = [self._group_id(group_of(i)) for i in ids]
+        gids = self._group_ids(ids)
         term_ids = [bm.term_ids(t, grow=True) for t in tokens]
         bm.add(ids, term_ids, gids)
         self._merge_now()
         self._maybe_compact()
 
-    def _group_id(self, group: str) -> int:
-        g = self._gid.get(group)
-        if g is None:
-            g = self._gid[group] = len(self._group_keys)
-            self._group_keys.append(group)
-        return g
+    def _group_ids(self, ids: Sequence[str]) -> list[int]:
+        """The group id of each chunk id (a new group gets a free one), counted as live."""
+        gids = []
+        for chunk_id in ids:
+            group = group_of(chunk_id)
+            g = self._gid.get(group)
+            if g is None:
+                if self._free_gids:
+                    g = self._free_gids.pop()
+                    self._group_keys[g] = group
+                else:
+                    g = len(self._group_keys)
+                    self._group_keys.append(group)
+                    self._group_live.append(0)
+                self._gid[group] = g
+            self._group_live[g] += 1
+            gids.append(g)
+        return gids
+
+    def _release(self, gids: Sequence[int]) -> None:
+        """Count these chunks' groups down; forget each group (its id, name and metadata)
+        whose last chunk went, so deleted versions leave nothing behind."""
+        live = self._group_live
+        for g in gids:
+            live[g] -= 1
+        for g in set(gids):
+            if live[g] == 0:
+                group = self._group_keys[g]
+                assert group is not None
+                del self._gid[group]
+                self._groups.pop(group, None)
+                self._group_keys[g] = None
+                self._free_gids.append(g)
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove chunks (and the metadata of their groups); unknown ids are ignored.
         Visible to the next search."""
         ids = list(ids)
         with self._rw.write():
-            self._bm25.delete(ids)
-            for chunk_id in ids:
-                self._groups.pop(group_of(chunk_id), None)
+            self._release(self._bm25.delete(ids))
             self._maybe_compact()
 
     def delete_groups(self, groups: Iterable[str]) -> int:
@@ -190,9 +221,7 @@ class BM25Index:
             n = bm.n_docs
             docs = np.flatnonzero(np.isin(bm.gid[:n], gids) & bm.alive[:n])
             keys = [bm.keys[d] for d in docs.tolist()]
-            bm.delete([k for k in keys if k is not None])
-            for g in groups:
-                self._groups.pop(g, None)
+            self._release(bm.delete([k for k in keys if k is not None]))
             self._maybe_compact()
             return len(keys)
 
@@ -202,11 +231,13 @@ class BM25Index:
             bm = self._bm25
             n = bm.n_docs
             gids = np.unique(bm.gid[:n][bm.alive[:n]])
-            return {self._group_keys[g] for g in gids.tolist()}
+            return {g for g in map(self._group_keys.__getitem__, gids.tolist()) if g}
 
     def _maybe_compact(self) -> None:
         bm = self._bm25
-        if bm.needs_compaction(self.compact_min):
+        if bm.n_docs and not bm.n_live:  # everything deleted: start afresh (cheap)
+            self._reset(None)
+        elif bm.needs_compaction(self.compact_min):
             dead = bm.n_docs - bm.n_live
             bm.compact()
             logger.info("BM25 index renumbered: %d deleted chunks dropped", dead)
@@ -227,14 +258,14 @@ class BM25Index:
             for at in range(0, len(ids), _BULK):
                 part = ids[at : at + _BULK]
                 bm = self._bm25
-                gids = [self._group_id(group_of(i)) for i in part]
+                gids = self._group_ids(part)
                 bm.add(part, [bm.term_ids(tokens[i], grow=True) for i in part], gids)
                 bm.merge()
 
     def _reset(self, groups: dict[str, dict[str, Any]] | None) -> None:
         self._bm25.reset()
         self._groups = dict(groups or {})
-        self._gid, self._group_keys = {}, []
+        self._gid, self._group_keys, self._group_live, self._free_gids = {}, [], [], []
 
     # ------------------------------------------------------------------ merges
 
@@ -351,7 +382,8 @@ class BM25Index:
         verdict = np.zeros(len(names), dtype=bool)
         verdict[gids] = True
         found = np.flatnonzero(verdict).tolist()
-        seen = (_with_doc_id(names[g], groups.get(names[g], {})) for g in found)
+        live = [names[g] or "" for g in found]  # (live documents' groups are never free)
+        seen = (_with_doc_id(name, groups.get(name, {})) for name in live)
         verdict[found] = np.fromiter((bool(allowed(m)) for m in seen), dtype=bool, count=len(found))
         return verdict[gids]
 
@@ -405,6 +437,6 @@ class BM25Index:
         groups = header.get("groups") or {}
         with self._rw.write():
             self._reset(groups)
-            gids = [self._group_id(group_of(k)) for k in keys]
+            gids = self._group_ids(keys)
             self._bm25.load(keys, vocab, indptr.astype(np.int64), terms.astype(np.int64),
                             tf.astype(np.int64), gids)  # fmt: skip

@@ -45,6 +45,7 @@ from langchain_rse.validation import query_set
 __all__ = [
     "Candidate",
     "QuerySettings",
+    "Replaced",
     "Route",
     "StaleRead",
     "Trace",
@@ -56,7 +57,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 READ_ATTEMPTS = 3
-"""Times a query re-reads when documents change under it."""
+"""Times a query re-reads (or searches again) when documents change under it."""
+
+
+class Replaced(Exception):
+    """Documents whose every candidate is of a version replaced since the search: the
+    query searches again (``versions``: their ``(doc_id, version)``)."""
+
+    def __init__(self, versions: set[tuple[str, str]]) -> None:
+        super().__init__(", ".join(sorted(d for d, _ in versions)))
+        self.versions = versions
 
 
 @dataclass(slots=True)
@@ -416,15 +426,38 @@ def _query_ranks(
 # ---------------------------------------------------------------- the generator
 
 
+def replaced(
+    before: list[Candidate], after: list[Candidate], metas: dict[str, DocRecord]
+) -> set[tuple[str, str]]:
+    """``(doc_id, version)`` of the candidates of documents that kept none of their
+    candidates (``after``: the current ones) because the document has another version now."""
+    kept = {c.doc_id for c in after}
+    return {
+        (c.doc_id, c.version)
+        for c in before
+        if c.doc_id not in kept
+        and (m := metas.get(c.doc_id)) is not None
+        and m.version != c.version
+    }
+
+
 def run_pipeline(
-    s: QuerySettings, cands: list[Candidate], route: Route | None = None
+    s: QuerySettings,
+    cands: list[Candidate],
+    route: Route | None = None,
+    seen: set[tuple[str, str]] | None = None,
 ) -> Generator[Request, Any, list[Document]]:
-    """Records → current candidates → rerank → relevance → selection → documents."""
+    """Records → current candidates → rerank → relevance → selection → documents. With
+    ``seen``, :class:`Replaced` is raised when a document's candidates are all of a version
+    replaced since the search, unless ``seen`` holds them (versions that a search
+    finds again are leftovers that ``vacuum`` removes, not a replace under way)."""
     if not cands:
         return []
     doc_ids = list(dict.fromkeys([c.doc_id for c in cands]))
     metas = {m.doc_id: m for m in (yield ("meta", doc_ids)) if m is not None}
-    cands = current(cands, metas, s.filter)
+    found, cands = cands, current(cands, metas, s.filter)
+    if seen is not None and (new := replaced(found, cands, metas) - seen):
+        raise Replaced(new)
     if not cands:
         return []
     bodies: dict[str, Body] = {}
@@ -454,15 +487,21 @@ def run_pipeline(
 
 
 def _retrying(
-    s: QuerySettings, cands: list[Candidate], route: Route | None
+    s: QuerySettings,
+    cands: list[Candidate],
+    route: Route | None,
+    seen: set[tuple[str, str]] | None = None,
 ) -> Generator[Request, Any, list[Document]]:
     """:func:`run_pipeline`, started again when a document changed under it."""
     for _ in range(READ_ATTEMPTS):
         try:
-            return (yield from run_pipeline(s, list(cands), route))
+            return (yield from run_pipeline(s, list(cands), route, seen))
         except StaleRead as exc:
             logger.debug("document %s changed during a query; re-reading", exc)
-    raise RuntimeError("the record store keeps losing documents during this query")
+    raise RuntimeError(
+        "the record store keeps losing documents during this query; if this persists, "
+        "a document's pointer names a version whose body is gone: run vacuum()"
+    )
 
 
 def retrieve(
@@ -474,7 +513,28 @@ def retrieve(
     the router focuses, ``("focus", (query, routed, filter))`` is answered with the query's
     clauses other than the one naming the document (the focus text) and their dense and
     lexical results inside the routed documents, or None (see ``DocumentRouter.focus``);
-    a reranker then scores the candidates against the focus text too."""
+    a reranker then scores the candidates against the focus text too.
+
+    When a document was replaced between the search and the read of its pointer, so
+    that none of its candidates is current, the query searches again (up to
+    :data:`READ_ATTEMPTS` times): it returns the old or the new version, not nothing."""
+    seen: set[tuple[str, str]] = set()
+    for attempt in range(READ_ATTEMPTS):
+        settings, found = yield from _search(s, router)
+        last = attempt == READ_ATTEMPTS - 1
+        try:
+            return (yield from _retrying(settings, *found, None if last else seen))
+        except Replaced as exc:
+            logger.debug("documents %s were replaced during a query; searching again", exc)
+            seen |= exc.versions
+    raise AssertionError("unreachable: the last attempt does not raise Replaced")
+
+
+def _search(
+    s: QuerySettings, router: DocumentRouter | None
+) -> Generator[Request, Any, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
+    """The searches and fusion of :func:`retrieve`: the settings (with the focus text as
+    a rerank query, when focused) and the candidates with their route."""
     dense, lexical, routed = yield ("search", s)
     confirmed = False
     if routed is not None and router is not None and router.focuses(s.queries[0]):
@@ -485,8 +545,7 @@ def retrieve(
                 text, focus_dense, focus_lexical = extra
                 dense, lexical = [*dense, focus_dense], [*lexical, focus_lexical]
                 s = dataclasses.replace(s, rerank_queries=[*s.queries, text])
-    found = candidates(s, dense, lexical, routed, router, confirmed)
-    return (yield from _retrying(s, *found))
+    return s, candidates(s, dense, lexical, routed, router, confirmed)
 
 
 THROWN = (RerankError, StaleRead)

@@ -455,12 +455,14 @@ class RSERetriever(DocumentIndex):
 
     def vacuum(self, min_age_s: float = 0.0) -> int:
         """Remove chunks of document versions that are not current: what a writer killed
-        half-way, or one that lost a race to another worker, left in the shared stores.
-        Returns the number of versions removed. Run it when no writer is active, or pass
-        ``min_age_s`` longer than any write takes so versions being written are spared.
-        Index-wide maintenance: a bound :attr:`filter` does not limit it (it never removes
-        a current version, and returns only a count)."""
-        return self._writer.vacuum(min_age_s)
+        half-way, or one that lost a race to another worker, left in the shared stores;
+        and documents whose pointer names a version whose records are gone (a broken
+        index; add them again). A version that cannot be removed is logged and left for
+        the next vacuum. Returns the number of versions removed. Run it when no writer is
+        active, or pass ``min_age_s`` longer than any write takes so versions being written
+        are spared. Index-wide maintenance: a bound :attr:`filter` does not limit it (it
+        never removes a current version, and returns only a count)."""
+        return self._writer.vacuum(min_age_s, self.router)
 
     async def avacuum(self, min_age_s: float = 0.0) -> int:
         """Async :meth:`vacuum` (runs in a thread)."""
