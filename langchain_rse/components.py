@@ -70,6 +70,10 @@ def _checked(cls: type, settings: dict[str, Any]) -> Any:
     if issubclass(cls, BaseModel):
         return cls.model_validate(settings, strict=True)
     component = cls.__new__(cls)
+    if cls.__init__ is object.__init__:  # no settings to check (e.g. NoEnricher)
+        if settings:
+            raise TypeError(f"{cls.__name__} takes no settings, got {sorted(settings)}")
+        return component
     validate_call(config=ConfigDict(strict=True))(cls.__init__)(component, **settings)
     return component
 

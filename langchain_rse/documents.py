@@ -24,6 +24,7 @@ from langchain_rse.bodies import compressed, decompressed
 from langchain_rse.chunking import chunk_key, doc_id_for, doc_of, document_leads
 from langchain_rse.filters import Filter, matches, parse
 from langchain_rse.lexical import BM25Index, group_of
+from langchain_rse.tokenizer import tokenize
 
 __all__ = ["LeadIndex"]
 
@@ -58,6 +59,8 @@ class LeadIndex(DocumentIndex):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _before_search: Callable[[], None] | None = PrivateAttr(default=None)
     """Set by the owning retriever: its shared index's generation check."""
+    _term_weights: Callable[[list[str]], dict[str, float]] | None = PrivateAttr(default=None)
+    """Set by the owning retriever: the IDF of terms over its chunks."""
 
     def __len__(self) -> int:
         return len(self._leads)
@@ -137,6 +140,22 @@ class LeadIndex(DocumentIndex):
         allowed = None if filter is None else (lambda metadata: matches(filter, metadata))
         found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, allowed))
         return [(d, score) for d, score in found if d in leads]
+
+    def naming_share(self, text: str, doc_id: str) -> float:
+        """How much of ``text`` the lead of ``doc_id`` holds: the share of the IDF weight of
+        ``text``'s terms that its lead contains, from 0 to 1. The weights are IDFs over the
+        owning retriever's chunks (over the leads for a lead index on its own); terms the
+        index does not hold weigh nothing. A query that names a document (its title, its
+        parties) scores high; one that shares a word with its title, among words the
+        documents use elsewhere, scores low."""
+        found = self._leads.get(doc_id)
+        terms = tokenize(text, self._bm25.stemmer)
+        if found is None or not terms:
+            return 0.0
+        held = set(tokenize(_text(found[0]), self._bm25.stemmer))
+        weights = (self._term_weights or self._bm25.idf)(terms)
+        total = sum(weights.values())
+        return sum(w for t, w in weights.items() if t in held) / total if total else 0.0
 
     def search(self, query: str, filter: Filter | None = None) -> list[Document]:
         """The ``k`` best leads for ``query`` that ``filter`` allows (what ``invoke``

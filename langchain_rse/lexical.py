@@ -350,6 +350,15 @@ class BM25Index:
         with self._rw.read():
             return self._bm25.export()
 
+    def idf(self, terms: Iterable[str]) -> dict[str, float]:
+        """The IDF over the chunks indexed now (as Lucene's BM25 computes it) of each of
+        these analyzed terms that some chunk holds; terms no chunk holds are left out."""
+        with self._rw.read():
+            bm = self._bm25
+            ids = {t: i for t in terms if (i := bm.vocab.get(t)) is not None and bm.df[i] > 0}
+            df = bm.df[list(ids.values())].astype(np.float64)
+            return dict(zip(ids, np.log1p((bm.n_live - df + 0.5) / (df + 0.5)).tolist()))
+
     def search(
         self, query: str, k: int, allowed: Callable[[dict[str, Any]], bool] | None = None
     ) -> list[LexicalHit]:

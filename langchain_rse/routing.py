@@ -25,6 +25,9 @@ __all__ = ["DEFAULT_BOOST", "DocumentRouter", "as_router", "query_clauses"]
 
 DEFAULT_MARGIN = 0.25
 """The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
+DEFAULT_MIN_NAMING = 0.5
+"""The share of a clause's weight a lead must hold to route (:attr:`DocumentRouter.min_naming`;
+see ``benchmarks/RESULTS.md``)."""
 DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set:
 ``benchmarks/RESULTS.md``)."""
@@ -88,6 +91,13 @@ class DocumentRouter(BaseModel):
     ``metadata["bm25_score"]`` (the built-in lead index does), the first document's score
     must be at least ``1 + margin`` times the second's. Similar documents a query does not
     tell apart (contracts from one template, asked about an order number) are not routed."""
+    min_naming: float = Field(default=DEFAULT_MIN_NAMING, ge=0, le=1)
+    """Route only to a document the query names: the built-in lead index's first document
+    must hold at least this share of the IDF weight of one of the query's clauses
+    (:meth:`~langchain_rse.documents.LeadIndex.naming_share`). A clause that names a
+    contract by its title and parties is mostly held by its lead; a question that shares one
+    word with an article's title (``"...infected from their mother?"`` and *Mother-to-Child
+    Transmission of HIV-1*) is not. 0: any first document routes."""
     boost: float = Field(default=math.inf, gt=0)
     """How strongly the chosen documents are favoured: their chunks' fused scores are
     multiplied by ``1 + boost`` (chunks of other documents keep theirs), and in segments
@@ -131,7 +141,7 @@ class DocumentRouter(BaseModel):
         be given, not at all (None: no route)."""
         r = self.retriever
         if isinstance(r, LeadIndex):
-            return self.chosen_ids(r.hits(query, filter))
+            return self.named(r, query, self.chosen_ids(r.hits(query, filter)))
         if filter is None:
             return self.chosen(r.invoke(query, config))
         if _takes_filter(r):
@@ -201,6 +211,19 @@ class DocumentRouter(BaseModel):
         logger.debug("focus: %r searched inside %s", text, sorted(routed))
         return text
 
+    def named(self, leads: LeadIndex, query: str, chosen: set[str] | None) -> set[str] | None:
+        """The ``chosen`` documents that ``query`` names (:attr:`min_naming`), None when
+        none is."""
+        if chosen is None or self.min_naming <= 0:
+            return chosen
+        clauses = query_clauses(query) or [query]
+        named = {d for d in chosen
+                 if max(leads.naming_share(c, d) for c in clauses) >= self.min_naming}  # fmt: skip
+        if not named:
+            logger.debug("routing skipped: the query does not name %s", sorted(chosen))
+            return None
+        return named
+
     def chosen(self, hits: Sequence[Document]) -> set[str] | None:
         """The documents the router chose, or None (no filter) when it found none."""
         return self.chosen_ids(
@@ -254,7 +277,7 @@ class DocumentRouter(BaseModel):
         """The saved settings (the retriever itself is saved by its owner)."""
         return {"documents": self.documents, "fetch_k": self.fetch_k, "check_k": self.check_k,
                 "sync": self.sync, "boost": self.boost, "margin": self.margin,
-                "focus": self.focus}  # fmt: skip
+                "focus": self.focus, "min_naming": self.min_naming}  # fmt: skip
 
 
 def as_router(value: Any) -> Any:
