@@ -31,7 +31,6 @@ the time to add or delete one document (the next query sees the change). A full 
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import ctypes
 import gc
@@ -49,7 +48,7 @@ from typing import Any
 
 import numpy as np
 import psutil
-from common import REPO_ROOT, RESULTS_DIR, fmt_table, log
+from common import REPO_ROOT, RESULTS_DIR, fmt_table, log, parse_settings
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from speed_corpus import CHUNK_SIZE, DIM, Corpus, LookupEmbeddings, load_sentences
@@ -106,20 +105,6 @@ class SizeResult:
     delete_ms: float
     ensemble_build_s: float | None
     timings: list[Timing]
-
-
-def parse_settings(text: str) -> dict[str, Any]:
-    """``"a=1,b=None"`` -> ``{"a": 1, "b": None}`` (values as Python literals, else strings)."""
-    out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, raw = part.partition("=")
-        if not sep:
-            raise argparse.ArgumentTypeError(f"expected key=value, got {part!r}")
-        try:
-            out[key.strip()] = ast.literal_eval(raw.strip())
-        except (ValueError, SyntaxError):
-            out[key.strip()] = raw.strip()
-    return out
 
 
 def label(settings: dict[str, Any]) -> str:
