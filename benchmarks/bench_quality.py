@@ -519,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--half", default="all", choices=("a", "b", "all"))
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS,
-                    help="CUAD: seeded dev contracts indexed (as bench_cuad.py)")  # fmt: skip
+                    help="CUAD: seeded dev contracts indexed")  # fmt: skip
     ap.add_argument("--questions", type=int, default=None, help="a seeded sample of N questions")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 3 shortest documents per corpus, 10 questions")  # fmt: skip
