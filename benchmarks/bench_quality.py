@@ -17,13 +17,28 @@ wrong-document share (returned characters from documents holding no gold), chara
 returned, and ``misled``: questions whose whole answer came from one wrong document while
 dense top-k had a gold document first. Questions split into halves by document (``a``: the
 documents at even positions in name order, ``b``: odd; all stay indexed), to tune on one and
-check on the other. On the code set, Pass@5/10/20 of the default in chunks mode as
-``bench_anthropic.py`` measures it.
+check on the other. On the code set, Pass@5/10/20 of the default in chunks mode (each given
+chunk indexed whole as its own document), beside the published numbers.
+
+Tuning: ``--set key=value[,key=value]`` (repeatable) adds ``default[key=value]``, the same
+retriever built with those settings (values are Python literals; ``reranker=embedding`` is the
+offline ``EmbeddingReranker`` over the same model), scored beside the default with a paired
+test per budget. Every run reuses the cached embeddings, so a sweep over query-time settings
+costs the indexing and the queries only; ``--peers dense`` skips the LangChain peers, and
+``--half a`` tunes on one half of the documents (check the winner on ``--half b``).
+``--offtopic`` also asks CUAD's 50 off-topic questions (``offtopic_questions.txt``) and
+reports how many return nothing (with a reranker, an off-topic question should).
+``--wording asked|question`` rephrases the CUAD questions; ``--untuned`` samples contracts
+no default was tuned on.
 
 Usage::
 
     python benchmarks/bench_quality.py                         # all corpora, all questions
     python benchmarks/bench_quality.py --corpus covidqa --half a
+    python benchmarks/bench_quality.py --corpus cuad --half a --peers dense \
+        --set weights=(1.0,1.0) --set rrf_k=30.0
+    python benchmarks/bench_quality.py --corpus cuad --offtopic --peers dense \
+        --set reranker=embedding,preset=reranked
     python benchmarks/bench_quality.py --quick                 # smoke run: 3 docs, 10 questions
 
 Tables go to stdout and ``benchmarks/results/quality_<corpus>[_<half>].md`` (a ``--quick``
@@ -43,6 +58,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,9 +74,19 @@ from common import (
     fmt_table,
     log,
     paired_test,
+    parse_settings,
     recall_precision,
 )
-from cuad_data import DEFAULT_CONTRACTS, CuadSubset, Query, halves, load_cuad
+from cuad_data import (
+    DEFAULT_CONTRACTS,
+    DEFAULT_SEED,
+    WORDINGS,
+    CuadSubset,
+    Query,
+    halves,
+    load_cuad,
+    reworded,
+)
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -73,6 +99,17 @@ PEERS = ("dense", "naive500", "ensemble")
 NAIVE_CHUNK = 500
 DEFAULT_K = 50
 """Segments the default may return: large enough that only the budget binds."""
+PASS_KS = (5, 10, 20)
+PUBLISHED = {
+    "published: voyage-2 base": (80.92, 87.15, 90.06),
+    "published: contextual embeddings": (86.37, 92.81, 93.78),
+    "published: + contextual BM25": (86.43, 93.21, 94.99),
+    "published: + Cohere rerank": (91.24, 94.79, 96.30),
+}
+"""Anthropic's contextual-retrieval Pass@5/10/20 on the code set."""
+CODE_CHUNK_SIZE = 8000
+"""Larger than the longest given chunk of the code set (3,898 characters): each stays whole."""
+OFFTOPIC = Path(__file__).resolve().parent / "offtopic_questions.txt"
 
 Method = Callable[[str, int], list[Span]]
 """A query and a budget in characters -> the returned ranges, best first."""
@@ -87,7 +124,9 @@ class Corpus:
     """Gold spans are ``(doc id, start, end)`` into ``documents``."""
 
 
-def load_corpus(name: str, contracts: int = DEFAULT_CONTRACTS) -> Corpus | None:
+def load_corpus(
+    name: str, contracts: int = DEFAULT_CONTRACTS, wording: str = "consider", untuned: bool = False
+) -> Corpus | None:
     """``name``'s dev data, or None (with a message) when it is not in ``common.data_dir()``."""
     path = {"cuad": "cuad/dev.json", "code": "anthropic_codebase/codebase_chunks.json",
             "covidqa": "covidqa/dev.json"}[name]  # fmt: skip
@@ -95,7 +134,7 @@ def load_corpus(name: str, contracts: int = DEFAULT_CONTRACTS) -> Corpus | None:
         log(f"{name}: {data_dir() / path} not found; skipping (see benchmarks/README.md)")
         return None
     if name == "cuad":
-        data = load_cuad(contracts)
+        data = reworded(load_cuad(contracts, DEFAULT_SEED, untuned), wording)
         return Corpus(name, data.contracts, data.queries)
     if name == "code":
         return load_code()
@@ -174,7 +213,13 @@ def spans_of(docs: Sequence[Document]) -> list[Span]:
 def build_default(
     documents: list[Document], embeddings: CachedEmbeddings, **settings: Any
 ) -> RSERetriever:
-    """``RSERetriever`` with its defaults (``settings`` override them) over ``documents``."""
+    """``RSERetriever`` with its defaults (``settings`` override them) over ``documents``.
+
+    ``reranker="embedding"`` is the offline ``EmbeddingReranker`` over ``embeddings``."""
+    if settings.get("reranker") == "embedding":
+        from langchain_rse.rerank import EmbeddingReranker
+
+        settings = {**settings, "reranker": EmbeddingReranker(embeddings=embeddings)}
     retriever = RSERetriever(
         vectorstore=InMemoryVectorStore(embeddings), show_progress=False, **settings
     )
@@ -247,20 +292,37 @@ def ensemble_method(store: Any, chunks: list[Document], budgets: Sequence[int] =
     return ranked(lambda q: spans_of(ensemble.invoke(q)))
 
 
+def variant_name(settings: dict[str, Any]) -> str:
+    """``default`` or ``default[key=value,...]``."""
+    if not settings:
+        return "default"
+    return "default[" + ",".join(f"{k}={v!r}" for k, v in settings.items()) + "]"
+
+
 def make_methods(
-    corpus: Corpus, embeddings: CachedEmbeddings, budgets: Sequence[int] = BUDGETS
+    corpus: Corpus,
+    embeddings: CachedEmbeddings,
+    budgets: Sequence[int] = BUDGETS,
+    variants: Sequence[dict[str, Any]] = (),
+    peers: Sequence[str] = PEERS,
 ) -> dict[str, Method]:
-    """The default and the three peers over ``corpus``."""
-    log(f"{corpus.name}: indexing for the default ({len(corpus.documents)} documents)")
-    retriever = build_default(as_documents(corpus), embeddings)
-    log(f"{corpus.name}: indexing naive {NAIVE_CHUNK}-character chunks")
-    store, chunks = build_naive(corpus, embeddings)
-    return {
-        "default": default_method(retriever),
-        "dense": dense_method(retriever, budgets),
-        "naive500": naive_method(store, budgets),
-        "ensemble": ensemble_method(store, chunks, budgets),
-    }
+    """The default, its ``variants`` (settings overriding the defaults) and the ``peers``."""
+    methods: dict[str, Method] = {}
+    for settings in [{}, *variants]:
+        name = variant_name(settings)
+        log(f"{corpus.name}: indexing for {name} ({len(corpus.documents)} documents)")
+        retriever = build_default(as_documents(corpus), embeddings, **settings)
+        methods[name] = default_method(retriever)
+        if not settings:
+            methods["dense"] = dense_method(retriever, budgets)
+    if {"naive500", "ensemble"} & set(peers):
+        log(f"{corpus.name}: indexing naive {NAIVE_CHUNK}-character chunks")
+        store, chunks = build_naive(corpus, embeddings)
+        if "naive500" in peers:
+            methods["naive500"] = naive_method(store, budgets)
+        if "ensemble" in peers:
+            methods["ensemble"] = ensemble_method(store, chunks, budgets)
+    return methods
 
 
 def score(
@@ -299,25 +361,47 @@ def score(
     return out
 
 
-def pass_at_k(corpus: Corpus, embeddings: CachedEmbeddings, idx: Sequence[int]) -> dict[int, float]:
-    """The code set as ``bench_anthropic.py`` scores it: each given chunk one document, the
-    default in chunks mode; Pass@k = share of golden chunks in the top k, averaged."""
-    from bench_anthropic import CHUNK_SIZE, KS
-    from bench_anthropic import load as load_anthropic
-
-    docs = [d for d in load_anthropic()[0] if str(d.id).split(":")[0] in corpus.documents]
+def pass_at_k(
+    corpus: Corpus, embeddings: CachedEmbeddings, idx: Sequence[int], **settings: Any
+) -> dict[int, float]:
+    """The code set as Anthropic scores it: each given chunk one document (kept whole), the
+    default in chunks mode (``settings`` override it); Pass@k = share of golden chunks in
+    the top k, averaged over the questions."""
     path = data_dir() / "anthropic_codebase" / "codebase_chunks.json"
-    span_of = code_spans(json.loads(path.read_text(encoding="utf-8")))
+    files = json.loads(path.read_text(encoding="utf-8"))
+    docs = [
+        Document(page_content=c["content"], id=f"{f['original_uuid']}:{c['original_index']}",
+                 metadata={"source": f["doc_id"]})
+        for f in files if f["original_uuid"] in corpus.documents
+        for c in f["chunks"]
+    ]  # fmt: skip
+    span_of = code_spans(files)
     log(f"code: indexing {len(docs)} given chunks for Pass@k")
-    retriever = build_default(docs, embeddings, mode="chunks", chunk_size=CHUNK_SIZE)
+    settings = {"mode": "chunks", "chunk_size": CODE_CHUNK_SIZE, **settings}
+    retriever = build_default(docs, embeddings, **settings)
     scores = []
     for i in idx:
         q = corpus.queries[i]
-        found = retriever.invoke(q.text, k=max(KS))
+        found = retriever.invoke(q.text, k=max(PASS_KS))
         got = [span_of[str(d.metadata["doc_id"])] for d in found]
         golden = set(q.gold)
-        scores.append([len(golden & set(got[:k])) / len(golden) for k in KS])
-    return dict(zip(KS, (100 * np.asarray(scores).mean(axis=0)).tolist()))
+        scores.append([len(golden & set(got[:k])) / len(golden) for k in PASS_KS])
+    return dict(zip(PASS_KS, (100 * np.asarray(scores).mean(axis=0)).tolist()))
+
+
+def offtopic(methods: dict[str, Method], budget: int) -> str:
+    """Per default variant: how many of the off-topic questions return nothing at ``budget``,
+    and the characters returned on average."""
+    lines = OFFTOPIC.read_text(encoding="utf-8").splitlines()
+    questions = [q.strip() for q in lines if q.strip() and not q.startswith("#")]
+    rows = []
+    for name, method in methods.items():
+        if name.startswith("default"):
+            got = [method(q, budget) for q in questions]
+            chars = np.mean([sum(e - s for _, s, e in g) for g in got])
+            rows.append([name, f"{sum(not g for g in got)} / {len(got)}", f"{chars:.0f}"])
+    header = [f"off-topic questions, {budget // 1000}k budget", "return nothing", "mean chars"]
+    return fmt_table(header, rows)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -345,7 +429,9 @@ def report(
             rows.append(row)
     lines = [fmt_table(header, rows)]
     target = TARGET_BUDGET if TARGET_BUDGET in budgets else sorted(budgets)[len(budgets) // 2]
-    best = max(PEERS, key=lambda m: _mean(results[m][target]["recall"]))
+    best = max(
+        (m for m in PEERS if m in results), key=lambda m: _mean(results[m][target]["recall"])
+    )
     d, p = results["default"][target]["recall"], results[best][target]["recall"]
     t = paired_test([100 * x for x in d], [100 * x for x in p])
     precision = _mean(results["default"][target]["precision"]) / max(
@@ -356,6 +442,16 @@ def report(
         f"p = {t.p:.3f}, wins / losses {t.wins} / {t.losses} (paired sign-flip test, "
         f"{len(d)} questions); precision x{precision:.2f} of {best}'s"
     )
+    for name in (m for m in results if m.startswith("default[")):
+        for b in budgets:
+            v = results[name][b]["recall"]
+            t = paired_test(
+                [100 * x for x in v], [100 * x for x in results["default"][b]["recall"]]
+            )
+            lines.append(
+                f"{name} - default at {b // 1000}k recall: {t.diff:+.1f} points, p = {t.p:.3f}, "
+                f"wins / losses {t.wins} / {t.losses}"
+            )
     return "\n".join(lines)
 
 
@@ -368,7 +464,7 @@ def commit() -> str:
 def run_corpus(
     name: str, args: argparse.Namespace, embeddings: CachedEmbeddings, model_name: str
 ) -> None:
-    corpus = load_corpus(name, args.contracts)
+    corpus = load_corpus(name, args.contracts, args.wording, args.untuned)
     if corpus is None:
         return
     if args.quick:
@@ -381,26 +477,34 @@ def run_corpus(
         f"{len(idx)} of {len(corpus.queries)} questions (half {args.half})"
     )
     embeddings.embed_array([corpus.queries[i].text for i in idx], "query")  # batched, cached
-    methods = make_methods(corpus, embeddings, args.budgets)
+    methods = make_methods(corpus, embeddings, args.budgets, args.set, args.peers)
     results = score(corpus, methods, idx, args.budgets)
     title = {"cuad": "CUAD dev", "code": "Anthropic code set", "covidqa": "COVID-QA dev"}[name]
     text = (
         f"## {title}: {len(corpus.documents)} documents ({n_chars / 1e6:.2f}M characters), "
-        f"{len(idx)} questions (half {args.half}{', quick' if args.quick else ''})\n\n"
+        f"{len(idx)} questions (half {args.half}{', quick' if args.quick else ''}"
+        f"{'' if args.wording == 'consider' else ', wording ' + args.wording}"
+        f"{', untuned contracts' if args.untuned else ''})\n\n"
         f"Commit {commit()}, {time.strftime('%Y-%m-%d')}, embeddings {model_name}; default = "
         f"`RSERetriever` defaults, `invoke(q, k={DEFAULT_K}, max_chars=budget)`. misled = "
         "whole answer from one wrong document while dense top-k had a gold document first.\n\n"
         + report(corpus, results, idx, args.budgets)
     )
     if name == "code":
-        passes = pass_at_k(corpus, embeddings, idx)
+        rows = [[variant_name(s), *(f"{v:.2f}" for v in pass_at_k(corpus, embeddings, idx,
+                                                                  **s).values())]
+                for s in [{}, *args.set]]  # fmt: skip
+        rows += [[name, *(f"{v:.2f}" for v in vs)] for name, vs in PUBLISHED.items()]
         text += "\n\n" + fmt_table(
-            ["default, chunks mode", *(f"Pass@{k}" for k in passes)],
-            [["given chunks", *(f"{v:.2f}" for v in passes.values())]],
+            ["chunks mode, given chunks", *(f"Pass@{k}" for k in PASS_KS)], rows
         )
+    if args.offtopic and name == "cuad":
+        target = TARGET_BUDGET if TARGET_BUDGET in args.budgets else max(args.budgets)
+        text += "\n\n" + offtopic(methods, target)
     print(text + "\n", flush=True)
     suffix = ("" if args.half == "all" else f"_{args.half}") + ("_quick" if args.quick else "")
-    folder = CACHE_DIR / "results" if args.quick else RESULTS_DIR  # smoke runs stay untracked
+    tuning = args.set or args.wording != "consider" or args.untuned or args.offtopic
+    folder = CACHE_DIR / "results" if args.quick or tuning else RESULTS_DIR  # untracked
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"quality_{name}{suffix}.md"
     out.write_text(text + "\n", encoding="utf-8")
@@ -415,12 +519,44 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--half", default="all", choices=("a", "b", "all"))
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS,
-                    help="CUAD: seeded dev contracts indexed (as bench_cuad.py)")  # fmt: skip
+                    help="CUAD: seeded dev contracts indexed")  # fmt: skip
     ap.add_argument("--questions", type=int, default=None, help="a seeded sample of N questions")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 3 shortest documents per corpus, 10 questions")  # fmt: skip
     ap.add_argument("--quick-docs", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--set",
+        type=parse_settings,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="one more retriever: the default with these settings (repeatable)",
+    )
+    ap.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help="LangChain peers to score beside the default (dense always runs)",
+    )
+    ap.add_argument(
+        "--offtopic",
+        action="store_true",
+        help="CUAD: also count the off-topic questions that return nothing",
+    )
+    ap.add_argument(
+        "--wording",
+        default="consider",
+        choices=WORDINGS,
+        help="CUAD: how the questions are phrased (see cuad_data.WORDINGS)",
+    )
+    ap.add_argument(
+        "--untuned",
+        action="store_true",
+        help="CUAD: sample contracts outside the sample the defaults were tuned on",
+    )
     args = ap.parse_args(argv)
+    args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if unknown := set(args.peers) - set(PEERS):
+        ap.error(f"unknown peer {sorted(unknown)}; choose from {', '.join(PEERS)}")
     args.budgets = tuple(sorted(int(b) for b in args.budgets.split(",")))
     names = [c.strip() for c in args.corpus.split(",") if c.strip()]
     if unknown := set(names) - set(CORPORA):

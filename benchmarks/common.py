@@ -6,8 +6,11 @@ The benchmark data lives beside the checkout (``<repo>/../shared/data``) or wher
 
 from __future__ import annotations
 
+import argparse
+import ast
 import hashlib
 import os
+import re
 import sqlite3
 import sys
 import threading
@@ -286,16 +289,6 @@ def recall_precision(gold: Sequence[Span], returned: Sequence[Span]) -> tuple[fl
     return (inter / gl if gl else 0.0, inter / rl if rl else 0.0)
 
 
-def bootstrap_se(values: Sequence[float], n_boot: int = 1000, seed: int = 0) -> float:
-    """Bootstrap standard error of a mean."""
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.size < 2:
-        return 0.0
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
-    return float(arr[idx].mean(axis=1).std())
-
-
 @dataclass(frozen=True)
 class Paired:
     """A paired comparison of two methods over the same queries."""
@@ -329,3 +322,19 @@ def fmt_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     for r in cells[1:]:
         lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
     return "\n".join(lines)
+
+
+def parse_settings(text: str) -> dict[str, Any]:
+    """``"a=1,b=None,w=(2.0,1.0)"`` -> ``{"a": 1, "b": None, "w": (2.0, 1.0)}``: a comma
+    followed by ``name=`` starts the next setting; values are Python literals (read with
+    ``ast.literal_eval``), else strings."""
+    out: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in re.split(r",(?=\s*[A-Za-z_]\w*=)", text))):
+        key, sep, raw = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected key=value, got {part!r}")
+        try:
+            out[key.strip()] = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            out[key.strip()] = raw.strip()
+    return out

@@ -1,20 +1,12 @@
-"""CUAD dev split loading and indexing shared by ``bench_cuad.py`` and ``tune_cuad.py``."""
+"""CUAD dev split: a seeded sample of contracts, their questions and gold spans, in halves."""
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from common import CachedEmbeddings, Span, log, require_data
-from langchain_core.documents import Document
-from langchain_core.vectorstores import InMemoryVectorStore
-
-from langchain_rse import RSERetriever
-from langchain_rse.chunking import Chunk, document_leads
-from langchain_rse.enrichment import BaseEnricher, ChunkContext, NoEnricher
+from common import Span, require_data
 
 DEFAULT_CONTRACTS = 50
 DEFAULT_SEED = 0
@@ -73,7 +65,7 @@ def halves(data: CuadSubset) -> dict[str, list[int]]:
 
 
 WORDINGS = ("consider", "asked", "question")
-"""How ``bench_cuad.py --wording`` phrases the questions: ``consider`` as CUAD does
+"""How ``bench_quality.py --wording`` phrases the questions: ``consider`` as CUAD does
 (``Consider the <name>; <what is asked>``); ``asked`` as one question that names the
 contract, then an instruction (``In the <name>, <what is asked>? Quote the contract.``), the
 form of benchmarks that ask about a named filing and say how to answer; ``question`` as the
@@ -97,91 +89,3 @@ def reworded(data: CuadSubset, wording: str) -> CuadSubset:
             text += " Quote the contract."
         queries.append(Query(text, q.gold, q.category))
     return CuadSubset(data.contracts, queries)
-
-
-def build_retriever(
-    data: CuadSubset,
-    embeddings: CachedEmbeddings,
-    chunk_size: int = 600,
-    enricher: BaseEnricher | None = None,
-    **kwargs: Any,
-) -> RSERetriever:
-    """One retriever over all chosen contracts (doc id = file name)."""
-    retriever = RSERetriever(
-        vectorstore=InMemoryVectorStore(embeddings),
-        chunk_size=chunk_size,
-        enricher=enricher or NoEnricher(),
-        show_progress=False,
-        **kwargs,
-    )
-    docs = contract_documents(data)
-    log(f"indexing {len(docs)} contracts (chunk_size={chunk_size}, enricher={enricher!r})")
-    retriever.add_documents(docs)
-    log(f"indexed: {retriever!r}")
-    return retriever
-
-
-def contract_documents(data: CuadSubset) -> list[Document]:
-    """The chosen contracts as documents (doc id = file name)."""
-    return [
-        Document(page_content=text, id=name, metadata={"source": name})
-        for name, text in data.contracts.items()
-    ]
-
-
-def build_router(data: CuadSubset, embeddings: CachedEmbeddings) -> RSERetriever:
-    """The library's document router over each contract's lead (``document_leads``)."""
-    router = RSERetriever(
-        vectorstore=InMemoryVectorStore(embeddings),
-        mode="chunks",
-        enricher=NoEnricher(),
-        show_progress=False,
-        router=None,
-    )
-    router.add_documents(document_leads(contract_documents(data)))
-    return router
-
-
-def lead_title(text: str, max_chars: int = 300) -> str:
-    """The opening of a document, whitespace collapsed: for contracts, the agreement's
-    name, its parties and date (what CUAD queries name)."""
-    return " ".join(text[: max_chars * 4].split())[:max_chars]
-
-
-class LeadEnricher(BaseEnricher):
-    """``HeaderEnricher`` whose title is the document's opening ``max_chars`` characters.
-
-    A benchmark prototype: the same effect is available today by passing
-    ``metadata["title"] = lead_title(text)`` and ``HeaderEnricher(max_title_chars=300)``.
-    """
-
-    def __init__(self, max_chars: int = 300) -> None:
-        from langchain_rse.enrichment import HeaderEnricher
-
-        self.max_chars = max_chars
-        self.header = HeaderEnricher(max_title_chars=max_chars)
-
-    def enrich(
-        self, doc_id: str, text: str, metadata: dict[str, Any], chunks: Sequence[Chunk]
-    ) -> list[ChunkContext]:
-        titled = {**metadata, "title": lead_title(text, self.max_chars)}
-        return self.header.enrich(doc_id, text, titled, chunks)
-
-    def __repr__(self) -> str:
-        return f"LeadEnricher(max_chars={self.max_chars})"
-
-
-def make_enricher(name: str) -> BaseEnricher:
-    """``"header"`` (HeaderEnricher, when importable), ``"lead"`` or ``"none"``."""
-    if name == "none":
-        return NoEnricher()
-    if name == "lead":
-        return LeadEnricher()
-    if name == "header":
-        try:
-            from langchain_rse.enrichment import HeaderEnricher
-        except ImportError:
-            log("HeaderEnricher is not importable; indexing without enrichment")
-            return NoEnricher()
-        return HeaderEnricher()
-    raise ValueError(f"unknown enricher {name!r}; use header, lead or none")

@@ -15,7 +15,7 @@ a dictionary lookup.
 
 Every document is generated from its own seed, so the corpus can be produced in
 batches (only one batch of text and vectors alive at a time, whatever the size)
-and regenerated identically.
+and regenerated identically (``Corpus.document``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -187,23 +186,3 @@ class Corpus:
             self.embeddings.queries[text_key(query)] = _unit(vectors[row - starts[d]] + 0.7 * noise)
             queries.append(query)
         return [queries[i] for i in rng.permutation(len(queries))]
-
-    def batches(
-        self, docs_per_batch: int = 100, keep_vectors: bool = False
-    ) -> Iterator[list[Document]]:
-        """Documents in batches; each batch's chunk vectors are loaded into the embedder first."""
-        for first in range(0, self.num_documents, docs_per_batch):
-            docs, texts, vectors = [], [], []
-            for d in range(first, min(first + docs_per_batch, self.num_documents)):
-                doc, paragraphs, vecs = self.document(d)
-                docs.append(doc)
-                texts.extend(paragraphs)
-                vectors.append(vecs)
-            self.embeddings.set_chunks(texts, np.concatenate(vectors), keep=keep_vectors)
-            yield docs
-
-    def load_all_vectors(self) -> None:
-        """Load every chunk vector into the embedder (for filling a second store)."""
-        self.embeddings.chunks = {}
-        for _ in self.batches(keep_vectors=True):
-            pass
