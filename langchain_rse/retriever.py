@@ -253,8 +253,8 @@ class RSERetriever(DocumentIndex):
     thread. In parallel a query returns sooner on an idle machine and costs more CPU (2-core
     VM, 100k chunks: exact 5.1 -> 4.1 ms, IVF 2.0-2.2 -> 1.8 ms, up to 0.3 CPU-ms more);
     with as many query processes as cores it served 1-9% fewer queries per second, so
-    ``False`` suits such services (``benchmarks/bench_branches.py``). ``ainvoke`` runs
-    every search concurrently either way."""
+    ``False`` suits such services (``benchmarks/bench_speed.py --set
+    parallel_branches=False``). ``ainvoke`` runs every search concurrently either way."""
     show_progress: bool | None = None
     """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
     ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a

@@ -1,7 +1,7 @@
 """Abstaining on off-topic questions: with absolute reranker scores RSE returns nothing.
 
 ``EmbeddingReranker`` with the absolute calibration measured on CUAD dev
-(``benchmarks/bench_offtopic.py``: sigmoid centre 0.84, temperature 0.02 for the bundled
+(``benchmarks/bench_quality.py --offtopic``: sigmoid centre 0.84, temperature 0.02 for the bundled
 e5-small) and ``CohereReranker`` (absolute relevance scores, here from the fake server) make
 every segment of an off-topic question worth less than ``min_segment_value``, so the retriever
 returns ``[]``; an on-topic question still gets its segment. The relative ``"minmax"``

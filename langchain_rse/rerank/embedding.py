@@ -55,18 +55,18 @@ class EmbeddingReranker(_WrappingReranker):
     ``sigmoid_temperature=0.02``. See ``benchmarks/RESULTS.md``; pair it with
     ``preset="reranked"``.
 
-    **Abstaining on off-topic questions.** Min-max is relative: the least bad candidate of
-    any question gets relevance 1, so RSE always returns a segment ("a recipe for lasagna"
-    asked of contracts gets a contract clause). The absolute sigmoid lets RSE's
-    ``min_segment_value`` reject them: with the bundled e5-small, ``calibration="sigmoid",
-    sigmoid_center=0.84, sigmoid_temperature=0.02`` and ``preset="reranked"`` returned nothing
-    for 48 of 50 off-topic questions on the CUAD dev contracts with the same recall@4k on the
-    real questions (43.2%; precision 4.58% vs 4.68%; ``benchmarks/bench_offtopic.py``), with
-    600-character chunks; with the default 300-character chunks, whose cosines run a little
-    higher, ``sigmoid_temperature=0.01`` keeps it (46 of 50, recall@4k 0.2 points lower). It is
-    not the default because the centre belongs to the model: with a model whose cosines sit
-    lower, the same centre would return nothing for every question. Chunk mode
-    (``mode="chunks"``) never abstains: it returns the top ``k`` whatever their relevance.
+    **Abstaining on off-topic questions.** Min-max is relative: the least bad candidate of any
+    question gets relevance 1, so RSE always returns a segment ("a recipe for lasagna" asked of
+    contracts gets a contract clause). The absolute sigmoid lets RSE's ``min_segment_value`` reject
+    them: with the bundled e5-small, ``calibration="sigmoid", sigmoid_center=0.84,
+    sigmoid_temperature=0.02`` and ``preset="reranked"`` returned nothing for 48 of 50 off-topic
+    questions on the CUAD dev contracts with the same recall@4k on the real questions (43.2%;
+    precision 4.58% vs 4.68%; ``benchmarks/bench_quality.py --offtopic``), with 600-character
+    chunks; with the default 300-character chunks, whose cosines run a little higher,
+    ``sigmoid_temperature=0.01`` keeps it (46 of 50, recall@4k 0.2 points lower). It is not the
+    default because the centre belongs to the model: with a model whose cosines sit lower, the same
+    centre would return nothing for every question. Chunk mode (``mode="chunks"``) never abstains:
+    it returns the top ``k`` whatever their relevance.
     """
 
     embeddings: Embeddings
