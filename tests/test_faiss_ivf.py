@@ -46,9 +46,21 @@ def store(emb: Any, index: Any, cls: Any = LocalFAISS, docstore: Any = None) -> 
 
 
 def hits(vs: Any, query: str) -> list[tuple[Any, float]]:
-    """Every hit as ``(id, distance)``, in a canonical order (ties by id)."""
+    """Every hit as ``(id, distance)``, in a canonical order; a retriever's chunk by
+    ``(doc id, chunk index)`` (chunk ids differ between two retrievers: every write has its
+    own version id)."""
     found = vs.similarity_search_with_score(query, k=vs.index.ntotal)
-    return sorted((d.id, round(float(s), 5)) for d, s in found)
+
+    def name(d):
+        return (d.metadata["doc_id"], d.metadata["chunk_index"]) if "doc_id" in d.metadata else d.id
+
+    return sorted((name(d), round(float(s), 5)) for d, s in found)
+
+
+def chunk_of(vs: Any, chunk_id: str) -> tuple[str, int]:
+    """The ``(doc id, chunk index)`` a store holds under ``chunk_id``."""
+    meta = vs.docstore.search(chunk_id).metadata
+    return meta["doc_id"], meta["chunk_index"]
 
 
 def list_ids(index: Any) -> list[int]:
@@ -125,12 +137,14 @@ def test_retriever_over_ivf_replaces_and_deletes_as_over_flat() -> None:
         r.delete(["c0"])
     a: Any = ivf.vectorstore
     b: Any = flat.vectorstore
-    assert sorted(a.index_to_docstore_id.values()) == sorted(b.index_to_docstore_id.values())
+    chunks_a = {p: chunk_of(a, i) for p, i in a.index_to_docstore_id.items()}
+    chunks_b = {p: chunk_of(b, i) for p, i in b.index_to_docstore_id.items()}
+    assert sorted(chunks_a.values()) == sorted(chunks_b.values())
     assert list_ids(a.index) == list(range(a.index.ntotal))
     a.index.set_direct_map_type(faiss.DirectMap.Hashtable)  # to read a position's vector
-    where = {chunk_id: p for p, chunk_id in b.index_to_docstore_id.items()}
-    for p, chunk_id in a.index_to_docstore_id.items():
-        assert np.array_equal(a.index.reconstruct(p), b.index.reconstruct(where[chunk_id]))
+    where = {chunk: p for p, chunk in chunks_b.items()}
+    for p, chunk in chunks_a.items():
+        assert np.array_equal(a.index.reconstruct(p), b.index.reconstruct(where[chunk]))
     for q in ("termination for convenience", "audit rights", "indemnity"):
         assert hits(a, q) == hits(b, q)
     found = [d.metadata["doc_id"] for q in ("indemnity", "termination") for d in ivf.invoke(q)]
