@@ -230,4 +230,3 @@ async def test_faiss_searches_one_query_on_one_thread(
         assert seen == [1, 1]
     finally:
         faiss.omp_set_num_threads(before)
-

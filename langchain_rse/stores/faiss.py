@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 from langchain_core.documents import Document
@@ -32,7 +32,7 @@ from langchain_rse.fusion import Ranked, key_ids
 
 __all__ = ["FaissStore", "check_deletes", "kept_ids_ivf", "move_up", "removable", "one_thread"]
 
-MetadataFilter = Union[Mapping[str, Any], Filter, Callable[[dict[str, Any]], bool], None]
+MetadataFilter = Mapping[str, Any] | Filter | Callable[[dict[str, Any]], bool] | None
 """A filter in the retriever's language (a dict, or parsed), or a function of the metadata."""
 
 
@@ -147,7 +147,9 @@ class FaissStore(VectorStore):
         if self.index is None:
             self.index = faiss.IndexFlatIP(array.shape[1])
         if array.shape[1] != self.index.d:
-            raise ValueError(f"vectors of {array.shape[1]} dimensions for an index of {self.index.d}")
+            raise ValueError(
+                f"vectors of {array.shape[1]} dimensions for an index of {self.index.d}"
+            )
         self.delete([i for i in names if i in self._position])  # an add replaces
         self.index.add(array)
         start = len(self.ids)
@@ -206,7 +208,7 @@ class FaissStore(VectorStore):
         query = np.array(vector, dtype=np.float32, ndmin=2)
         faiss.normalize_L2(query)
         allowed = self._allowed(filter)
-        params = None
+        params = selector = None
         if allowed is not None:
             if not allowed.size:
                 return none
@@ -215,9 +217,10 @@ class FaissStore(VectorStore):
             if ivf is not None:  # the same lists as an unfiltered search
                 params = faiss.SearchParametersIVF()
                 params.nprobe = ivf.nprobe
-            params.sel = selector = faiss.IDSelectorBatch(allowed)  # alive while it searches
+            params.sel = selector = faiss.IDSelectorBatch(allowed)
         with one_thread():
             found, at = self.index.search(query, min(k, len(self.ids)), params=params)
+        del selector  # (FAISS holds a raw pointer to it: alive until the search returned)
         inside = at[0] >= 0  # -1: fewer hits than asked for
         scores = found[0][inside].astype(np.float64)
         if self.index.metric_type == faiss.METRIC_L2:  # squared distance of unit vectors
