@@ -264,7 +264,7 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
 
             vs.index = faiss.IndexFlatIP(len(vs.embedding.embed_query("dimension probe")))
         writer.add_bytes("vectors", "json", _json_bytes(vs.to_json()))
-        writer.add_bytes("vectors_index", "faiss", memoryview(vs.index_bytes()))
+        writer.add_bytes("vectors_index", "faiss", vs.index_bytes())
     elif kind == "faiss":  # LangChain's FAISS
         import faiss
 
@@ -284,7 +284,7 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
                 }
             ),
         )
-        raw = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
+        raw: Any = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
         writer.add_bytes("vectors_index", "faiss", memoryview(raw))  # no copy of the vectors
     return info
 

@@ -330,11 +330,12 @@ class FaissStore(VectorStore):
             "distance_strategy": "EUCLIDEAN_DISTANCE" if l2 else "MAX_INNER_PRODUCT",
         }
 
-    def index_bytes(self) -> np.ndarray:
-        """The index in FAISS's own format (what ``faiss.write_index`` writes)."""
+    def index_bytes(self) -> memoryview:
+        """The index in FAISS's own format (what ``faiss.write_index`` writes), not copied."""
         import faiss
 
-        return faiss.serialize_index(self.index)  # type: ignore[no-any-return]
+        raw: Any = faiss.serialize_index(self.index)  # a uint8 array
+        return memoryview(raw)
 
     @classmethod
     def from_saved(cls, embedding: Embeddings, data: Mapping[str, Any], index: Any) -> FaissStore:
