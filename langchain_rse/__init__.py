@@ -9,6 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.2.0"
+"""The package's version: the one place it is written (hatchling reads it for the wheel)."""
+
 if TYPE_CHECKING:
     from langchain_rse.chunking import Chunk, document_leads, split_text
     from langchain_rse.documents import LeadIndex

@@ -16,8 +16,10 @@ __all__ = ["FileByteStore", "file_store"]
 class FileByteStore(BaseStore[str, bytes]):
     """A small file-backed byte store: one file per key, written atomically.
 
-    Used for ``ContextualEnricher(cache_dir=...)`` when ``langchain_classic`` (and its
-    ``LocalFileStore``) is not installed. Keys may contain ``[A-Za-z0-9_.-/]``.
+    Used for ``ContextualEnricher(cache_dir=...)`` and the embedding cache. Keys may
+    contain ``[A-Za-z0-9_.-/]``; the files are laid out as ``langchain_classic``'s
+    ``LocalFileStore`` lays them out (one file per key, at the key's path), so a cache
+    written by either is read by the other.
     """
 
     _KEY = re.compile(r"^[A-Za-z0-9_.\-/]+$")
@@ -72,9 +74,5 @@ class FileByteStore(BaseStore[str, bytes]):
 
 
 def file_store(cache_dir: str | os.PathLike[str]) -> BaseStore[str, bytes]:
-    """``LocalFileStore`` from ``langchain_classic`` when installed, else :class:`FileByteStore`."""
-    try:
-        from langchain_classic.storage import LocalFileStore
-    except ImportError:
-        return FileByteStore(cache_dir)
-    return LocalFileStore(Path(cache_dir))
+    """A :class:`FileByteStore` at ``cache_dir``."""
+    return FileByteStore(cache_dir)

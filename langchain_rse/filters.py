@@ -262,6 +262,7 @@ def _callable_on_metadata(f: Filter) -> dict[str, Any]:
 _TRANSLATORS: dict[str, Translator] = {
     "InMemoryVectorStore": _callable_on_document,
     "FAISS": _callable_on_metadata,
+    "FaissStore": lambda f: {"filter": f},
     "Chroma": lambda f: {"filter": to_chroma(f)},
     "PGVector": lambda f: {"filter": to_pgvector(f)},
     "PGVectorStore": lambda f: {"filter": to_dict(f)},

@@ -499,10 +499,6 @@ class Writer:
                 if len(docs) >= batch_size:
                     flush()
         flush()
-        prepare = getattr(self.vectorstore, "prepare_search", None)
-        if prepare is not None:  # LocalFAISS: what its search reads, now, not at the next one
-            with self.vs_lock.write():
-                prepare()
         if self.lexical_store is None:
             self.lexical.add(keys, texts, groups)
 

@@ -3,7 +3,8 @@
 A source document with pages carries ``metadata["page_offsets"]``: the offset in its text
 where each page starts (page 1 at 0, strictly increasing). Every segment cut from it gets
 ``page_start`` and ``page_end`` (1-based, inclusive). :func:`combine_pages` builds such a
-document from one ``Document`` per page, as LangChain's PDF loaders return them.
+document from one ``Document`` per page (as LangChain's PDF loaders return them, or
+built from ``pypdf`` directly).
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def combine_pages(pages: Sequence[Document], separator: str = PAGE_SEPARATOR) ->
     ``page_number``), plus ``page_offsets``; the id is the first page's. Segments of the
     result carry ``page_start`` / ``page_end`` counted from 1 in the order given, e.g.::
 
-        from langchain_community.document_loaders import PyPDFLoader
+        from pypdf import PdfReader
 
-        retriever.add_documents([combine_pages(PyPDFLoader("contract.pdf").load())])
+        pages = [Document(p.extract_text(), metadata={"source": "contract.pdf"})
+                 for p in PdfReader("contract.pdf").pages]
+        retriever.add_documents([combine_pages(pages)])
     """
     if not pages:
         raise ValueError("combine_pages needs at least one page")

@@ -70,44 +70,40 @@ class IndexFormatError(ValueError):
     """An index directory that is corrupted, truncated or of an unsupported format."""
 
 
-def _faiss_classes() -> tuple[Any, Any, Any, Any]:
-    """Import FAISS and LangChain's wrapper (as :class:`~langchain_rse.stores.faiss.LocalFAISS`),
-    quietly (langchain-community warns on import)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import faiss
-        from langchain_community.docstore.in_memory import InMemoryDocstore
-        from langchain_community.vectorstores.utils import DistanceStrategy
-
-        from langchain_rse.stores.faiss import LocalFAISS
-    return faiss, LocalFAISS, InMemoryDocstore, DistanceStrategy
+def _langchain_faiss() -> tuple[Any, Any, Any]:
+    """LangChain's ``FAISS``, its ``InMemoryDocstore`` and ``DistanceStrategy``, quietly
+    (``langchain-community``, which warns on import: ``pip install "langchain-rse[compat]"``)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from langchain_community.docstore.in_memory import InMemoryDocstore
+            from langchain_community.vectorstores import FAISS
+            from langchain_community.vectorstores.utils import DistanceStrategy
+    except ImportError as exc:
+        raise ImportError(
+            "this index was saved from LangChain's FAISS store, which needs "
+            'langchain-community: pip install "langchain-rse[compat]"'
+        ) from exc
+    return FAISS, InMemoryDocstore, DistanceStrategy
 
 
 def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
-    """The default local store: exact cosine search in FAISS, else ``InMemoryVectorStore``,
-    over ``embedding`` (the bundled ``LocalEmbeddings`` when None).
+    """The default local store: exact cosine search in FAISS
+    (:class:`~langchain_rse.stores.faiss.FaissStore`), else ``InMemoryVectorStore``, over
+    ``embedding`` (the bundled ``LocalEmbeddings`` when None).
 
-    Its docstore is a :class:`~langchain_rse.stores.chunk_docstore.ChunkDocstore`: the
-    chunks' metadata without their text, which the record store already holds."""
+    It keeps the chunks' metadata without their text, which the record store holds."""
     if embedding is None:
         from langchain_rse.embeddings import LocalEmbeddings
 
         embedding = LocalEmbeddings()
     try:
-        faiss, FAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
+        import faiss  # noqa: F401
     except ImportError:
         return InMemoryVectorStore(embedding)
-    from langchain_rse.stores.chunk_docstore import ChunkDocstore
+    from langchain_rse.stores.faiss import FaissStore
 
-    dim = len(embedding.embed_query("dimension probe"))
-    return FAISS(
-        embedding,
-        faiss.IndexFlatL2(dim),
-        ChunkDocstore(),  # the chunk texts are in the record store: kept once
-        {},
-        normalize_L2=True,  # L2 distance on unit vectors ranks exactly as cosine
-        distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE,
-    )
+    return FaissStore(embedding, keep_text=False)  # the chunk texts are in the record store
 
 
 # ---------------------------------------------------------------- file primitives
@@ -284,13 +280,16 @@ class IndexFiles:
 # ---------------------------------------------------------------- vector stores
 
 
-_FAISS_CLASSES = {("langchain_community", "FAISS"), ("langchain_rse", "LocalFAISS")}
+_OUR_FAISS = {"FaissStore", "LocalFAISS"}
+"""The default store's class names, now and before 0.2 (LangChain's FAISS subclassed)."""
 
 
 def vectorstore_kind(vs: VectorStore) -> str:
     """``"faiss"``, ``"in_memory"`` or ``"external"`` (saved elsewhere by its owner)."""
-    cls = type(vs)  # LangChain's FAISS or the default store's subclass, not a user's one
-    if (cls.__module__.split(".")[0], cls.__name__) in _FAISS_CLASSES:
+    from langchain_rse.stores.faiss import FaissStore, is_langchain_faiss
+
+    # ours, or LangChain's FAISS itself (not a user's subclass of it)
+    if isinstance(vs, FaissStore) or (is_langchain_faiss(vs) and type(vs).__name__ == "FAISS"):
         return "faiss"
     if isinstance(vs, InMemoryVectorStore):
         return "in_memory"
@@ -298,6 +297,8 @@ def vectorstore_kind(vs: VectorStore) -> str:
 
 
 def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
+    from langchain_rse.stores.faiss import FaissStore
+
     kind = vectorstore_kind(vs)
     info: dict[str, Any] = {"kind": kind, "class": f"{type(vs).__module__}.{type(vs).__name__}"}
     if kind == "in_memory":
@@ -317,32 +318,33 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
                 ]
             ),
         )
-    elif kind == "faiss":
-        faiss = _faiss_classes()[0]
-        from langchain_rse.stores.chunk_docstore import ChunkDocstore
+    elif isinstance(vs, FaissStore):
+        if vs.index is None:  # nothing added yet
+            import faiss
+
+            vs.index = faiss.IndexFlatIP(len(vs.embedding.embed_query("dimension probe")))
+        writer.add_bytes("vectors", "json", _json_bytes(vs.to_json()))
+        writer.add_bytes("vectors_index", "faiss", vs.index_bytes())
+    elif kind == "faiss":  # LangChain's FAISS
+        import faiss
 
         ids = [vs.index_to_docstore_id[i] for i in range(len(vs.index_to_docstore_id))]  # type: ignore[attr-defined]
-        store = vs.docstore  # type: ignore[attr-defined]
-        chunks = isinstance(store, ChunkDocstore)
-        if chunks:
-            documents = [{"metadata": store.metadata(i)} for i in ids]
-        else:
-            docs = store._dict
-            documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
+        docs = vs.docstore._dict  # type: ignore[attr-defined]
+        documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
         writer.add_bytes(
             "vectors",
             "json",
             _json_bytes(
                 {
                     "ids": ids,
-                    "docstore": "chunks" if chunks else "in_memory",
+                    "docstore": "in_memory",
                     "documents": documents,
                     "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
                     "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]
                 }
             ),
         )
-        raw = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
+        raw: Any = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
         writer.add_bytes("vectors_index", "faiss", memoryview(raw))  # no copy of the vectors
     return info
 
@@ -356,7 +358,8 @@ def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
             vs.store[rec.id] = rec.model_dump()
         return vs
     if kind == "faiss":
-        faiss, FAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
+        import faiss
+
         data = files.json("vectors", index_schema.FaissVectors)
         raw = files.read("vectors_index")
         name = files.name("vectors_index")
@@ -368,16 +371,17 @@ def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
             raise IndexFormatError(
                 f"the FAISS index file {name!r} and {files.name('vectors')!r} disagree in size"
             )
-        if data.docstore == "chunks":
-            from langchain_rse.stores.chunk_docstore import ChunkDocstore
+        ours = str(info.get("class", "")).rsplit(".", 1)[-1] in _OUR_FAISS
+        if ours and data.normalize_L2:  # (before 0.2: LocalFAISS, LangChain's format)
+            from langchain_rse.stores.faiss import FaissStore
 
-            store = ChunkDocstore(dict(zip(data.ids, (d.metadata for d in data.documents))))
-        else:  # saved by an earlier version, or a FAISS store with its own InMemoryDocstore
-            store = InMemoryDocstore({
-                i: Document(page_content=d.text, metadata=d.metadata, id=i)
-                for i, d in zip(data.ids, data.documents)
-            })  # fmt: skip
-        vs = FAISS(
+            return FaissStore.from_saved(embedding, data.model_dump(), index)
+        FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()
+        store = InMemoryDocstore({
+            i: Document(page_content=d.text, metadata=d.metadata, id=i)
+            for i, d in zip(data.ids, data.documents)
+        })  # fmt: skip
+        return FAISS(  # type: ignore[no-any-return]
             embedding,
             index,
             store,
@@ -385,8 +389,6 @@ def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
             normalize_L2=data.normalize_L2,
             distance_strategy=DistanceStrategy(data.distance_strategy),
         )
-        vs.prepare_search()  # at load, not at the first query
-        return vs  # type: ignore[no-any-return]
     raise ValueError(
         f"this index uses an external vector store ({info.get('class')}); "
         "pass it with RSERetriever.load(path, vectorstore=...)"

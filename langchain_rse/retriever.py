@@ -237,16 +237,6 @@ class RSERetriever(DocumentIndex):
     """Longer documents are rejected with a ``ValueError`` before anything is written."""
     index_batch_size: int = 256
     """Chunks written to the vector store per call."""
-    faiss_threads: int | None = 1
-    """OpenMP threads FAISS may use for one search of a FAISS vector store (set on the
-    searching thread for that search, then restored). A query's dense search is one vector,
-    which FAISS does not split across threads, yet its multi-threaded path costs several
-    times more (2-core VM, 100k chunks, exact: 5.1 ms on one thread, 20.8 ms on FAISS's
-    default two); ``None`` leaves FAISS's setting (``OMP_NUM_THREADS`` or
-    ``faiss.omp_set_num_threads``) as the caller made it. The query's embedding runs inside
-    the same call: a model on the same OpenMP runtime as FAISS (one shared ``libgomp``, as
-    in a conda environment) runs on this many threads too; pip wheels bring their own (the
-    bundled model embedded a query in 16 ms either way)."""
     parallel_branches: bool = True
     """``invoke`` runs the lexical search and the document route in a worker thread while
     the calling thread runs the dense search; ``False`` runs them after it, on the calling
@@ -311,14 +301,13 @@ class RSERetriever(DocumentIndex):
         """The search branches for the current settings (built once per setting)."""
         k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
         translator = self.filter_translator
-        threads, beside = self.faiss_threads, self.parallel_branches
-        key = (id(self.vectorstore), id(self.lexical_store), k, id(translator), threads or 0,
-               beside)  # fmt: skip
+        beside = self.parallel_branches
+        key = (id(self.vectorstore), id(self.lexical_store), k, id(translator), beside)
         branches = self._branches.get(key)
         if branches is None:
             branches = self._branches[key] = SearchBranches(
                 self.vectorstore, self._lexical, self.lexical_store, self._writer.vs_lock, k,
-                translator, self._writer.sync_local, threads, beside)  # fmt: skip
+                translator, self._writer.sync_local, beside)  # fmt: skip
         return branches
 
     @property

@@ -31,7 +31,6 @@ from langchain_rse.filters import (
     FilterError,
     Translator,
     both,
-    doc_ids,
     matches,
     parse,
     search_kwargs,
@@ -39,6 +38,7 @@ from langchain_rse.filters import (
 )
 from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
+from langchain_rse.stores.faiss import FaissStore, one_thread
 from langchain_rse.threads import Beside
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "SearchRequest",
     "achild_run",
     "child_run",
-    "faiss_threads",
     "is_local",
     "key_of",
     "ls_params",
@@ -83,7 +82,7 @@ def _keyed(hits: list[tuple[Document, float | None]]) -> tuple[list[Hit], dict[s
         key = key_of(doc)
         if key is not None:  # not ours (a shared vector store) otherwise
             out.append((key, score))
-            if doc.page_content:  # a ChunkDocstore keeps no text: read from the records
+            if doc.page_content:  # the default store keeps no text: read from the records
                 texts[key] = doc.page_content
     return out, texts
 
@@ -101,29 +100,15 @@ def ls_params(vectorstore: VectorStore) -> dict[str, str]:
 
 
 @contextmanager
-def faiss_threads(vectorstore: VectorStore, n: int | None) -> Iterator[None]:
-    """FAISS's OpenMP thread count set to ``n`` on the calling thread while it searches
-    ``vectorstore`` (an OpenMP setting is per thread; the old one is restored after); no
-    change for a store that is not FAISS, or with ``n`` None.
-
-    FAISS threads a search over its query vectors, and a branch searches one vector at a
-    time, yet faiss-cpu 1.15 runs one vector on every thread at several times the cost: on
-    a 2-core VM one exact search over 100k vectors took 20.8 ms with FAISS's default two
-    threads and 5.1 ms with one (``benchmarks/RESULTS.md``, session 14)."""
+def _one_faiss_thread(vectorstore: VectorStore) -> Iterator[None]:
+    """LangChain's ``FAISS`` searched on one OpenMP thread, as :class:`FaissStore` is (see
+    :mod:`langchain_rse.stores.faiss`); no change for other stores."""
     faiss = sys.modules.get("faiss")  # a FAISS index exists only once faiss is imported
-    if n is None or faiss is None or not isinstance(getattr(vectorstore, "index", None),
-                                                     faiss.Index):  # fmt: skip
+    if faiss is None or not isinstance(getattr(vectorstore, "index", None), faiss.Index):
         yield
         return
-    before = faiss.omp_get_max_threads()
-    if before == n:  # as it should be (the usual case once a thread has searched)
+    with one_thread():
         yield
-        return
-    faiss.omp_set_num_threads(n)
-    try:
-        yield
-    finally:
-        faiss.omp_set_num_threads(before)
 
 
 def sync_only(vectorstore: VectorStore) -> bool:
@@ -189,22 +174,17 @@ class SearchBranches:
     """A custom filter translation, for stores :mod:`langchain_rse.filters` does not know."""
     before_lexical: Callable[[], None] | None = None
     """Called before each in-process lexical search (a shared index's generation check)."""
-    threads: int | None = None
-    """OpenMP threads of a FAISS store's search (see :func:`faiss_threads`; the retriever
-    passes its ``faiss_threads``); None: FAISS's own setting."""
     beside: bool = True
     """Run the lexical searches and the route in a worker thread beside the dense searches
     (the retriever's ``parallel_branches``); False: after them, on the calling thread."""
 
     def dense(self, request: SearchRequest) -> DenseResult:
         vs, k, query = self.vectorstore, self.k, request["query"]
+        if isinstance(vs, FaissStore):  # the default store: chunk keys and scores only
+            with self.lock.read():
+                return DenseResult(vs.ranked(query, k, request["filter"]))
         kw = _dense_kwargs(vs, request["filter"], self.translator, k)
-        with self.lock.read(), faiss_threads(vs, self.threads):
-            fast = getattr(getattr(vs, "docstore", None), "search_index", None)
-            if fast is not None and request["filter"] is None:  # ChunkDocstore: keys only
-                return DenseResult(fast(vs, query, k))
-            if fast is not None and (docs := doc_ids(request["filter"])) is not None:
-                return DenseResult(fast(vs, query, k, docs))  # inside some documents
+        with self.lock.read(), _one_faiss_thread(vs):
             if isinstance(vs, InMemoryVectorStore):  # no relevance function; scores are cosines
                 return DenseResult(*_keyed(list(vs.similarity_search_with_score(query, k, **kw))))
             hits: list[tuple[Document, float | None]]

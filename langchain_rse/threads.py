@@ -9,8 +9,8 @@ started by the time its result is needed runs on the calling thread instead, so 
 pool makes a query no slower than running both in turn, never stuck.
 
 The dense search stays on the calling thread: settings a caller makes per thread keep
-applying to it (FAISS's OpenMP thread count is one, which the retriever's ``faiss_threads``
-sets for each search unless it is None).
+applying to it (FAISS's OpenMP thread count is one, which each FAISS search sets for
+itself).
 """
 
 from __future__ import annotations

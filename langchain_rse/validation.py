@@ -201,8 +201,6 @@ def check_settings(r: Any) -> None:
         w = getattr(r, name)
         if w is not None and (len(w) != 2 or min(w) < 0 or max(w) <= 0):
             raise ValueError(f"{name} must be two non-negative numbers, got {w}")
-    if r.faiss_threads is not None and r.faiss_threads < 1:
-        raise ValueError(f"faiss_threads must be >= 1 or None, got {r.faiss_threads}")
     if r.rse_params is None and r.preset is not None:
         get_preset(r.preset)
 

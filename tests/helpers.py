@@ -49,12 +49,12 @@ def make_contract(name: str, topics: list[str], filler_paragraphs: int = 8) -> s
 
 
 def stored_metadata(vs) -> list[dict]:
-    """Metadata of every document held by an InMemoryVectorStore or a FAISS store (with
-    LangChain's InMemoryDocstore or the default ChunkDocstore)."""
+    """Metadata of every document held by an InMemoryVectorStore, the default FaissStore
+    or LangChain's FAISS."""
     if hasattr(vs, "store"):
         return [v["metadata"] for v in vs.store.values()]
-    if hasattr(vs.docstore, "items"):
-        return [m for _, m in vs.docstore.items()]
+    if hasattr(vs, "metadatas"):
+        return list(vs.metadatas)
     return [d.metadata for d in vs.docstore._dict.values()]
 
 

@@ -1,7 +1,7 @@
 """IVF indexes in the local FAISS store: a delete leaves the index numbered as a flat one
-(FAISS keeps an IVF index's ids where a flat index moves them up, and LangChain's position
-map assumes the latter), and LangChain's own ``FAISS`` over an IVF index is refused before
-a write that would delete from it."""
+(FAISS keeps an IVF index's ids where a flat index moves them up, and the store's positions
+assume the latter), and LangChain's own ``FAISS`` over an IVF index is refused before a
+write that would delete from it."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ from langchain_core.documents import Document
 
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
-from langchain_rse.persistence import _faiss_classes, default_vectorstore
-from langchain_rse.stores.chunk_docstore import ChunkDocstore
-from langchain_rse.stores.faiss import LocalFAISS
+from langchain_rse.persistence import default_vectorstore
+from langchain_rse.stores.faiss import FaissStore
 
-faiss, LangChainFAISS, InMemoryDocstore, DistanceStrategy = _faiss_classes()
-LangChainFAISS = LangChainFAISS.__mro__[1]  # LocalFAISS's base: LangChain's FAISS
+faiss = pytest.importorskip("faiss")
 
 WORDS = ["fees", "notice", "term", "audit", "warranty", "liability", "assignment", "law"]
 NLIST = 4
@@ -30,19 +28,18 @@ def ivf_index(emb: Any) -> Any:
     """An IVF index over ``emb``'s vectors, trained, searching every list (``nprobe`` =
     ``nlist``: the same hits and distances as a flat index)."""
     dim = len(emb.embed_query("probe"))
-    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(dim), dim, NLIST)
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, NLIST, faiss.METRIC_INNER_PRODUCT)
     train = np.asarray(emb.embed_documents([f"{a} {b}" for a in WORDS for b in WORDS]),
                        dtype=np.float32)  # fmt: skip
+    faiss.normalize_L2(train)
     index.cp.min_points_per_centroid = 1  # a small training set, on purpose
     index.train(train)
     index.nprobe = NLIST
     return index
 
 
-def store(emb: Any, index: Any, cls: Any = LocalFAISS, docstore: Any = None) -> Any:
-    return cls(emb, index, docstore if docstore is not None else ChunkDocstore(), {},
-               normalize_L2=True,
-               distance_strategy=DistanceStrategy.EUCLIDEAN_DISTANCE)  # fmt: skip
+def store(emb: Any, index: Any) -> FaissStore:
+    return FaissStore(emb, index, keep_text=False)
 
 
 def hits(vs: Any, query: str) -> list[tuple[Any, float]]:
@@ -57,12 +54,6 @@ def hits(vs: Any, query: str) -> list[tuple[Any, float]]:
     return sorted((name(d), round(float(s), 5)) for d, s in found)
 
 
-def chunk_of(vs: Any, chunk_id: str) -> tuple[str, int]:
-    """The ``(doc id, chunk index)`` a store holds under ``chunk_id``."""
-    meta = vs.docstore.search(chunk_id).metadata
-    return meta["doc_id"], meta["chunk_index"]
-
-
 def list_ids(index: Any) -> list[int]:
     ivf = faiss.extract_index_ivf(index)
     lists = ivf.invlists
@@ -73,8 +64,8 @@ def list_ids(index: Any) -> list[int]:
 
 @pytest.mark.parametrize("direct_map", [False, True])
 def test_ivf_deletes_and_adds_as_a_flat_index(direct_map: bool) -> None:
-    """Random deletes and adds on an IVF ``LocalFAISS`` and a flat one: after each, the
-    same position map, the IVF's ids exactly ``0..ntotal-1``, the same search results
+    """Random deletes and adds on an IVF ``FaissStore`` and a flat one: after each, the
+    same ids by position, the IVF's ids exactly ``0..ntotal-1``, the same search results
     and, with a hashtable direct map (id to list entry), the same vector at every
     position after a delete."""
     emb = HashingEmbeddings()
@@ -95,7 +86,7 @@ def test_ivf_deletes_and_adds_as_a_flat_index(direct_map: bool) -> None:
             for vs in (flat, ivf):
                 vs.add_texts(texts, metadatas=[{"i": i} for i in ids], ids=ids)
             live += ids
-        assert ivf.index_to_docstore_id == flat.index_to_docstore_id
+        assert ivf.ids == flat.ids
         assert list_ids(ivf.index) == list(range(ivf.index.ntotal)) == list(range(len(live)))
         for q in ("fees notice", "audit law clause 3", "warranty"):
             assert hits(ivf, q) == hits(flat, q)
@@ -124,8 +115,8 @@ def answers(r: RSERetriever) -> list[Any]:
 
 
 def test_retriever_over_ivf_replaces_and_deletes_as_over_flat() -> None:
-    """A retriever over an IVF ``LocalFAISS`` after documents are added, replaced and
-    deleted: every position holds the vector of the chunk the position map names there
+    """A retriever over an IVF ``FaissStore`` after documents are added, replaced and
+    deleted: every position holds the vector of the chunk the store's ids name there
     (as the default flat store holds it after the same writes), so its dense hits are
     the flat store's, and the replacement is found, the deleted document never."""
     emb = HashingEmbeddings()
@@ -137,13 +128,13 @@ def test_retriever_over_ivf_replaces_and_deletes_as_over_flat() -> None:
         r.delete(["c0"])
     a: Any = ivf.vectorstore
     b: Any = flat.vectorstore
-    chunks_a = {p: chunk_of(a, i) for p, i in a.index_to_docstore_id.items()}
-    chunks_b = {p: chunk_of(b, i) for p, i in b.index_to_docstore_id.items()}
-    assert sorted(chunks_a.values()) == sorted(chunks_b.values())
+    chunks_a = [(m["doc_id"], m["chunk_index"]) for m in a.metadatas]  # ids differ: versions
+    chunks_b = [(m["doc_id"], m["chunk_index"]) for m in b.metadatas]
+    assert sorted(chunks_a) == sorted(chunks_b)
     assert list_ids(a.index) == list(range(a.index.ntotal))
     a.index.set_direct_map_type(faiss.DirectMap.Hashtable)  # to read a position's vector
-    where = {chunk: p for p, chunk in chunks_b.items()}
-    for p, chunk in chunks_a.items():
+    where = {chunk: p for p, chunk in enumerate(chunks_b)}
+    for p, chunk in enumerate(chunks_a):
         assert np.array_equal(a.index.reconstruct(p), b.index.reconstruct(where[chunk]))
     for q in ("termination for convenience", "audit rights", "indemnity"):
         assert hits(a, q) == hits(b, q)
@@ -177,11 +168,14 @@ def refuses_removals(vs: Any, match: str) -> None:
 
 def test_langchains_faiss_over_ivf_refuses_deletes_before_writing() -> None:
     """LangChain's ``FAISS.delete`` renumbers its map, not an IVF index: a retriever over
-    it refuses removals with a ``ValueError`` that names ``LocalFAISS``."""
+    it refuses removals with a ``ValueError`` that names ``FaissStore``."""
+    pytest.importorskip("langchain_community")
+    from langchain_community.docstore.in_memory import InMemoryDocstore
+    from langchain_community.vectorstores import FAISS
+
     emb = HashingEmbeddings()
-    vs = store(emb, ivf_index(emb), LangChainFAISS, InMemoryDocstore({}))
-    assert type(vs) is LangChainFAISS
-    refuses_removals(vs, "LocalFAISS")
+    vs = FAISS(emb, ivf_index(emb), InMemoryDocstore({}), {}, normalize_L2=True)
+    refuses_removals(vs, "FaissStore")
 
 
 def test_ivf_with_an_array_direct_map_refuses_deletes() -> None:
@@ -191,14 +185,14 @@ def test_ivf_with_an_array_direct_map_refuses_deletes() -> None:
     vs = store(emb, ivf_index(emb))
     vs.add_texts([f"{w} clause" for w in WORDS], ids=WORDS)
     vs.index.set_direct_map_type(faiss.DirectMap.Array)
-    before, mapping = hits(vs, "fees notice"), dict(vs.index_to_docstore_id)
+    before, ids = hits(vs, "fees notice"), list(vs.ids)
     with pytest.raises(ValueError, match="array direct map"):
         vs.delete(["term"])
-    assert vs.index_to_docstore_id == mapping and hits(vs, "fees notice") == before
+    assert vs.ids == ids and hits(vs, "fees notice") == before
 
 
 def test_ivf_store_saves_and_loads_after_deletes(tmp_path: Any) -> None:
-    """An IVF ``LocalFAISS`` is saved and loaded as the default store is: after a
+    """An IVF ``FaissStore`` is saved and loaded as the default store is: after a
     replacement and a delete, the loaded retriever's store and answers are the saved one's,
     and it can delete again."""
     emb = HashingEmbeddings()
@@ -209,8 +203,8 @@ def test_ivf_store_saves_and_loads_after_deletes(tmp_path: Any) -> None:
     r.save(tmp_path / "index")
     loaded = RSERetriever.load(tmp_path / "index", embedding=emb)
     a: Any = loaded.vectorstore
-    assert isinstance(a, LocalFAISS) and faiss.try_extract_index_ivf(a.index) is not None
-    assert a.index_to_docstore_id == r.vectorstore.index_to_docstore_id  # type: ignore[attr-defined]
+    assert isinstance(a, FaissStore) and faiss.try_extract_index_ivf(a.index) is not None
+    assert a.ids == r.vectorstore.ids  # type: ignore[attr-defined]
     assert a.index.nprobe == NLIST and answers(loaded) == answers(r)
     loaded.delete(["c2"])
     assert list_ids(a.index) == list(range(a.index.ntotal))
@@ -225,6 +219,6 @@ def test_an_index_that_cannot_remove_refuses_deletes_before_writing() -> None:
     vs.add_texts(["fees clause"], ids=["x"])
     with pytest.raises(ValueError, match="cannot remove vectors"):
         vs.delete(["x"])
-    assert vs.index_to_docstore_id == {0: "x"}
+    assert vs.ids == ["x"]
     refuses_removals(store(emb, faiss.IndexHNSWFlat(len(emb.embed_query("probe")), 16)),
                      "cannot remove vectors")  # fmt: skip

@@ -15,7 +15,7 @@ from langchain_rse import DocumentRouter, RSERetriever
 from langchain_rse.documents import LeadIndex
 from langchain_rse.filters import doc_ids, parse
 from langchain_rse.routing import query_clauses
-from langchain_rse.stores.chunk_docstore import ChunkDocstore
+from langchain_rse.stores.faiss import FaissStore
 
 QUERY = (
     "Consider the Orion Supply Agreement between Orion Holdings and the Buyer; "
@@ -197,49 +197,56 @@ def test_a_filter_on_doc_id_keeps_that_document(store: str) -> None:
     assert doc_ids(parse({"doc_id": {"$ne": "a"}})) is None
 
 
-def test_chunk_docstore_searches_inside_documents() -> None:
+def inside(*names: str) -> Any:
+    return parse({"doc_id": names[0] if len(names) == 1 else {"$in": list(names)}})
+
+
+def test_default_store_searches_inside_documents() -> None:
     retriever = RSERetriever.from_documents(
         DOCS[:2], embedding=HashingEmbeddings(), router=None, chunk_size=200
     )
     vs = retriever.vectorstore
-    store = vs.docstore  # type: ignore[attr-defined]
-    assert isinstance(store, ChunkDocstore)
+    assert isinstance(vs, FaissStore)
     query = "termination notice period"
-    everything = store.search_index(vs, query, 10_000)
-    inside = store.search_index(vs, query, 5, {"lyra.txt"})
-    assert len(inside) == 5 and all(k.startswith("lyra.txt") for k, _ in inside)
-    # the same hits and scores as the unrestricted search, in its order
+    everything = vs.ranked(query, 10_000)
+    found = vs.ranked(query, 5, inside("lyra.txt"))
+    assert len(found) == 5 and all(k.startswith("lyra.txt") for k, _ in found)
+    # the best scores of the unrestricted search, each hit with its score there (the
+    # template contracts tie: tied chunks may come in another order)
     expected = [(k, s) for k, s in everything if k.startswith("lyra.txt")][:5]
-    assert [k for k, _ in inside] == [k for k, _ in expected]
-    assert np.allclose([s for _, s in inside], [s for _, s in expected])
-    assert store.search_index(vs, query, 5, {"unknown.txt"}) == []
+    assert np.allclose([s for _, s in found], [s for _, s in expected])
+    best = {k: s for k, s in everything}
+    assert all(np.isclose(best[k], s) for k, s in found)
+    assert vs.ranked(query, 5, inside("unknown.txt")) == []
     # writes invalidate the positions: a new document is found, a deleted one is not
     retriever.add_documents([DOCS[2]])
-    assert store.search_index(vs, query, 3, {"vega.txt"})
+    assert vs.ranked(query, 3, inside("vega.txt"))
     retriever.delete(["lyra.txt"])
-    assert store.search_index(vs, query, 3, {"lyra.txt"}) == []
-    assert all(k.startswith("vega.txt") for k, _ in store.search_index(vs, query, 3, {"vega.txt"}))
+    assert vs.ranked(query, 3, inside("lyra.txt")) == []
+    assert all(k.startswith("vega.txt") for k, _ in vs.ranked(query, 3, inside("vega.txt")))
 
 
-def test_chunk_docstore_searches_inside_documents_of_an_ivf_index() -> None:
+def test_default_store_searches_inside_documents_of_an_ivf_index() -> None:
     import faiss
 
-    retriever = RSERetriever.from_documents(
-        DOCS, embedding=HashingEmbeddings(), router=None, chunk_size=200
-    )
-    vs = retriever.vectorstore
-    store = vs.docstore  # type: ignore[attr-defined]
-    flat = store.search_index(vs, "termination notice period", 100, {"lyra.txt"})  # all of it
-    vectors = vs.index.reconstruct_n(0, vs.index.ntotal)  # type: ignore[attr-defined]
-    ivf = faiss.IndexIVFFlat(faiss.IndexFlatL2(vectors.shape[1]), vectors.shape[1], 2)
+    emb = HashingEmbeddings()
+    flat_store = RSERetriever.from_documents(DOCS, embedding=emb, router=None, chunk_size=200)
+    flat = flat_store.vectorstore.ranked("termination notice period", 100, inside("lyra.txt"))
+    dim = len(emb.embed_query("probe"))
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, 2, faiss.METRIC_INNER_PRODUCT)
     ivf.cp.min_points_per_centroid = 1  # a tiny training set
+    vectors = np.asarray(emb.embed_documents([d.page_content for d in DOCS] * 2), dtype="float32")
+    faiss.normalize_L2(vectors)
     ivf.train(vectors)
-    ivf.add(vectors)
     ivf.nprobe = 2  # every list: the IVF search is exact, and must restrict as the flat one
-    vs.index = ivf  # type: ignore[attr-defined]
-    ivf_hits = store.search_index(vs, "termination notice period", 100, {"lyra.txt"})
+    retriever = RSERetriever(vectorstore=FaissStore(emb, ivf, keep_text=False), router=None,
+                             chunk_size=200)  # fmt: skip
+    retriever.add_documents(DOCS)
+    ivf_hits = retriever.vectorstore.ranked("termination notice period", 100, inside("lyra.txt"))
     assert len(flat) > 5 and all(k.startswith("lyra.txt") for k, _ in flat)
-    assert {k for k, _ in ivf_hits} == {k for k, _ in flat}  # ties may come in another order
+    # ties may come in another order; chunks by (doc id, index): each write has its own version
+    chunks = lambda hits: {(k.split("\x1f")[0], k.split("\x1f")[-1]) for k, _ in hits}  # noqa: E731
+    assert chunks(ivf_hits) == chunks(flat)
     assert np.allclose(sorted(s for _, s in ivf_hits), sorted(s for _, s in flat))
 
 

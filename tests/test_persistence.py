@@ -34,7 +34,7 @@ def built(request) -> RSERetriever:
         corpus_documents(), embedding=HashingEmbeddings(), vectorstore=vs, k=3
     )
     assert type(r.vectorstore).__name__ == (
-        "LocalFAISS" if request.param == "faiss" else "InMemoryVectorStore"
+        "FaissStore" if request.param == "faiss" else "InMemoryVectorStore"
     )
     return r
 

@@ -217,13 +217,13 @@ def test_untraced_calls_return_what_traced_ones_do(retriever) -> None:
 def test_ls_params_name_the_stores(retriever) -> None:
     params = retriever._get_ls_params()
     # the class name, as LangChain's VectorStoreRetriever reports it
-    assert params["ls_vector_store_provider"] == "LocalFAISS"
+    assert params["ls_vector_store_provider"] == "FaissStore"
     assert params["ls_embedding_provider"] == "HashingEmbeddings"
 
 
 def test_repr_is_useful(retriever) -> None:
     text = repr(retriever)
-    assert "FAISS" in text and "k=3" in text and "chunks=" in text
+    assert "FaissStore" in text and "k=3" in text and "chunks=" in text
 
 
 class _ReverseReranker(BaseReranker):

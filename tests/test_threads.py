@@ -198,7 +198,7 @@ def _spy_index(retriever: RSERetriever) -> list[int]:
 
     seen: list[int] = []
 
-    class Recording(faiss.IndexFlatL2):  # type: ignore[misc, name-defined]
+    class Recording(faiss.IndexFlatIP):  # type: ignore[misc, name-defined]
         def search(self, *args: Any, **kwargs: Any) -> Any:
             seen.append(faiss.omp_get_max_threads())
             return super().search(*args, **kwargs)
@@ -210,34 +210,23 @@ def _spy_index(retriever: RSERetriever) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("setting", [1, 2, None])
-async def test_faiss_searches_one_query_on_the_configured_threads(
-    docs: list[Document], embeddings: HashingEmbeddings, setting: int | None
+async def test_faiss_searches_one_query_on_one_thread(
+    docs: list[Document], embeddings: HashingEmbeddings
 ) -> None:
-    """``faiss_threads`` is the OpenMP setting of each dense search, on whichever thread
-    runs it (sync: the caller's; async: a worker's), and the caller's own setting is back
-    afterwards; ``None`` leaves the caller's setting in force."""
+    """Each dense search of the default store runs on one OpenMP thread, on whichever
+    thread runs it (sync: the caller's; async: a worker's), and the caller's own setting is
+    back afterwards."""
     import faiss
 
-    r = RSERetriever.from_documents(docs, embedding=embeddings, k=3, faiss_threads=setting)
+    r = RSERetriever.from_documents(docs, embedding=embeddings, k=3)
     seen = _spy_index(r)
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(3)
     try:
         assert r.invoke(QUERY)
         assert faiss.omp_get_max_threads() == 3
-        assert seen == [3 if setting is None else setting]
+        assert seen == [1]
         assert await r.ainvoke(QUERY)  # the dense search runs in a worker thread
-        assert len(seen) == 2 and (setting is None or seen[1] == setting)
+        assert seen == [1, 1]
     finally:
         faiss.omp_set_num_threads(before)
-
-
-def test_faiss_threads_must_be_positive(docs: list[Document], embeddings: HashingEmbeddings
-                                        ) -> None:  # fmt: skip
-    with pytest.raises(ValueError, match="faiss_threads"):
-        RSERetriever.from_documents(docs, embedding=embeddings, faiss_threads=0)
-    r = RSERetriever.from_documents(docs, embedding=embeddings)
-    with pytest.raises(ValueError, match="faiss_threads"):
-        r.faiss_threads = -1
-    assert r.faiss_threads == 1

@@ -1,141 +1,381 @@
-"""The default local vector store: LangChain's ``FAISS`` with a delete that scales and an
-exact search that reads half the bytes.
+"""The default local vector store: exact cosine search in ``faiss-cpu``, saved as FAISS's
+own file plus JSON (no pickle, no ``langchain-community``).
 
-``FAISS.delete`` inverts the whole position → id map, sorts it and rebuilds it in Python
-on every call: at 100k chunks that is about 33 of its 41 ms, FAISS's own ``remove_ids``
-the rest. :class:`LocalFAISS` does one pass over the map instead, and a
-:class:`~langchain_rse.stores.chunk_docstore.ChunkDocstore` keeps the chunk keys it has
-cached for the positions that remain. Over a flat index, :meth:`LocalFAISS.search_vectors`
-(the retriever's dense search) scans a half-precision copy of the vectors first and gets
-the same hits as ``index.search`` (:mod:`langchain_rse.stores.half_scan`). Everything else
-(index, docstore, LangChain's own searches, the map itself) is LangChain's.
+:class:`FaissStore` keeps one FAISS index and, position for position, each vector's id,
+metadata and (optionally) text. Vectors are normalised to unit length, so the default
+``IndexFlatIP`` scores are cosine similarities. A search runs on one OpenMP thread: FAISS
+splits a single query over every thread at several times the cost (an exact search of 100k
+vectors: about 5 ms on one thread, 20 ms on two of a busy 2-core machine).
+
+LangChain's own ``FAISS`` (``langchain-community``) stays usable as a retriever's store;
+:func:`check_deletes` refuses the writes it would get wrong.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
-import warnings
-from collections.abc import Sequence
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
 
-from langchain_rse.stores.chunk_docstore import ChunkDocstore, delete_runs
-from langchain_rse.stores.half_scan import HalfCopy, exact_search
+from langchain_rse.chunking import chunk_key
+from langchain_rse.filters import Bool, Cmp, Filter, doc_ids, matches, parse
+from langchain_rse.fusion import Ranked, key_ids
 
-with warnings.catch_warnings():  # langchain-community warns on import
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from langchain_community.vectorstores import FAISS
+__all__ = ["FaissStore", "check_deletes", "kept_ids_ivf", "move_up", "removable", "one_thread"]
 
-__all__ = ["LocalFAISS", "check_deletes", "kept_ids_ivf", "move_up", "removable"]
-
-logger = logging.getLogger(__name__)
-
-
-_BUILDING = threading.Lock()
-"""Held while a store's half-precision copy is made or extended (by a write's
-``prepare_search`` or a search that finds it behind)."""
+MetadataFilter = Mapping[str, Any] | Filter | Callable[[dict[str, Any]], bool] | None
+"""A filter in the retriever's language (a dict, or parsed), or a function of the metadata."""
 
 
-class LocalFAISS(FAISS):
-    """LangChain's ``FAISS`` with a linear-time :meth:`delete` and an exact
-    :meth:`search_vectors` that reads a half-precision copy first (see the module
-    docstring)."""
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """FAISS's OpenMP thread count set to one on the calling thread (an OpenMP setting is
+    per thread), the caller's own setting restored after."""
+    import faiss
 
-    half_precision_scan: bool = True
-    """Keep a half-precision copy of a flat index's vectors for :meth:`search_vectors`
-    (2 bytes a dimension); False: scan the float32 vectors and drop the copy at the next
-    search (set it on a store)."""
-    _half: HalfCopy | None = None
+    before = faiss.omp_get_max_threads()
+    if before == 1:
+        yield
+        return
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
-    def search_vectors(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``self.index.search(vector, k)`` for one float32 query vector (shape ``(1, d)``):
-        the same distances and positions (as FAISS computes them on one OpenMP thread, see
-        :mod:`~langchain_rse.stores.half_scan`). Over a flat index (``IndexFlatL2`` or
-        ``IndexFlatIP``) it scans a half-precision copy of the vectors and then the exact
-        vectors of the candidates only (:func:`~langchain_rse.stores.half_scan.exact_search`);
-        the copy follows the store's writes (see :meth:`prepare_search`)."""
-        copy = self._synced_half()
-        if copy is None:
-            return self.index.search(vector, k)  # type: ignore[no-any-return]
-        return exact_search(copy, vector, k)
 
-    def prepare_search(self) -> None:
-        """Bring what :meth:`search_vectors` and the retriever's dense branch read up to
-        date now rather than at the next search: the half-precision copy (made, or extended
-        by the vectors added since) and a ``ChunkDocstore``'s key of every position. The
-        retriever calls it after its writes and when it loads an index, holding its write
-        lock; a search that finds them behind brings them up to date itself."""
-        self._synced_half()
-        if isinstance(self.docstore, ChunkDocstore):
-            self.docstore.position_keys(self.index_to_docstore_id, writing=True)
+class FaissStore(VectorStore):
+    """A LangChain ``VectorStore`` over one FAISS index: exact cosine search by default.
 
-    def _synced_half(self) -> HalfCopy | None:
-        """The half-precision copy of the index as it is now; None for an index other than
-        an L2 or inner-product flat one, or with :attr:`half_precision_scan` off."""
+    Setup:
+        ``pip install "langchain-rse[local]"`` (``faiss-cpu``).
+
+    Instantiate:
+        .. code-block:: python
+
+            from langchain_rse.embeddings import LocalEmbeddings
+            from langchain_rse.stores.faiss import FaissStore
+
+            store = FaissStore(LocalEmbeddings())
+
+    Args:
+        embedding: The embedding model.
+        index: An empty FAISS index to fill, with an inner-product or L2 metric (for
+            example a trained ``IndexIVFFlat``); default: an ``IndexFlatIP`` made at the
+            first add (exact search). Vectors are normalised to unit length either way;
+            with L2, a distance ``d`` is reported as the cosine ``1 - d / 2``.
+        keep_text: Keep each document's text (``False``: metadata only, the retriever's
+            default, whose record store holds the texts; searches return an empty
+            ``page_content``).
+
+    Ids are strings; adding an id that is present replaces it. Filters are the retriever's
+    language (:mod:`langchain_rse.filters`: ``{"tenant": "acme"}``, ``$in``, ``$and``…)
+    or a function of the metadata; a filtered search is exact (FAISS searches only the
+    vectors that pass), and a ``doc_id`` filter reads only those documents' positions.
+    """
+
+    def __init__(self, embedding: Embeddings, index: Any = None, *, keep_text: bool = True) -> None:
+        if index is not None and index.ntotal:
+            raise ValueError(
+                f"FaissStore needs an empty index (this one holds {index.ntotal} vectors "
+                "with no ids or metadata); use FaissStore.load_local for a saved store"
+            )
+        self.embedding = embedding
+        self.index = index
+        self.keep_text = keep_text
+        self.ids: list[str] = []
+        self.metadatas: list[dict[str, Any]] = []
+        self.texts: list[str] = []
+        self._position: dict[str, int] = {}
+        self._by_doc: dict[str, np.ndarray] | None = None  # positions by doc id, lazily
+
+    @property
+    def embeddings(self) -> Embeddings:
+        return self.embedding
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    # ------------------------------------------------------------ writes
+
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Embed and add ``texts``; returns their ids (new UUIDs where none are given)."""
+        texts = list(texts)
+        vectors = self.embedding.embed_documents(texts) if texts else []
+        return self.add_embeddings(texts, vectors, metadatas, ids=ids)
+
+    def add_embeddings(
+        self,
+        texts: Sequence[str],
+        vectors: Sequence[Sequence[float]] | np.ndarray,
+        metadatas: Sequence[dict[str, Any]] | None = None,
+        *,
+        ids: Sequence[str | None] | None = None,
+    ) -> list[str]:
+        """Add texts with their vectors (already embedded); returns their ids."""
         import faiss
 
-        index = self.index
-        flat = isinstance(index, faiss.IndexFlat) and index.metric_type in (
-            faiss.METRIC_L2,
-            faiss.METRIC_INNER_PRODUCT,
-        )
-        if not (flat and self.half_precision_scan):
-            self._half = None  # (a copy made before the flag was cleared)
-            return None
-        copy = self._half
-        if copy is None or not copy.synced(index):
-            with _BUILDING:  # one caller makes it; the others wait for it
-                copy, start = self._half, time.perf_counter()
-                if copy is None or copy.source is not index or copy.n > index.ntotal:
-                    copy = HalfCopy.of(index)
-                    logger.debug("half-precision copy of %d vectors made in %.2f s", copy.n,
-                                 time.perf_counter() - start)  # fmt: skip
-                elif copy.n < index.ntotal:  # added since (FAISS appends): copy only those
-                    copy = copy.extend()
-                self._half = copy
-        return copy
+        n = len(texts)
+        metadatas = list(metadatas) if metadatas is not None else [{} for _ in range(n)]
+        names = [str(i) if i else str(uuid.uuid4()) for i in (ids or [None] * n)]
+        if not len(vectors) == len(metadatas) == len(names) == n:
+            raise ValueError(f"{n} texts need as many vectors, metadatas and ids")
+        if len(set(names)) < n:
+            raise ValueError("the ids of one add must be unique")
+        if not n:
+            return []
+        array = np.array(vectors, dtype=np.float32, ndmin=2)
+        if not np.isfinite(array).all():
+            raise ValueError("the embedding model returned NaN or infinite values")
+        faiss.normalize_L2(array)
+        if self.index is None:
+            self.index = faiss.IndexFlatIP(array.shape[1])
+        if array.shape[1] != self.index.d:
+            raise ValueError(
+                f"vectors of {array.shape[1]} dimensions for an index of {self.index.d}"
+            )
+        self.delete([i for i in names if i in self._position])  # an add replaces
+        self.index.add(array)
+        start = len(self.ids)
+        self.ids += names
+        self.metadatas += [dict(m) for m in metadatas]
+        self.texts += list(texts) if self.keep_text else [""] * n
+        self._position.update((name, start + i) for i, name in enumerate(names))
+        self._by_doc = None
+        return names
 
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> bool | None:
-        """Delete by id, as ``FAISS.delete`` does: every id must be present (else a
-        ``ValueError`` and nothing is deleted); the positions after a deleted one move up,
-        in an IVF index too (:func:`move_up`), where FAISS keeps the ids that remain."""
+        """Delete these ids (unknown ones are ignored); the later positions move up, in an
+        IVF index too (:func:`move_up`)."""
         if ids is None:
             raise ValueError("No ids provided to delete.")
-        wanted = set(ids)
-        mapping = self.index_to_docstore_id
-        positions = np.fromiter(mapping, dtype=np.int64, count=len(mapping))
-        names = list(mapping.values())
-        if not np.array_equal(positions, np.arange(len(positions))):  # not LangChain-built
-            order = np.argsort(positions, kind="stable")
-            positions, names = positions[order], [names[i] for i in order.tolist()]
-        gone = [i for i, name in enumerate(names) if name in wanted]
-        if len(gone) < len(wanted):
-            missing = wanted.difference(names[i] for i in gone)
-            raise ValueError(
-                f"Some specified ids do not exist in the current store. Ids not found: {missing}"
-            )
+        gone = sorted({self._position[i] for i in ids if i in self._position})
+        if not gone:
+            return True
         if not removable(self.index):
             raise ValueError(_CANNOT_REMOVE.format(type(self.index).__name__))
         ivf = kept_ids_ivf(self.index)  # (raises, nothing deleted, for lists it cannot move)
-        copy, synced = self._half, self._half is not None and self._half.synced(self.index)
-        self.index.remove_ids(positions[gone])
+        positions = np.asarray(gone, dtype=np.int64)
+        self.index.remove_ids(positions)
         if ivf is not None:
-            move_up(ivf, positions[gone])
-        if copy is not None:  # removed from the copy too; a copy that lags is made again
-            self._half = copy.remove(positions[gone]) if synced else None
-        delete_runs(names, gone)
-        remaining = dict(enumerate(names))
-        dense = positions.size > 0 and int(positions[-1]) == positions.size - 1  # 0..n-1
-        carry: dict[str, Any] = {}
-        if isinstance(self.docstore, ChunkDocstore) and dense:  # `gone` are positions then
-            carry["moved"] = (mapping, remaining, gone)  # its cached chunk keys follow them
-        self.docstore.delete(list(dict.fromkeys(ids)), **carry)
-        self.index_to_docstore_id = remaining
+            move_up(ivf, positions)
+        keep = np.ones(len(self.ids), dtype=bool)
+        keep[positions] = False
+        kept = np.flatnonzero(keep).tolist()
+        self.ids = [self.ids[p] for p in kept]
+        self.metadatas = [self.metadatas[p] for p in kept]
+        self.texts = [self.texts[p] for p in kept]
+        self._position = {name: p for p, name in enumerate(self.ids)}
+        self._by_doc = None
         return True
 
+    # ------------------------------------------------------------ reads
+
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """The documents with these ids, in that order (unknown ids are skipped)."""
+        return [self._document(self._position[i]) for i in ids if i in self._position]
+
+    def _document(self, p: int) -> Document:
+        return Document(page_content=self.texts[p], metadata=dict(self.metadatas[p]),
+                        id=self.ids[p])  # fmt: skip
+
+    def search_vector(
+        self, vector: Sequence[float] | np.ndarray, k: int, filter: MetadataFilter = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The positions of the ``k`` nearest vectors that pass ``filter``, best first, and
+        their cosine similarities (FAISS on one OpenMP thread)."""
+        import faiss
+
+        none = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        if self.index is None or not self.ids or k < 1:
+            return none
+        query = np.array(vector, dtype=np.float32, ndmin=2)
+        faiss.normalize_L2(query)
+        allowed = self._allowed(filter)
+        params = selector = None
+        if allowed is not None:
+            if not allowed.size:
+                return none
+            params = faiss.SearchParameters()
+            ivf = faiss.try_extract_index_ivf(self.index)
+            if ivf is not None:  # the same lists as an unfiltered search
+                params = faiss.SearchParametersIVF()
+                params.nprobe = ivf.nprobe
+            params.sel = selector = faiss.IDSelectorBatch(allowed)
+        with one_thread():
+            found, at = self.index.search(query, min(k, len(self.ids)), params=params)
+        del selector  # (FAISS holds a raw pointer to it: alive until the search returned)
+        inside = at[0] >= 0  # -1: fewer hits than asked for
+        scores = found[0][inside].astype(np.float64)
+        if self.index.metric_type == faiss.METRIC_L2:  # squared distance of unit vectors
+            scores = 1.0 - scores / 2.0
+        return at[0][inside], scores
+
+    def _allowed(self, filter: MetadataFilter) -> np.ndarray | None:
+        """The positions ``filter`` lets through (None: every position)."""
+        if filter is None:
+            return None
+        if isinstance(filter, Mapping):
+            filter = parse(filter)
+        if isinstance(filter, (Cmp, Bool)):
+            docs = doc_ids(filter)
+            if docs is not None:  # only these documents' positions are read
+                by_doc = self._doc_positions()
+                parts = [by_doc[d] for d in sorted(docs) if d in by_doc]
+                return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            f = filter
+            filter = lambda m: matches(f, m)  # noqa: E731
+        passes = [p for p, m in enumerate(self.metadatas) if filter(m)]
+        return np.asarray(passes, dtype=np.int64)
+
+    def _doc_positions(self) -> dict[str, np.ndarray]:
+        by_doc = self._by_doc
+        if by_doc is None:  # after a write: one pass over the metadata
+            found: dict[str, list[int]] = {}
+            for p, m in enumerate(self.metadatas):
+                if isinstance(m.get("doc_id"), str):
+                    found.setdefault(m["doc_id"], []).append(p)
+            self._by_doc = by_doc = {d: np.asarray(p, dtype=np.int64) for d, p in found.items()}
+        return by_doc
+
+    def ranked(self, query: str, k: int, filter: Filter | None = None) -> Ranked:
+        """The retriever's dense search: the chunk keys of the ``k`` nearest chunks it
+        wrote and their cosine similarities, best first (other documents are skipped)."""
+        at, scores = self.search_vector(self.embedding.embed_query(query), k, filter)
+        keys, found = [], []
+        for p, score in zip(at.tolist(), scores.tolist()):
+            m = self.metadatas[p]
+            if "doc_id" in m and "doc_version" in m and "chunk_index" in m:
+                keys.append(chunk_key(str(m["doc_id"]), str(m["doc_version"]),
+                                      int(m["chunk_index"])))  # fmt: skip
+                found.append(score)
+        return Ranked(keys, np.arange(len(keys)), key_ids(keys), np.asarray(found))
+
+    def similarity_search_with_score_by_vector(
+        self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter = None,
+        **kwargs: Any,
+    ) -> list[tuple[Document, float]]:  # fmt: skip
+        """The ``k`` nearest documents that pass ``filter`` with their cosine similarity."""
+        at, scores = self.search_vector(embedding, k, filter)
+        return [(self._document(p), s) for p, s in zip(at.tolist(), scores.tolist())]
+
+    def similarity_search_with_score(
+        self, query: str, k: int = 4, filter: MetadataFilter = None, **kwargs: Any
+    ) -> list[tuple[Document, float]]:
+        """The ``k`` nearest documents that pass ``filter`` with their cosine similarity."""
+        return self.similarity_search_with_score_by_vector(
+            self.embedding.embed_query(query), k, filter
+        )
+
+    def similarity_search_by_vector(
+        self, embedding: list[float], k: int = 4, filter: MetadataFilter = None, **kwargs: Any
+    ) -> list[Document]:
+        return [d for d, _ in self.similarity_search_with_score_by_vector(embedding, k, filter)]
+
+    def similarity_search(
+        self, query: str, k: int = 4, filter: MetadataFilter = None, **kwargs: Any
+    ) -> list[Document]:
+        return [d for d, _ in self.similarity_search_with_score(query, k, filter)]
+
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        return lambda similarity: similarity  # a cosine similarity is the relevance
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings,
+        metadatas: list[dict] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> FaissStore:
+        """A new store holding ``texts``."""
+        store = cls(embedding, **kwargs)
+        store.add_texts(texts, metadatas, ids=ids)
+        return store
+
+    # ------------------------------------------------------------ saving
+
+    def to_json(self) -> dict[str, Any]:
+        """Ids, metadata and texts, position by position (the index goes to
+        :meth:`index_bytes`), in the layout the retriever's index directory uses."""
+        import faiss
+
+        l2 = self.index is not None and self.index.metric_type == faiss.METRIC_L2
+        return {
+            "ids": self.ids,
+            "docstore": "in_memory" if self.keep_text else "chunks",
+            "documents": [
+                {"text": t, "metadata": m} if self.keep_text else {"metadata": m}
+                for t, m in zip(self.texts, self.metadatas)
+            ],
+            "normalize_L2": True,
+            "distance_strategy": "EUCLIDEAN_DISTANCE" if l2 else "MAX_INNER_PRODUCT",
+        }
+
+    def index_bytes(self) -> memoryview:
+        """The index in FAISS's own format (what ``faiss.write_index`` writes), not copied."""
+        import faiss
+
+        raw: Any = faiss.serialize_index(self.index)  # a uint8 array
+        return memoryview(raw)
+
+    @classmethod
+    def from_saved(cls, embedding: Embeddings, data: Mapping[str, Any], index: Any) -> FaissStore:
+        """A store from :meth:`to_json`'s dict and its FAISS index (also reads what
+        earlier versions saved from LangChain's ``FAISS`` over unit vectors)."""
+        if not data.get("normalize_L2") or len(data["ids"]) != index.ntotal:
+            raise ValueError("the saved ids and the FAISS index disagree, or the vectors are "
+                             "not unit length (a LangChain FAISS store: load it with "
+                             "langchain-community)")  # fmt: skip
+        documents = data["documents"]
+        store = cls(embedding, keep_text=data.get("docstore") != "chunks")
+        store.index = index
+        store.ids = [str(i) for i in data["ids"]]
+        store.metadatas = [dict(d.get("metadata") or {}) for d in documents]
+        store.texts = [(d.get("text") or "") if store.keep_text else "" for d in documents]
+        store._position = {name: p for p, name in enumerate(store.ids)}
+        return store
+
+    def save_local(self, folder: str | os.PathLike[str]) -> None:
+        """Write ``index.faiss`` (``faiss.write_index``) and ``index.json`` to ``folder``."""
+        import faiss
+
+        path = Path(folder)
+        path.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(self.index, str(path / "index.faiss"))
+        (path / "index.json").write_text(json.dumps(self.to_json(), ensure_ascii=False),
+                                         encoding="utf-8")  # fmt: skip
+
+    @classmethod
+    def load_local(cls, folder: str | os.PathLike[str], embedding: Embeddings) -> FaissStore:
+        """A store written by :meth:`save_local`."""
+        import faiss
+
+        path = Path(folder)
+        index = faiss.read_index(str(path / "index.faiss"))
+        data = json.loads((path / "index.json").read_text(encoding="utf-8"))
+        return cls.from_saved(embedding, data, index)
+
+
+# ------------------------------------------------------------ FAISS index helpers
 
 _CANNOT_REMOVE = (
     "this FAISS index ({}) cannot remove vectors (FAISS: remove_ids not implemented), so "
@@ -148,7 +388,7 @@ def removable(index: Any) -> bool:
     index can; others (HNSW, NSG, a refine index) are asked by removing nothing."""
     import faiss
 
-    if isinstance(index, (faiss.IndexFlatCodes, faiss.IndexIVF)):
+    if index is None or isinstance(index, (faiss.IndexFlatCodes, faiss.IndexIVF)):
         return True
     try:
         index.remove_ids(faiss.IDSelectorRange(0, 0))
@@ -160,15 +400,14 @@ def removable(index: Any) -> bool:
 def kept_ids_ivf(index: Any) -> Any | None:
     """The IVF index in ``index`` (itself, or one it wraps), or None when there is none.
 
-    A flat index moves the vectors after a removed one up a position, as LangChain's
-    position map expects; an IVF index keeps the ids of the vectors that remain, so the
-    map would name the wrong chunk for every position after a removed one, and the next
-    add would reuse ids still in use. :func:`move_up` renumbers its lists as a flat index
-    would; a ``ValueError`` here for inverted lists it cannot renumber in place (on disk)
-    and for an array direct map, which FAISS cannot remove with."""
+    A flat index moves the vectors after a removed one up a position; an IVF index keeps
+    the ids of the vectors that remain, so positions would name the wrong chunks and the
+    next add would reuse ids still in use. :func:`move_up` renumbers its lists as a flat
+    index would; a ``ValueError`` here for inverted lists it cannot renumber in place (on
+    disk) and for an array direct map, which FAISS cannot remove with."""
     import faiss
 
-    ivf: Any = faiss.try_extract_index_ivf(index)
+    ivf: Any = faiss.try_extract_index_ivf(index) if index is not None else None
     if ivf is None:
         return None
     lists = faiss.downcast_InvertedLists(ivf.invlists)
@@ -188,8 +427,8 @@ def kept_ids_ivf(index: Any) -> Any | None:
 def move_up(ivf: Any, removed: np.ndarray) -> None:
     """After ``ivf.remove_ids(removed)``: each id left in ``ivf``'s lists moves up by the
     number of removed ids below it, as in a flat index, so the ids stay ``0..ntotal-1``
-    (LangChain's positions) and FAISS numbers the next vectors it adds after them. A
-    direct map (id to list entry), if the index keeps one, is built again."""
+    and FAISS numbers the next vectors it adds after them. A direct map (id to list
+    entry), if the index keeps one, is built again."""
     import faiss
 
     removed = np.sort(np.asarray(removed, dtype=np.int64))
@@ -205,23 +444,30 @@ def move_up(ivf: Any, removed: np.ndarray) -> None:
         ivf.set_direct_map_type(kind)
 
 
+def is_langchain_faiss(vectorstore: Any) -> bool:
+    """Whether ``vectorstore`` is LangChain's ``FAISS`` (or a subclass), without importing
+    ``langchain-community``."""
+    return any(c.__name__ == "FAISS" and c.__module__.startswith("langchain_community")
+               for c in type(vectorstore).__mro__)  # fmt: skip
+
+
 def check_deletes(vectorstore: Any) -> None:
     """A ``ValueError`` for a FAISS store that cannot delete correctly: an index FAISS
     cannot remove from (see :func:`removable`), and LangChain's own ``FAISS`` over an IVF
-    index, whose ``delete`` renumbers the position map but not the index (see
+    index, whose ``delete`` renumbers its position map but not the index (see
     :func:`kept_ids_ivf`), so a replaced or deleted document would leave hits mapped to
-    the wrong chunks (:class:`LocalFAISS`, the same constructor, renumbers both)."""
-    if not isinstance(vectorstore, FAISS):
+    the wrong chunks (:class:`FaissStore` renumbers both)."""
+    if not (isinstance(vectorstore, FaissStore) or is_langchain_faiss(vectorstore)):
         return
     if not removable(vectorstore.index):
         raise ValueError(_CANNOT_REMOVE.format(type(vectorstore.index).__name__))
-    if not isinstance(vectorstore, LocalFAISS):
+    if is_langchain_faiss(vectorstore):
         import faiss
 
         if faiss.try_extract_index_ivf(vectorstore.index) is not None:
             raise ValueError(
                 "LangChain's FAISS store cannot delete from an IVF index (its delete "
                 "renumbers the position map, not the index, so hits would name the wrong "
-                "chunks): build the store as langchain_rse.stores.faiss.LocalFAISS (same "
-                "arguments), which renumbers both"
+                "chunks): use langchain_rse.stores.faiss.FaissStore(embedding, index=...), "
+                "which renumbers both"
             )
