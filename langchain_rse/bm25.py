@@ -31,8 +31,6 @@ from typing import Literal
 import numpy as np
 from scipy import sparse
 
-from langchain_rse.fusion import key_ids
-
 __all__ = ["IncrementalBM25", "Segment", "Variant"]
 
 Variant = Literal["lucene", "okapi"]
@@ -138,8 +136,6 @@ class IncrementalBM25:
         self.keys: list[str | None] = []
         """Each document's key; a deleted one keeps it (a search's hits read their keys after
         its lock: ``doc_of`` and ``alive`` say which are live)."""
-        self.key_id = np.zeros(0, dtype=np.int64)
-        """Each document's key id (``fusion.key_ids``: what the retriever fuses hits by)."""
         self.doc_of: dict[str, int] = {}
         self.segments: list[Segment] = []
         self.busy: set[int] = set()  # ids of segments a background merge is reading
@@ -154,8 +150,8 @@ class IncrementalBM25:
     def nbytes(self) -> int:
         """Bytes held in NumPy/SciPy arrays (postings, per-document and per-term arrays;
         capacity included). The keys, their dict and the vocabulary are Python objects."""
-        arrays: list[np.ndarray] = [self.df, self.dl, self.alive, self.gid, self.key_id, self.fptr,
-                                     self.fterms]  # fmt: skip
+        arrays: list[np.ndarray] = [self.df, self.dl, self.alive, self.gid, self.fptr]
+        arrays.append(self.fterms)
         total = sum(a.nbytes for a in arrays)
         for seg in self.segments:
             m = seg.matrix
@@ -206,7 +202,6 @@ class IncrementalBM25:
         self.dl[lo:hi] = lengths
         self.alive[lo:hi] = True
         self.gid[lo:hi] = gids
-        self.key_id[lo:hi] = key_ids(keys)
         self.df[: len(self.terms)] += np.bincount(terms, minlength=len(self.terms))
         for d, key in enumerate(keys, lo):
             self.doc_of[key] = d
@@ -221,7 +216,6 @@ class IncrementalBM25:
         self.dl = _grow(self.dl, docs, fill=np.inf)
         self.alive = _grow(self.alive, docs)
         self.gid = _grow(self.gid, docs)
-        self.key_id = _grow(self.key_id, docs)
         self.fptr = _grow(self.fptr, docs + 1)
         self.df = _grow(self.df, terms)
 
@@ -363,7 +357,6 @@ class IncrementalBM25:
         self.dl[:n] = np.bincount(docs, weights=tf, minlength=n)
         self.alive[:n] = True
         self.gid[:n] = np.asarray(gids, dtype=np.int32)
-        self.key_id[:n] = key_ids(self.keys)
         self.df[:v] = np.bincount(terms, minlength=v)
         self.n_docs = self.n_live = n
         self.total_len = int(tf.sum())

@@ -34,6 +34,7 @@ from typing import Any
 
 from langchain_core.documents import Document
 
+from langchain_rse import indexing
 from langchain_rse.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.loaders import SUFFIXES, file_document, folder_files, read_file
 from langchain_rse.segments import PRESETS
@@ -227,8 +228,8 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
             chunk_size=args.chunk_size,
             preset=getattr(args, "preset", None),  # None: the one tuned for the chunk size
             max_document_chars=args.max_document_chars,
-            index_batch_size=64,  # progress (and the embedding cache) move in small steps
         )
+    indexing.INDEX_BATCH_SIZE = 64  # progress (and the embedding cache) move in small steps
     if args.no_progress:
         retriever.show_progress = False
     return retriever, cached

@@ -87,8 +87,7 @@ def _build(
         if name in ("NoEnricher", "HeaderEnricher"):
             return _checked(getattr(enrichment, name), settings)
         if name == "DocumentRouter" and objects.get("retriever") == "LeadIndex":
-            from langchain_rse.documents import LeadIndex
-            from langchain_rse.routing import DocumentRouter
+            from langchain_rse.routing import DocumentRouter, LeadIndex
 
             return _checked(DocumentRouter, {"retriever": LeadIndex(), **settings})
         if name == "CohereReranker":  # the key comes from the environment again

@@ -11,15 +11,12 @@ highlighted in their document text under the strip.
 from __future__ import annotations
 
 import html
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.pipeline import Trace
+from langchain_rse.pipeline import Trace, tracing
 
 __all__ = ["DocumentExplanation", "Explanation", "build_explanation", "tracing"]
 
@@ -191,24 +188,3 @@ def build_explanation(query: str, results: list[Document], trace: Trace | None) 
         docs[doc_id].text = body.text if body is not None else None
     ordered = sorted(docs.values(), key=lambda d: min((s[0] for s in d.segments), default=1 << 30))
     return Explanation(query, results, ordered)
-
-
-_TRACES: ContextVar[list[Trace] | None] = ContextVar("rse_traces", default=None)
-"""Set while :meth:`RSERetriever.explain` runs: retrievals record their pipeline trace."""
-
-
-@contextmanager
-def tracing() -> Iterator[list[Trace]]:
-    """Within the block, retrievals in this context append their :class:`Trace` to the
-    list yielded (the retriever reads :func:`current_traces`)."""
-    traces: list[Trace] = []
-    token = _TRACES.set(traces)
-    try:
-        yield traces
-    finally:
-        _TRACES.reset(token)
-
-
-def current_traces() -> list[Trace] | None:
-    """The list a retrieval should record its trace in, or ``None`` (not explaining)."""
-    return _TRACES.get()

@@ -22,8 +22,6 @@ from pydantic import (
     model_validator,
 )
 
-from langchain_rse.fusion import FusionMethod
-from langchain_rse.lexical import LexicalEngine
 from langchain_rse.segments import RSEParams
 from langchain_rse.tokenizer import check_stemmer
 
@@ -110,25 +108,26 @@ class Config(_Strict):
     chunk_size: int
     chunk_overlap: int
     strict_rerank: bool
-    lexical_engine: LexicalEngine
     fetch_k: int
-    candidate_pool: int
-    fusion: FusionMethod
     weights: Weights
-    rrf_k: float
     preset: str | None
-    max_query_chars: int
-    index_batch_size: int
     rse_params: RSEParams | None
     custom_splitter: bool
     # added after 0.1: a save without them gets the retriever's defaults
     lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = None
-    code_weights: Weights | None = None
-    code_corpus_weights: Weights | None = None
-    relevance: Literal["rank", "score"] = "rank"
-    max_queries: int = 6
     max_document_chars: int = 20_000_000
     max_chars: int | None = None
+    # saved by 0.2 and before, ignored since (internal constants now; see docs/decisions.md)
+    lexical_engine: JsonValue = None
+    candidate_pool: JsonValue = None
+    fusion: JsonValue = None
+    rrf_k: JsonValue = None
+    relevance: JsonValue = None
+    code_weights: JsonValue = None
+    code_corpus_weights: JsonValue = None
+    max_queries: JsonValue = None
+    max_query_chars: JsonValue = None
+    index_batch_size: JsonValue = None
     # saved by 0.1, ignored since
     route_documents: JsonValue = None
     route_fetch_k: JsonValue = None
@@ -142,7 +141,7 @@ class Config(_Strict):
 
         fields = RSERetriever.model_fields
         values = {name: fields[name].get_default(call_default_factory=False) for name in fields}
-        values.update(self.model_dump(exclude_unset=True))
+        values.update(self.model_dump(exclude_unset=True, include=set(fields)))
         values["splitter"] = object() if self.custom_splitter else None
         check_settings(SimpleNamespace(**values))
         return self

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
@@ -40,10 +40,10 @@ from langchain_text_splitters import TextSplitter
 
 from langchain_rse.bodies import Contexts, DocBody
 from langchain_rse.chunking import Chunk, chunk_key, chunk_uuid, make_splitter, split_text
-from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import ChunkContext, index_text
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.locks import ReadWriteLock
+from langchain_rse.pipeline import Handlers
 from langchain_rse.progress import Progress
 from langchain_rse.record_store import RecordStore
 from langchain_rse.records import (
@@ -57,11 +57,19 @@ from langchain_rse.records import (
     splitter_fingerprint,
     version_key,
 )
-from langchain_rse.routing import DocumentRouter
-from langchain_rse.sansio import Handlers, Request
+from langchain_rse.routing import DocumentRouter, LeadIndex
 from langchain_rse.validation import validate_documents
 
-__all__ = ["WRITE_GROUP_CHUNKS", "Plan", "Prepared", "Todo", "Writer", "index_steps", "indexing"]
+__all__ = [
+    "INDEX_BATCH_SIZE",
+    "WRITE_GROUP_CHUNKS",
+    "Plan",
+    "Prepared",
+    "Todo",
+    "Writer",
+    "index_steps",
+    "indexing",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -151,44 +159,62 @@ class Prepared:
         return now is not None and now.version != self.replaces and is_version_of(now.version, base)
 
 
+class MakePlan(NamedTuple):
+    """Validate and split the documents → the :class:`Plan`."""
+
+
+class Enrich(NamedTuple):
+    """One document's chunk contexts → ``list[ChunkContext]``."""
+
+    todo: Todo
+
+
+class WriteGroup(NamedTuple):
+    """Write a group of prepared documents (and the removals, with the first) → None."""
+
+    prepared: list[Prepared]
+    removals: list[str]
+    progress: Callable[[int], None]
+
+
 def indexing(
     group_chunks: int, show_progress: bool | None, enricher: Any
-) -> Generator[Request, Any, list[str]]:
-    """``add_documents`` as a sans-I/O generator (driven by :mod:`langchain_rse.sansio`).
-
-    Requests: ``("plan", None)`` → the :class:`Plan`; ``("enrich", todo)`` → the
-    document's contexts; ``("write", (prepared, removals, progress))`` → written. Documents
-    go in groups of about ``group_chunks`` chunks, enriched then written, so memory holds
-    one group's contexts, index texts and vectors; progress is reported per stage.
-    Returns every document's id.
+) -> Generator[Any, Any, list[str]]:
+    """``add_documents`` as a sans-I/O generator (driven by
+    :func:`~langchain_rse.pipeline.drive`): :class:`MakePlan`, then per document
+    :class:`Enrich`, per group :class:`WriteGroup`. Documents go in groups of about
+    ``group_chunks`` chunks, enriched then written, so memory holds one group's contexts,
+    index texts and vectors; progress is reported per stage. Returns every document's id.
     """
-    plan: Plan = yield ("plan", None)
+    plan: Plan = yield MakePlan()
     enriching = Progress("enriching", plan.chunks, show=show_progress)
     writing = Progress("embedding + writing", plan.chunks, show=show_progress)
     with enriching, writing:
         for n, group in enumerate(plan.groups(group_chunks)):
             prepared = []
             for todo in group:
-                prepared.append(Prepared.of(todo, (yield ("enrich", todo)), enricher))
+                prepared.append(Prepared.of(todo, (yield Enrich(todo)), enricher))
                 enriching.update(len(todo.chunks))
-            yield ("write", (prepared, plan.removals if n == 0 else [], writing.update))
+            yield WriteGroup(prepared, plan.removals if n == 0 else [], writing.update)
     return plan.doc_ids
 
 
 WRITE_GROUP_CHUNKS = 2048
 """Chunks enriched and written together by ``add_documents`` (memory: one group at a time)."""
+INDEX_BATCH_SIZE = 256
+"""Chunks written to the vector store per call."""
 
 
 def index_steps(
     r: Any, documents: Sequence[Document], ids: Sequence[str] | None, asynchronous: bool
-) -> tuple[Generator[Request, Any, list[str]], Handlers]:
+) -> tuple[Generator[Any, Any, list[str]], Handlers]:
     """:func:`indexing` of ``documents`` by retriever ``r``, and its handlers: plan (with
     ``r``'s splitter and fingerprints), enrich (natively async on the async path) and write
     (in a thread there, under the writer's lock, re-checking what another writer wrote)."""
-    steps = indexing(max(WRITE_GROUP_CHUNKS, r.index_batch_size), r.show_progress, r.enricher)
+    steps = indexing(max(WRITE_GROUP_CHUNKS, INDEX_BATCH_SIZE), r.show_progress, r.enricher)
     writer, enricher = r._writer, r.enricher
 
-    def plan(_: Any) -> Plan:
+    def plan() -> Plan:
         splitter = r.splitter or make_splitter(r.chunk_size, r.chunk_overlap)
         fingerprints = (
             splitter_fingerprint(r.splitter, r.chunk_size, r.chunk_overlap),
@@ -197,15 +223,25 @@ def index_steps(
         return writer.plan(documents, ids, splitter=splitter, fingerprints=fingerprints,
                            max_document_chars=r.max_document_chars)  # fmt: skip
 
-    def write(arg: tuple[list[Prepared], list[str], Callable[[int], None]]) -> None:
-        writer.write(arg[0], arg[1], r.router, r.index_batch_size, arg[2])
+    def write(prepared: list[Prepared], removals: list[str], progress: Callable[[int], None]
+              ) -> None:  # fmt: skip
+        writer.write(prepared, removals, r.router, INDEX_BATCH_SIZE, progress)
+
+    def enrich(todo: Todo) -> Any:
+        return enricher.enrich(*todo.enrich_args)
+
+    def aenrich(todo: Todo) -> Any:
+        return enricher.aenrich(*todo.enrich_args)
+
+    async def aplan() -> Plan:
+        return await asyncio.to_thread(plan)
+
+    async def awrite(*args: Any) -> None:
+        await asyncio.to_thread(write, *args)
 
     if not asynchronous:
-        return steps, {"plan": plan, "enrich": lambda t: enricher.enrich(*t.enrich_args),
-                       "write": write}  # fmt: skip
-    return steps, {"plan": lambda a: asyncio.to_thread(plan, a),
-                   "enrich": lambda t: enricher.aenrich(*t.enrich_args),
-                   "write": lambda a: asyncio.to_thread(write, a)}  # fmt: skip
+        return steps, {MakePlan: plan, Enrich: enrich, WriteGroup: write}
+    return steps, {MakePlan: aplan, Enrich: aenrich, WriteGroup: awrite}
 
 
 @dataclass

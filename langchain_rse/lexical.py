@@ -15,7 +15,6 @@ from typing import Any, Literal
 import numpy as np
 
 from langchain_rse.bm25 import IncrementalBM25, Segment
-from langchain_rse.fusion import Ranked
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
 
@@ -30,7 +29,6 @@ SAVE_FORMAT = 3
 terms not stemmed; 3: arrays and the stemmer's name)."""
 _BULK = 20_000  # documents per segment when a whole index is loaded
 
-_NO_TERMS = np.zeros(0, dtype=np.int64)
 
 LexicalHit = tuple[str, float]
 """``(chunk_id, bm25_score)``."""
@@ -110,39 +108,12 @@ class BM25Index:
         self._merger: threading.Thread | None = None
         self.merge_errors = 0
         """Background merges that failed (logged; the segments stay unmerged, still exact)."""
-        self._identifiers: tuple[list[str], int, np.ndarray] = ([], 0, _NO_TERMS)
-        self._density: tuple[tuple[int, int, int], list[str], float] | None = None
 
     def __len__(self) -> int:
         return len(self._bm25)
 
     def __repr__(self) -> str:
         return f"BM25Index(engine={self.engine!r}, stemmer={self.stemmer!r}, chunks={len(self)})"
-
-    def identifier_density(self) -> float:
-        """snake_case identifiers (terms with an underscore) per live chunk: the sum of
-        their document frequencies over the number of chunks, exact after every write (0
-        for an empty index). Code has a few per chunk, prose next to none (see
-        :data:`langchain_rse.fusion.CODE_CORPUS`). Recomputed only after a write, from the
-        terms added since the last time."""
-        with self._rw.read():
-            bm = self._bm25
-            terms, state = bm.terms, (bm.epoch, bm.changes, len(bm.terms))
-            cached = self._density
-            if cached is not None and cached[0] == state and cached[1] is terms:
-                return cached[2]
-            vocabulary, checked, found = self._identifiers
-            if vocabulary is not terms:  # a new vocabulary: reset, load or renumbering
-                checked, found = 0, _NO_TERMS
-            new = [i for i in range(checked, len(terms)) if "_" in terms[i]]
-            if new:
-                found = np.concatenate([found, np.asarray(new, dtype=np.int64)])
-            self._identifiers = (terms, len(terms), found)
-            density = float(bm.df[found].sum()) / bm.n_live if bm.n_live else 0.0
-            self._density = (state, terms, density)
-            return density
-
-    # ------------------------------------------------------------------ writes
 
     def add(
         self,
@@ -367,21 +338,15 @@ class BM25Index:
         the group's ``doc_id`` added (its name up to the last ``\x1f``: the doc id of the
         retriever's chunk keys), checked before the top ``k`` is cut, so a selective filter
         still gets ``k``."""
-        return self.ranked(query, k, allowed)[:]
-
-    def ranked(
-        self, query: str, k: int, allowed: Callable[[dict[str, Any]], bool] | None = None
-    ) -> Ranked:
-        """:meth:`search`'s hits as a :class:`~langchain_rse.fusion.Ranked` branch (keys
-        read only when asked for)."""
         q = tokenize(query, self.stemmer)
         if not q or k <= 0:
-            return Ranked.empty()
+            return []
         with self._rw.read():
             bm = self._bm25
             keep = None if allowed is None else (lambda docs: self._allowed(docs, allowed))
             docs, scores = bm.top(bm.term_ids(q, grow=False), k, keep)
-            return Ranked(bm.keys, docs, bm.key_id[docs], scores)
+            keys = bm.keys
+            return [(keys[d], s) for d, s in zip(docs.tolist(), scores.tolist())]
 
     def _allowed(self, docs: np.ndarray, allowed: Callable[[dict[str, Any]], bool]) -> np.ndarray:
         """Which of ``docs`` have a group ``allowed`` accepts (one call per group; the groups

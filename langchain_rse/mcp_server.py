@@ -21,8 +21,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from langchain_rse.pipeline import MIN_MAX_CHARS
 from langchain_rse.tool import MAX_K, format_sources
-from langchain_rse.validation import MIN_MAX_CHARS
 
 if TYPE_CHECKING:
     from langchain_rse.retriever import RSERetriever

@@ -398,12 +398,16 @@ def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
 # ---------------------------------------------------------------- the retriever
 
 SAVED_FIELDS = (
-    "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_engine",
-    "lexical_stemmer", "fetch_k", "candidate_pool", "fusion", "weights", "code_weights",
-    "code_corpus_weights", "rrf_k", "relevance", "preset", "max_queries", "max_query_chars",
-    "max_document_chars", "index_batch_size", "max_chars",
+    "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_stemmer", "fetch_k",
+    "weights", "preset", "max_document_chars", "max_chars",
 )  # fmt: skip
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
+REMOVED_FIELDS = (
+    "lexical_engine", "candidate_pool", "fusion", "rrf_k", "relevance", "code_weights",
+    "code_corpus_weights", "max_queries", "max_query_chars", "index_batch_size",
+)  # fmt: skip
+"""Settings an index saved by 0.2 or before may hold, ignored since (see
+``docs/decisions.md``)."""
 
 
 def _library_version() -> str:
@@ -526,14 +530,16 @@ def _load_index(
     config = dict(manifest["config"])
     for legacy in ("route_documents", "route_fetch_k", "route_check_k"):
         config.pop(legacy, None)  # saved by 0.1 (routing is one `router` object now)
+    if config.get("lexical_engine") not in (None, "bm25s"):
+        logger.warning("this index was saved with lexical_engine=%r; BM25 is now always "
+                       "scored as bm25s does", config["lexical_engine"])  # fmt: skip
+    for removed in REMOVED_FIELDS:
+        config.pop(removed, None)  # saved by 0.2 and before: internal constants now
     if config.pop("custom_splitter", False) and "splitter" not in kwargs:
         raise ValueError("this index was built with a custom splitter; pass splitter=...")
     params = config.pop("rse_params")
     config["rse_params"] = RSEParams(**params) if params else None
     config["weights"] = tuple(config["weights"])
-    for name in ("code_weights", "code_corpus_weights"):
-        if config.get(name) is not None:
-            config[name] = tuple(config[name])
     components = manifest.get("components")
     if components is None:  # saved by 0.1: only the enricher's class was recorded
         name = manifest["enricher"]["class"]

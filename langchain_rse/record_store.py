@@ -35,11 +35,9 @@ class RecordStore:
     pointer, and never changes), up to ``BODY_CACHE_CHARS`` characters of text: a query
     whose segments come from recently read documents reads no body.
 
-    With ``compress`` (for a store in this process's memory) bodies are written
-    LZ4-compressed, long ones in blocks (:class:`~langchain_rse.bodies.BodyBlocks`: a
-    query decodes the blocks its segments cover; such a body weighs its whole text in the
-    cache); stores other processes share get plain JSON, which every version of the
-    library reads.
+    With ``compress`` (for a store in this process's memory) bodies are written as
+    LZ4-compressed JSON; stores other processes share get plain JSON, which every version
+    of the library reads.
     """
 
     def __init__(self, store: BaseStore[str, bytes], compress: bool = False) -> None:

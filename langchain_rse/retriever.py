@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from langchain_core.callbacks import (
@@ -38,31 +38,25 @@ from pydantic import (
 
 from langchain_rse import pipeline
 from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, doc_id_for
-from langchain_rse.documents import LeadIndex
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
-from langchain_rse.explain import Explanation, build_explanation, current_traces, tracing
+from langchain_rse.explain import Explanation, build_explanation
 from langchain_rse.filters import Filter, matches, parse
-from langchain_rse.fusion import FusionMethod
 from langchain_rse.indexing import Writer, index_steps
-from langchain_rse.lexical import BM25Index, LexicalEngine
+from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.persistence import default_vectorstore, load_index, save_index
+from langchain_rse.pipeline import adrive, drive, tracing
 from langchain_rse.record_store import RecordStore
 from langchain_rse.rerank import BaseReranker, as_reranker
-from langchain_rse.routing import DocumentRouter, as_router
-from langchain_rse.sansio import Handlers, Request, adrive, drive
-from langchain_rse.search import SearchBranches, is_local, ls_params, query_handlers
+from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
+from langchain_rse.search import SearchBranches, is_local, ls_params
 from langchain_rse.segments import RSEParams, get_preset, preset_for_chunk_size
 from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.validation import (
     check_delete_ids,
     check_expander,
     check_filter,
-    check_invoke_args,
-    check_k,
-    check_max_chars,
     check_settings,
-    clean_query,
 )
 
 if TYPE_CHECKING:
@@ -164,8 +158,6 @@ class RSERetriever(DocumentIndex):
     """An external lexical index used instead of the in-process BM25 index, for corpora
     beyond one machine: any ``VectorStore`` whose search is lexical, e.g.
     ``ElasticsearchStore(strategy=BM25Strategy())``. Chunks are written to it too."""
-    lexical_engine: LexicalEngine = Field(default="bm25s", frozen=True)
-    """BM25 implementation: ``"bm25s"`` (fast, sparse) or ``"rank_bm25"``."""
     lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = Field(
         default=DEFAULT_STEMMER, frozen=True
     )
@@ -177,26 +169,13 @@ class RSERetriever(DocumentIndex):
     ``invoke(query, max_chars=...)`` argument too). Segments fill it best first and never
     exceed it; ``k`` still bounds how many come back. ``None``: the preset's chunk budget."""
     fetch_k: int = 50
-    """Candidates fetched from each branch (dense and lexical)."""
-    candidate_pool: int = 50
-    """Fused candidates kept for reranking and RSE."""
-    fusion: FusionMethod = "rrf"
-    """``"rrf"``, ``"relative_score"`` or ``"dist_based"``."""
+    """Candidates fetched from each branch (dense and lexical); the best 50 fused ones
+    (:data:`~langchain_rse.pipeline.CANDIDATE_POOL`) go on to reranking and RSE."""
     weights: tuple[float, float] = (2.0, 1.0)
-    """Fusion weights of the (dense, lexical) branches: dense 2/3, BM25 1/3, chosen on CUAD
-    with BM25 over word stems and focus (Anthropic's cookbook uses 0.8 / 0.2)."""
-    code_weights: tuple[float, float] | None = (1.0, 1.0)
-    """Fusion weights for a query that quotes code (:func:`~langchain_rse.fusion.quotes_code`:
-    BM25 finds exact identifiers that embeddings blur); ``None``: ``weights`` always."""
-    code_corpus_weights: tuple[float, float] | None = (2.0, 1.0)
-    """Fusion weights for the other queries when the corpus is code: the built-in BM25 index
-    holds :data:`~langchain_rse.fusion.CODE_CORPUS` snake_case identifiers per chunk or more
-    (never with a ``lexical_store``); ``None``: ``weights``."""
-    rrf_k: float = 60.0
-    """Reciprocal rank fusion constant."""
-    relevance: Literal["rank", "score"] = "rank"
-    """Chunk relevance without a reranker: ``"rank"`` = ``exp(-rank / decay_rate)`` of the
-    fused rank; ``"score"`` = fused score divided by the best fused score."""
+    """Weights of the (dense, lexical) branches in reciprocal rank fusion: dense 2/3, BM25
+    1/3, chosen on CUAD with BM25 over word stems and focus (Anthropic's cookbook uses
+    0.8 / 0.2). A query that quotes code gives BM25 the dense weight
+    (:data:`~langchain_rse.pipeline.CODE_WEIGHTS_EQUAL`)."""
     preset: str | None = None
     """Named RSE parameters; see ``langchain_rse.segments.PRESETS``. ``None`` (the default):
     the preset tuned for the chunk size, ``"default"`` below 600 characters (and with a
@@ -209,7 +188,7 @@ class RSERetriever(DocumentIndex):
     """Document-aware retrieval: a :class:`~langchain_rse.routing.DocumentRouter` (or a
     bare retriever, wrapped in one with its defaults) picks the document a query is about,
     and its chunks are favoured (``boost``) when the unrouted search agrees. The default
-    searches the retriever's own :class:`~langchain_rse.documents.LeadIndex` (each
+    searches the retriever's own :class:`~langchain_rse.routing.LeadIndex` (each
     document's title and opening, kept in step with the index); ``None`` turns it off."""
     filter: Annotated[dict[str, Any] | None, AfterValidator(check_filter)] = None
     """A metadata filter every result must pass (a retriever bound to one tenant), in the
@@ -229,22 +208,8 @@ class RSERetriever(DocumentIndex):
     ``lambda f: {"filter": to_dict(f)}``)."""
     query_expander: Annotated[Any, AfterValidator(check_expander)] = None
     """Optional ``QueryExpander``: an LLM rewrites the query into several search queries."""
-    max_queries: int = 6
-    """Most queries searched for one retrieval (original + ``queries=`` + expansions)."""
-    max_query_chars: int = 8192
-    """Longer queries are rejected with a ``ValueError``."""
     max_document_chars: int = 20_000_000
     """Longer documents are rejected with a ``ValueError`` before anything is written."""
-    index_batch_size: int = 256
-    """Chunks written to the vector store per call."""
-    parallel_branches: bool = True
-    """``invoke`` runs the lexical search and the document route in a worker thread while
-    the calling thread runs the dense search; ``False`` runs them after it, on the calling
-    thread. In parallel a query returns sooner on an idle machine and costs more CPU (2-core
-    VM, 100k chunks: exact 5.1 -> 4.1 ms, IVF 2.0-2.2 -> 1.8 ms, up to 0.3 CPU-ms more);
-    with as many query processes as cores it served 1-9% fewer queries per second, so
-    ``False`` suits such services (``benchmarks/bench_speed.py --set
-    parallel_branches=False``). ``ainvoke`` runs every search concurrently either way."""
     show_progress: bool | None = None
     """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
     ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a
@@ -278,7 +243,7 @@ class RSERetriever(DocumentIndex):
             self._bind_router()
 
     def model_post_init(self, context: Any, /) -> None:
-        self._lexical = BM25Index(engine=self.lexical_engine, stemmer=self.lexical_stemmer)
+        self._lexical = BM25Index(stemmer=self.lexical_stemmer)
         self._records = RecordStore(self.docstore, isinstance(self.docstore, InMemoryByteStore))
         lock = ReadWriteLock(enabled=is_local(self.vectorstore))
         self._writer = Writer(self._records, self.vectorstore, self._lexical,
@@ -301,13 +266,12 @@ class RSERetriever(DocumentIndex):
         """The search branches for the current settings (built once per setting)."""
         k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
         translator = self.filter_translator
-        beside = self.parallel_branches
-        key = (id(self.vectorstore), id(self.lexical_store), k, id(translator), beside)
+        key = (id(self.vectorstore), id(self.lexical_store), k, id(translator))
         branches = self._branches.get(key)
         if branches is None:
             branches = self._branches[key] = SearchBranches(
                 self.vectorstore, self._lexical, self.lexical_store, self._writer.vs_lock, k,
-                translator, self._writer.sync_local, beside)  # fmt: skip
+                translator, self._writer.sync_local)  # fmt: skip
         return branches
 
     @property
@@ -327,7 +291,7 @@ class RSERetriever(DocumentIndex):
             f"RSERetriever(vectorstore={type(self.vectorstore).__name__}, k={self.k}, "
             f"mode={self.mode!r}, chunks={len(self._lexical)}, enricher={self.enricher!r}, "
             f"reranker={type(self.reranker).__name__ if self.reranker else None}, "
-            f"fusion={self.fusion!r}, preset={self.preset_name!r})"
+            f"preset={self.preset_name!r})"
         )
 
     __str__ = __repr__
@@ -367,7 +331,7 @@ class RSERetriever(DocumentIndex):
         one is skipped); empty documents are skipped with a warning (and an indexed
         version of them removed). All documents are validated and split first; then, a
         group of about ``WRITE_GROUP_CHUNKS`` chunks at a time, enriched and written to
-        the vector store (``index_batch_size`` chunks per call), the lexical index and the
+        the vector store (``INDEX_BATCH_SIZE`` chunks per call), the lexical index and the
         record store — so contexts, index texts and vectors are held for one group only.
         Progress is reported per stage (see ``show_progress``).
 
@@ -528,35 +492,6 @@ class RSERetriever(DocumentIndex):
 
     # ------------------------------------------------------------------ querying
 
-    def _retrieval(self, query: Any, k: Any, mode: Any, queries: Any, filter: Any,
-                   max_chars: Any, unknown: dict[str, Any]
-                   ) -> Generator[Request, Any, list[Document]]:  # fmt: skip
-        """Check the call (at once), then one retrieval as a sans-I/O generator:
-        ``("expand", query)`` when a query expander is set, then
-        :func:`~langchain_rse.pipeline.retrieve`."""
-        check_invoke_args(unknown)
-        query, k = clean_query(query, self.max_query_chars), check_k(self.k if k is None else k)
-        max_chars = check_max_chars(self.max_chars if max_chars is None else max_chars)
-
-        def steps() -> Generator[Request, Any, list[Document]]:
-            if k == 0:
-                return []
-            expansions = (yield ("expand", query)) if self.query_expander is not None else []
-            s = pipeline.QuerySettings.of(self, query, k, mode, queries, expansions, filter,
-                                          current_traces() is not None, max_chars)  # fmt: skip
-            return (yield from pipeline.retrieve(s, self.router))
-
-        return steps()
-
-    def _handlers(self, callbacks: Any, asynchronous: bool) -> Handlers:
-        """The I/O of one retrieval: expansion, the searches (child runs under
-        ``callbacks``), record reads and the reranker."""
-        out = pipeline.handlers(self._records, self.reranker, callbacks, current_traces(),
-                                asynchronous)  # fmt: skip
-        out.update(query_handlers(self._search(), self.router, self.query_expander, callbacks,
-                                  asynchronous))  # fmt: skip
-        return out
-
     def _get_relevant_documents(
         self,
         query: str,
@@ -569,9 +504,8 @@ class RSERetriever(DocumentIndex):
         max_chars: int | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        steps = self._retrieval(query, k, mode, queries, filter, max_chars, kwargs)
-        handlers = self._handlers(run_manager.get_child(), False)
-        return drive(steps, handlers, pipeline.THROWN)  # type: ignore[no-any-return]
+        steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
+        return drive(steps, pipeline.handlers(self, run_manager.get_child(), False))  # type: ignore[no-any-return]
 
     async def _aget_relevant_documents(
         self,
@@ -585,9 +519,8 @@ class RSERetriever(DocumentIndex):
         max_chars: int | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        steps = self._retrieval(query, k, mode, queries, filter, max_chars, kwargs)
-        handlers = self._handlers(run_manager.get_child(), True)
-        return await adrive(steps, handlers, pipeline.THROWN)  # type: ignore[no-any-return]
+        steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
+        return await adrive(steps, pipeline.handlers(self, run_manager.get_child(), True))  # type: ignore[no-any-return]
 
     def as_tool(  # type: ignore[override]
         self, *, name: str = "search", description: str | None = None, allow_filter: bool = False

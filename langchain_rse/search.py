@@ -22,7 +22,6 @@ from typing import Any, TypedDict, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
 from langchain_core.documents import Document
-from langchain_core.runnables import RunnableConfig
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from langchain_rse.chunking import chunk_key, parse_chunk_key
@@ -39,7 +38,6 @@ from langchain_rse.filters import (
 from langchain_rse.lexical import BM25Index
 from langchain_rse.locks import ReadWriteLock
 from langchain_rse.stores.faiss import FaissStore, one_thread
-from langchain_rse.threads import Beside
 
 __all__ = [
     "Hit",
@@ -50,7 +48,6 @@ __all__ = [
     "is_local",
     "key_of",
     "ls_params",
-    "query_handlers",
     "sync_only",
 ]
 
@@ -174,11 +171,8 @@ class SearchBranches:
     """A custom filter translation, for stores :mod:`langchain_rse.filters` does not know."""
     before_lexical: Callable[[], None] | None = None
     """Called before each in-process lexical search (a shared index's generation check)."""
-    beside: bool = True
-    """Run the lexical searches and the route in a worker thread beside the dense searches
-    (the retriever's ``parallel_branches``); False: after them, on the calling thread."""
 
-    def dense(self, request: SearchRequest) -> DenseResult:
+    def dense(self, request: SearchRequest, callbacks: Any = None) -> DenseResult:
         vs, k, query = self.vectorstore, self.k, request["query"]
         if isinstance(vs, FaissStore):  # the default store: chunk keys and scores only
             with self.lock.read():
@@ -194,7 +188,7 @@ class SearchBranches:
                 hits = [(d, None) for d in vs.similarity_search(query, k=k, **kw)]
         return DenseResult(*_keyed(hits))
 
-    async def adense(self, request: SearchRequest) -> DenseResult:
+    async def adense(self, request: SearchRequest, callbacks: Any = None) -> DenseResult:
         if self.lock.enabled or sync_only(self.vectorstore):
             # in process (under the lock), or a client without async search: in a thread
             return await asyncio.to_thread(self.dense, request)
@@ -207,85 +201,41 @@ class SearchBranches:
             hits = [(d, None) for d in await vs.asimilarity_search(query, k=k, **kw)]
         return DenseResult(*_keyed(hits))
 
-    def run(
-        self, queries: list[str], f: Filter | None, router: Any, config: RunnableConfig
+    def search(
+        self, queries: list[str], f: Filter | None, router: Any = None, callbacks: Any = None
     ) -> Found:
-        """Both branches for every query, and ``router``'s documents for the first (the
-        original) query, each an internal child run under ``config`` (:func:`child_run`) —
-        or, when no callback handler would see those runs, called directly (no run
-        overhead). The lexical searches and the route run in a worker thread while this
-        thread runs the dense searches (:class:`~langchain_rse.threads.Beside`), or after
-        them when not :attr:`beside`. The route sees only what ``f`` allows."""
+        """Both branches for every query, then ``router``'s documents for the first (the
+        original) query, in turn, each an internal child run under ``callbacks``
+        (:func:`child_run`). The route sees only what ``f`` allows."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
-        callbacks = config.get("callbacks")
-        traced = callbacks is None or bool(getattr(callbacks, "handlers", True))
-
-        def dense_search(r: SearchRequest) -> DenseResult:
-            if not traced:
-                return self.dense(r)
-            return child_run(callbacks, "dense_search", _inputs(r), lambda _: self.dense(r),
-                             _dense_outputs)  # fmt: skip
-
-        def lexical_search(r: SearchRequest) -> Sequence[Hit]:
-            if not traced:
-                return self.lexical_search(r)
-            return child_run(callbacks, "lexical_search", _inputs(r),
-                             lambda _: self.lexical_search(r), _hit_outputs)  # fmt: skip
-
-        def route() -> set[str] | None:
-            if not router:
-                return None
-            if not traced:
-                return router.route(queries[0], config, f)  # type: ignore[no-any-return]
-            return child_run(callbacks, "rse.route", _inputs(requests[0]),
-                             lambda cb: router.route(queries[0], {"callbacks": cb}, f),
-                             _route_outputs)  # fmt: skip
-
-        def lexical_and_route() -> tuple[list[Sequence[Hit]], set[str] | None]:
-            return [lexical_search(r) for r in requests], route()
-
-        if not self.beside:  # in turn, on this thread
-            return [dense_search(r) for r in requests], *lexical_and_route()
-        other = Beside(lexical_and_route)
-        try:
-            dense = [dense_search(r) for r in requests]
-        except BaseException:
-            other.discard()
-            raise
-        lexical, routed = other.result()
+        dense = [child_run(callbacks, "dense_search", _inputs(r), _dense_outputs, self.dense, r)
+                 for r in requests]  # fmt: skip
+        lexical = [child_run(callbacks, "lexical_search", _inputs(r), _hit_outputs,
+                             self.lexical_search, r) for r in requests]  # fmt: skip
+        routed = None
+        if router:
+            routed = child_run(callbacks, "rse.route", _inputs(requests[0]), _route_outputs,
+                               router.route, queries[0], f)  # fmt: skip
         return dense, lexical, routed
 
-    async def arun(
-        self, queries: list[str], f: Filter | None, router: Any, config: RunnableConfig
+    async def asearch(
+        self, queries: list[str], f: Filter | None, router: Any = None, callbacks: Any = None
     ) -> Found:
-        """Async :meth:`run`: every search at once, each an internal child run."""
+        """Async :meth:`search`: every search at once, each an internal child run."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
-        callbacks = config.get("callbacks")
         n = len(requests)
-
-        def dense(r: SearchRequest) -> Awaitable[DenseResult]:
-            return achild_run(callbacks, "dense_search", _inputs(r), lambda _: self.adense(r),
-                              _dense_outputs)  # fmt: skip
-
-        def lexical(r: SearchRequest) -> Awaitable[Sequence[Hit]]:
-            return achild_run(callbacks, "lexical_search", _inputs(r),
-                              lambda _: asyncio.to_thread(self.lexical_search, r),
-                              _hit_outputs)  # fmt: skip
-
-        def route() -> Awaitable[set[str] | None]:
-            return achild_run(callbacks, "rse.route", _inputs(requests[0]),
-                              lambda cb: router.aroute(queries[0], {"callbacks": cb}, f),
-                              _route_outputs)  # fmt: skip
-
         found: list[Any] = await asyncio.gather(
-            *(dense(r) for r in requests),
-            *(lexical(r) for r in requests),
-            *([route()] if router else []),
-        )
+            *(achild_run(callbacks, "dense_search", _inputs(r), _dense_outputs, self.adense, r)
+              for r in requests),
+            *(achild_run(callbacks, "lexical_search", _inputs(r), _hit_outputs,
+                         self.alexical_search, r) for r in requests),
+            *([achild_run(callbacks, "rse.route", _inputs(requests[0]), _route_outputs,
+                          router.aroute, queries[0], f)] if router else []),
+        )  # fmt: skip
         return list(found[:n]), list(found[n : 2 * n]), found[2 * n] if router else None
 
     def focus(
-        self, query: str, routed: set[str], f: Filter | None, router: Any, config: RunnableConfig
+        self, query: str, routed: set[str], f: Filter | None, router: Any, callbacks: Any = None
     ) -> Focused | None:
         """The text of ``router.focus_query(query, routed)`` (the query's clauses other than
         the one naming the routed documents) and both branches for it, filtered to those
@@ -294,18 +244,18 @@ class SearchBranches:
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None
-        dense, lexical, _ = self.run([text], within, None, config)
+        dense, lexical, _ = self.search([text], within, None, callbacks)
         return text, dense[0], lexical[0]
 
     async def afocus(
-        self, query: str, routed: set[str], f: Filter | None, router: Any, config: RunnableConfig
+        self, query: str, routed: set[str], f: Filter | None, router: Any, callbacks: Any = None
     ) -> Focused | None:
         """Async :meth:`focus` (the lead index is searched in a thread)."""
         text = await asyncio.to_thread(router.focus_query, query, routed, f)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None
-        dense, lexical, _ = await self.arun([text], within, None, config)
+        dense, lexical, _ = await self.asearch([text], within, None, callbacks)
         return text, dense[0], lexical[0]
 
     def _filterable(self, f: Filter) -> Filter | None:
@@ -320,13 +270,18 @@ class SearchBranches:
             return None
         return f
 
-    def lexical_search(self, request: SearchRequest) -> Sequence[Hit]:
+    async def alexical_search(self, request: SearchRequest, callbacks: Any = None
+                              ) -> Sequence[Hit]:  # fmt: skip
+        """Async :meth:`lexical_search` (in a thread)."""
+        return await asyncio.to_thread(self.lexical_search, request)
+
+    def lexical_search(self, request: SearchRequest, callbacks: Any = None) -> Sequence[Hit]:
         f, query = request["filter"], request["query"]
         if self.lexical_store is None:
             if self.before_lexical is not None:
                 self.before_lexical()
             allowed = None if f is None else (lambda metadata: matches(f, metadata))
-            return self.lexical.ranked(query, self.k, allowed)
+            return self.lexical.search(query, self.k, allowed)
         kw = search_kwargs(self.lexical_store, f, self.translator)
         hits = self.lexical_store.similarity_search_with_score(query, k=self.k, **kw)
         return _keyed([(doc, float(score)) for doc, score in hits])[0]
@@ -335,14 +290,15 @@ class SearchBranches:
 T = TypeVar("T")
 
 
-def child_run(callbacks: Any, name: str, inputs: dict[str, Any], call: Callable[[Any], T],
-              outputs: Callable[[T], dict[str, Any]]) -> T:  # fmt: skip
-    """``call(child callbacks)`` as an internal child run under ``callbacks``: a chain run
-    named ``name`` whose handlers see ``inputs`` and ``outputs(result)``, never the result
-    itself (which may hold document text)."""
+def child_run(callbacks: Any, name: str, inputs: dict[str, Any],
+              outputs: Callable[[Any], dict[str, Any]], call: Callable[..., T], *args: Any
+              ) -> T:  # fmt: skip
+    """``call(*args, child callbacks)`` as an internal child run under ``callbacks``: a
+    chain run named ``name`` whose handlers see ``inputs`` and ``outputs(result)``, never
+    the result itself (which may hold document text)."""
     run = CallbackManager.configure(callbacks).on_chain_start(None, inputs, name=name)
     try:
-        result = call(run.get_child())
+        result = call(*args, run.get_child())
     except BaseException as exc:
         run.on_chain_error(exc)
         raise
@@ -351,12 +307,12 @@ def child_run(callbacks: Any, name: str, inputs: dict[str, Any], call: Callable[
 
 
 async def achild_run(callbacks: Any, name: str, inputs: dict[str, Any],
-                     call: Callable[[Any], Awaitable[T]],
-                     outputs: Callable[[T], dict[str, Any]]) -> T:  # fmt: skip
+                     outputs: Callable[[Any], dict[str, Any]],
+                     call: Callable[..., Awaitable[T]], *args: Any) -> T:  # fmt: skip
     """Async :func:`child_run`."""
     run = await AsyncCallbackManager.configure(callbacks).on_chain_start(None, inputs, name=name)
     try:
-        result = await call(run.get_child())
+        result = await call(*args, run.get_child())
     except BaseException as exc:
         await run.on_chain_error(exc)
         raise
@@ -380,22 +336,3 @@ def _dense_outputs(result: DenseResult) -> dict[str, Any]:
 
 def _route_outputs(routed: set[str] | None) -> dict[str, Any]:
     return {"documents": None if routed is None else sorted(routed)}
-
-
-def query_handlers(search: SearchBranches, router: Any, expander: Any, callbacks: Any,
-                   asynchronous: bool) -> dict[str, Callable[[Any], Any]]:  # fmt: skip
-    """The handlers of a retrieval's query-side requests (see
-    :func:`~langchain_rse.pipeline.retrieve`): ``search`` and ``focus`` (both branches, and
-    the route, as child runs under ``callbacks``) and ``expand`` (the query expander)."""
-    config: RunnableConfig = {"callbacks": callbacks}
-    if asynchronous:
-        return {
-            "search": lambda s: search.arun(s.queries, s.filter, router, config),
-            "focus": lambda a: search.afocus(a[0], a[1], a[2], router, config),
-            "expand": lambda q: expander.aexpand(q, callbacks=callbacks),
-        }
-    return {
-        "search": lambda s: search.run(s.queries, s.filter, router, config),
-        "focus": lambda a: search.focus(a[0], a[1], a[2], router, config),
-        "expand": lambda q: expander.expand(q, callbacks=callbacks),
-    }

@@ -23,12 +23,21 @@ Pure numpy, no I/O.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from langchain_core.documents import Document
+
+from langchain_rse.pages import PAGE_OFFSETS, page_range
+
+if TYPE_CHECKING:
+    from langchain_rse.bodies import Body
+    from langchain_rse.fusion import Candidate, Route
+    from langchain_rse.records import DocRecord
 
 __all__ = [
     "PRESETS",
@@ -36,11 +45,13 @@ __all__ = [
     "Segment",
     "best_segments",
     "by_best_chunk",
+    "choose_segments",
     "chunk_values",
     "get_preset",
     "preset_for_chunk_size",
     "merge_touching",
     "rank_relevance",
+    "segment_documents",
 ]
 
 
@@ -283,3 +294,123 @@ def by_best_chunk(segments: Sequence[Segment], values: np.ndarray, offsets: np.n
     bounds = [firsts[g.doc] + x for g in segments for x in (g.start, g.end)]
     best = np.maximum.reduceat(np.append(values, -np.inf), bounds)[::2].tolist()
     return [segments[i] for i in sorted(range(len(segments)), key=lambda i: -best[i])]
+
+
+# ---------------------------------------------------------------- one query's segments
+
+
+Selection = list[tuple[str, int, int, float]]
+"""Chosen ``(doc_id, chunk_start, chunk_end, score)``, best first."""
+
+
+def choose_segments(
+    s: Any,
+    cands: list[Candidate],
+    metas: dict[str, DocRecord],
+    route: Route | None = None,
+) -> Selection:
+    """The top-k chunks, or the best RSE segments. While a soft ``route`` holds, a segment
+    of a document outside it must be worth ``route.factor`` times ``min_segment_value``:
+    the bar rises by the factor the routed documents' chunks were favoured by."""
+    if s.mode == "chunks":
+        ranked, room = sorted(cands, key=lambda c: -c.relevance), s.max_chars
+        chosen: Selection = []
+        for c in ranked:
+            if len(chosen) == s.k:
+                break
+            if room is not None:
+                start, end = metas[c.doc_id].spans[c.chunk_index]
+                if end - start > room:
+                    continue
+                room -= end - start
+            chosen.append((c.doc_id, c.chunk_index, c.chunk_index + 1, c.relevance))
+        return chosen
+    p = s.params
+    docs = list(dict.fromkeys([c.doc_id for c in cands]))
+    position = {d: i for i, d in enumerate(docs)}
+    values, offsets = chunk_values(
+        [len(metas[d].spans) for d in docs],
+        [(position[c.doc_id], c.chunk_index, c.relevance) for c in cands],
+        p.irrelevant_chunk_penalty,
+    )
+    if s.max_chars is None:  # the preset's budget, in chunks
+        budget = p.max_total_chunks + (len(s.queries) - 1) * p.extra_query_chunks
+        segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
+    else:  # the caller's budget, in characters
+        sizes = np.fromiter((n for d in docs for n in _strides(metas[d].spans)), np.int64,
+                            len(values))  # fmt: skip
+        segs = best_segments(values, offsets, p.max_segment_chunks, len(values),
+                             p.min_segment_value, sizes, s.max_chars)  # fmt: skip
+    if p.merge_touching:
+        segs = merge_touching(segs)
+    if route is not None and not math.isinf(route.factor):
+        bar = route.factor * p.min_segment_value
+        segs = [g for g in segs if docs[g.doc] in route.docs or g.value >= bar]
+    segs = by_best_chunk(segs, values, offsets)
+    return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
+
+
+def _strides(spans: Sequence[tuple[int, int]]) -> list[int]:
+    """What each chunk adds to a segment's length: from its start to its end or the next
+    chunk's start, whichever is later (so a run's strides add up to at least its text,
+    however the chunks overlap or leave gaps)."""
+    nexts = [b for b, _ in spans[1:]] + [0]
+    return [max(e, n) - b for (b, e), n in zip(spans, nexts)]
+
+
+def segment_documents(
+    s: Any,
+    cands: list[Candidate],
+    metas: dict[str, DocRecord],
+    bodies: dict[str, Body],
+    selection: Selection,
+    fallback: bool,
+) -> list[Document]:
+    """The returned ``Document``\\ s: exact slices of the source, with their metadata."""
+    keyed = s.mode == "chunks" or len(s.queries) > 1  # chunk metadata, or query ranks
+    by_key = {(c.doc_id, c.chunk_index): c for c in cands} if keyed else {}
+    out = []
+    for doc_id, start, end, score in selection:
+        meta, body = metas[doc_id], bodies[doc_id]
+        first, last = meta.spans[start][0], meta.spans[end - 1][1]
+        md: dict[str, Any] = dict(meta.metadata)
+        md.update(doc_id=doc_id, start_index=first, end_index=last, chunk_start=start,
+                  chunk_end=end, score=score)  # fmt: skip
+        offsets = md.pop(PAGE_OFFSETS, None)
+        if offsets:  # a source with pages: the segment's pages, 1-based and inclusive
+            md["page_start"], md["page_end"] = page_range(offsets, first, last)
+        if s.mode == "chunks":
+            c = by_key[(doc_id, start)]
+            md.update(
+                chunk_index=start,
+                fused_score=c.score,
+                dense_rank=c.ranks[0] or None,
+                lexical_rank=c.ranks[1] or None,
+                context=body.contexts[start].text,
+            )
+            if c.rerank_score is not None:
+                md["rerank_score"] = c.rerank_score
+        if len(s.queries) > 1:
+            md.update(
+                queries=list(s.queries), query_ranks=_query_ranks(s, by_key, doc_id, start, end)
+            )
+        if fallback:
+            md["rerank_fallback"] = True
+        out.append(Document(page_content=body.slice(first, last), metadata=md))
+    return out
+
+
+def _query_ranks(
+    s: Any, by_key: dict[tuple[str, int], Candidate], doc_id: str, start: int, end: int
+) -> dict[str, int]:
+    """Which queries found a result, and their best rank in either branch."""
+    hits: dict[str, int] = {}
+    for i in range(start, end):
+        hit = by_key.get((doc_id, i))
+        if hit is None:
+            continue
+        for q_index, query in enumerate(s.queries):
+            ranks = [r for r in hit.ranks[2 * q_index : 2 * q_index + 2] if r]
+            if ranks and min(ranks) < hits.get(query, 1 << 30):
+                hits[query] = min(ranks)
+    return hits

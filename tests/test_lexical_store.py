@@ -17,7 +17,8 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from conftest import corpus_documents
 from helpers import HashingEmbeddings, make_contract
-from langchain_rse import BM25Index, RSERetriever
+from langchain_rse import RSERetriever
+from langchain_rse.lexical import BM25Index
 
 
 class KeywordStore(VectorStore):

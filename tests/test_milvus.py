@@ -117,11 +117,9 @@ def test_bm25_scores_rank_best_first_and_dense_relevance_is_ordered(make) -> Non
                 "enrichment", "source", "title"} <= set(doc.metadata)  # fmt: skip
 
 
-@pytest.mark.parametrize("fusion", ["rrf", "relative_score"])
-def test_a_rare_identifier_is_found_by_milvus_bm25(make, fusion) -> None:
+def test_a_rare_identifier_is_found_by_milvus_bm25(make) -> None:
     # the lexical branch alone decides the order, so what comes back is Milvus's BM25
-    # (by rank with "rrf", by the BM25 scores themselves with "relative_score")
-    r = make(k=3, weights=(0.0, 1.0), fusion=fusion)
+    r = make(k=3, weights=(0.0, 1.0))
     rare = "QX7K9Z"
     zeta = make_contract("zeta", ["payment terms"], 4) + f"\nSchedule reference {rare}.\n"
     r.add_documents([*corpus_documents(), Document(zeta, metadata={"source": "zeta.txt"})])

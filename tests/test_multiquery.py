@@ -155,13 +155,14 @@ def test_each_candidate_keeps_its_rank_in_every_branch() -> None:
     """A candidate's ranks are 1-based per branch (each query's dense, then lexical), 0 where
     a branch lacks it; a chunk returned in chunks mode names a missing rank None."""
     from langchain_rse.chunking import chunk_key
-    from langchain_rse.pipeline import QuerySettings, candidates
+    from langchain_rse.fusion import candidates
+    from langchain_rse.pipeline import QuerySettings
     from langchain_rse.search import DenseResult
 
     a, b, c = (chunk_key("d", "v", i) for i in range(3))
-    s = QuerySettings(k=3, mode="chunks", queries=["q", "r"], weights=(2.0, 1.0), fusion="rrf",
-                      rrf_k=60.0, candidate_pool=50, relevance="rank", params=PARAMS,
-                      rerank=False, strict_rerank=False)  # fmt: skip
+    s = QuerySettings(k=3, mode="chunks", queries=["q", "r"], weights=(2.0, 1.0),
+                      candidate_pool=50, params=PARAMS, rerank=False,
+                      strict_rerank=False)  # fmt: skip
     dense = [DenseResult([(a, 0.9), (b, 0.5)]), DenseResult([(c, 0.7)])]
     found, route = candidates(s, dense, [[(c, 3.0), (a, 1.0)], []])
     assert route is None

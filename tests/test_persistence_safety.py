@@ -82,7 +82,9 @@ from langchain_rse import RSERetriever
 worker, target, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 docs = [Document(make_contract(f"w{worker}d{i}", ["payment", "termination"], 6 + worker),
                  id=f"w{worker}-{i}") for i in range(4 + worker)]
-r = RSERetriever.from_documents(docs, embedding=HashingEmbeddings(), index_batch_size=8)
+import langchain_rse.indexing
+langchain_rse.indexing.INDEX_BATCH_SIZE = 8
+r = RSERetriever.from_documents(docs, embedding=HashingEmbeddings())
 print("ready", flush=True)
 sys.stdin.readline()  # all workers start saving together
 for n in range(rounds):
@@ -223,12 +225,10 @@ def test_a_tampered_reranker_url_gets_no_key_through_the_cli_query(tmp_path: Pat
 Path_ = tuple[Any, ...]
 OPTIONAL = {  # keys older saves lack (see index_schema): deleting them leaves a valid index
     ("library_version",), ("stats",), ("components",), ("lexical",), ("config", "lexical_stemmer"),
-    ("config", "code_weights"), ("config", "code_corpus_weights"), ("config", "relevance"),
-    ("config", "max_queries"), ("config", "max_document_chars"), ("config", "max_chars"),
+    ("config", "max_document_chars"), ("config", "max_chars"),
 }  # fmt: skip
 NULLABLE = {  # keys where null is a valid setting
-    ("config", "lexical_stemmer"), ("config", "code_weights"), ("config", "code_corpus_weights"),
-    ("embedding", "class"), ("components", "router"),
+    ("config", "lexical_stemmer"), ("embedding", "class"), ("components", "router"),
 }  # fmt: skip
 VALID_ALSO = {  # values of another type that are still valid there
     ("components", "reranker"), ("components", "query_expander"), ("config", "rse_params"),
@@ -290,7 +290,7 @@ def _manifest_mutations(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     bad_values = {
         ("config", "k"): [-1], ("config", "mode"): ["everything"], ("config", "chunk_size"): [0],
         ("config", "chunk_overlap"): [10_000, -1], ("config", "weights"): [[0, 0], [1, 2, 3]],
-        ("config", "fusion"): ["sum"], ("config", "preset"): ["no-such-preset"],
+        ("config", "preset"): ["no-such-preset"],
         ("config", "lexical_stemmer"): ["klingon"],
         ("config", "rse_params"): [{"max_segment_chunks": 0}, {"bogus": 1}],
         ("format_version",): [99, 0], ("generation",): ["ZZZ", ""], ("vectorstore", "kind"): ["s3"],

@@ -4,7 +4,6 @@ another version's text, and a body that vanished before it was cached is a stale
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import pytest
@@ -15,8 +14,6 @@ from pydantic import ValidationError
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
 from langchain_rse.bodies import (
-    BLOCKED_ABOVE,
-    BodyBlocks,
     Contexts,
     DocBody,
     compressed,
@@ -24,7 +21,6 @@ from langchain_rse.bodies import (
     json_bytes,
     local_form,
     plain_form,
-    read_body,
 )
 from langchain_rse.enrichment import ChunkContext
 from langchain_rse.persistence import default_vectorstore
@@ -143,8 +139,7 @@ def test_spans_are_a_compact_sequence_of_pairs() -> None:
 def test_body_contexts_round_trip_and_are_built_when_read() -> None:
     contexts = [ChunkContext("Title: A", "header"), ChunkContext("", "none")]
     body = DocBody(text="ab", contexts=contexts)
-    forms = (body.to_bytes(), local_form(body_key("d", "v"), body.to_bytes()), body.packed(),
-             body.local_bytes())  # fmt: skip
+    forms = (body.to_bytes(), local_form(body_key("d", "v"), body.to_bytes()), body.local_bytes())
     for raw in forms:
         read = DocBody.from_bytes(raw)
         assert read == body and isinstance(read.contexts, Contexts)
@@ -154,26 +149,20 @@ def test_body_contexts_round_trip_and_are_built_when_read() -> None:
     assert json.loads(body.to_bytes())["contexts"] == [["Title: A", "header"], ["", "none"]]
 
 
-def test_a_packed_body_reads_its_text_without_json_and_its_contexts_when_asked() -> None:
-    """The in-process form: the text as UTF-8 (any code point), the
-    contexts' JSON parsed at their first read; a save turns it back into the JSON."""
+def test_the_in_process_body_form_is_compressed_json_and_saves_as_plain_json() -> None:
+    """The in-process form: the body's JSON compressed (any code point round-trips); a save
+    turns it back into the plain JSON."""
     text = "Vertrag \u00fcber \u20ac 5 \U0001f4c4 end"
     body = DocBody(text=text, contexts=[ChunkContext("Titel: \u00e9", "header")])
     raw = body.local_bytes()
-    assert raw[:1] != b"{" and decompressed(raw)[:1] == b"\x00"
-    read = DocBody.from_bytes(raw)
-    assert read.text == text and read.contexts._pairs is None  # not parsed yet
-    assert read == body and read.contexts._pairs == [["Titel: \u00e9", "header"]]
+    assert raw[:1] != b"{" and decompressed(raw) == body.to_bytes()
+    assert DocBody.from_bytes(raw) == body
     assert json_bytes(raw) == body.to_bytes() == plain_form(body_key("d", "v"), raw)
-    broken = DocBody.from_bytes(b"\x00" + (5).to_bytes(4, "little") + b"[[1]]text")
-    assert broken.text == "text"
-    with pytest.raises(ValueError, match="pair of strings"):
-        broken.contexts[0]
 
 
 def test_a_compressed_record_round_trips_and_other_bytes_are_refused() -> None:
     """The compressed form starts with its own marker byte, whatever the text's length:
-    JSON and packed bodies are told apart from it, and bytes that are neither, or a
+    JSON bodies are told apart from it, and bytes that are neither, or a
     damaged block, are a ValueError that says so, never a wrong text."""
     for text in ["", "{", "x" * 123, "\u00e9t\u00e9 " * 5000]:  # sizes whose low byte is "{"
         raw = text.encode("utf-8")
@@ -183,49 +172,8 @@ def test_a_compressed_record_round_trips_and_other_bytes_are_refused() -> None:
     damaged = compressed(b"abc" * 1000)[:-5]
     with pytest.raises(ValueError, match="does not decompress"):
         decompressed(damaged)
-    with pytest.raises(ValueError, match="not a compressed record"):
+    with pytest.raises(ValueError, match="Invalid JSON"):  # neither compressed nor JSON
         DocBody.from_bytes(b"\x28\xb5\x2f\xfd")
-
-
-def test_a_long_body_in_blocks_reads_any_slice_decoding_only_its_blocks() -> None:
-    """Above ``BLOCKED_ABOVE`` characters the in-process form keeps the text in blocks
-    compressed alone: every slice (across blocks, at their edges, empty, negative
-    indices) is the text's, and only the blocks it covers are decompressed; the whole
-    body, the contexts and the JSON a save writes are the body's."""
-    rng = random.Random(3)
-    alphabet = "ab \u00e9\u20ac\U0001f4c4\n"  # 1- to 4-byte UTF-8
-    text = "".join(rng.choice(alphabet) for _ in range(5_000))
-    body = DocBody(text=text, contexts=[ChunkContext("T: \u00e9", "header"), ("", "none")])
-    raw = BodyBlocks.encode(body, block_chars=97)
-    blocks = read_body(raw)
-    assert isinstance(blocks, BodyBlocks) and blocks.chars == len(text)
-    assert blocks.slice(100, 150) == text[100:150] and list(blocks._blocks) == [1]
-    assert blocks._contexts is None and blocks.contexts == body.contexts
-    for _ in range(300):
-        a, b = sorted(rng.randrange(-50, len(text) + 50) for _ in range(2))
-        assert blocks.slice(a, b) == text[a:b]
-        assert blocks.slice(b, a) == text[b:a]
-    for edge in (0, 96, 97, 194, len(text) - 1):
-        assert blocks.slice(edge, edge + 1) == text[edge : edge + 1]
-    assert blocks.text == text and DocBody.from_bytes(raw) == body
-    assert json_bytes(raw) == body.to_bytes() == plain_form(body_key("d", "v"), raw)
-    assert read_body(body.local_bytes()) == body  # short: one compressed body, as before
-    long = DocBody(text=text * 20, contexts=[])
-    assert len(long.text) > BLOCKED_ABOVE and long.local_bytes()[:1] == b"\x05"
-    assert local_form(body_key("d", "v"), long.to_bytes()) == long.local_bytes()
-
-
-def test_a_damaged_body_in_blocks_is_a_clear_error() -> None:
-    body = DocBody(text="abc" * 1000, contexts=[])
-    raw = BodyBlocks.encode(body, block_chars=500)
-    with pytest.raises(ValueError, match="not a body in blocks"):
-        BodyBlocks(raw[:-3])  # truncated: the offsets no longer match
-    with pytest.raises(ValueError, match="not a body in blocks"):
-        BodyBlocks(raw[:10])
-    flipped = bytearray(raw)
-    flipped[-20:] = b"\xff" * 20
-    with pytest.raises(ValueError, match="does not decompress"):
-        BodyBlocks(bytes(flipped)).slice(2990, 3000)
 
 
 @pytest.mark.parametrize(
@@ -258,40 +206,3 @@ def test_a_pointer_is_read_back_or_refused_with_a_reason() -> None:
         DocRecord.from_bytes(b"not json")
     with pytest.raises(ValueError):  # not UTF-8 either
         DocRecord.from_bytes(b"\x28\xb5\x2f\xfd not json")
-
-
-def test_segments_of_long_documents_are_exact_slices_read_from_their_blocks(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Documents kept in blocks (small blocks here) answer exactly as documents kept
-    whole: the same segments, each ``source[start_index:end_index]``; a query with the
-    body cache empty decodes some of a returned document's blocks, not all."""
-    import langchain_rse.bodies as bodies
-
-    topics = [["termination", "payment", "audit"], ["confidentiality", "warranty", "fees"]]
-    docs = [Document(make_contract(f"c{i}", t, 12), id=f"c{i}") for i, t in enumerate(topics)]
-    source = {d.id: d.page_content for d in docs}
-    monkeypatch.setattr(bodies, "BLOCKED_ABOVE", 2_000)
-    monkeypatch.setattr(bodies, "BLOCK_CHARS", 700)
-    blocked = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
-    blocked.add_documents(docs)
-    monkeypatch.setattr(bodies, "BLOCKED_ABOVE", 10**9)
-    whole = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()))
-    whole.add_documents(docs)
-    pointers = [p for p in blocked._records.pointers(["c0", "c1"]) if p is not None]
-    raw = blocked._records.store.mget([body_key(p.doc_id, p.version) for p in pointers])
-    assert all(r is not None and r[:1] == b"\x05" for r in raw)
-    for q in ("audit rights of the parties", "warranty fees", "termination payment"):
-        blocked._records._bodies.clear()
-        for mode in ("segments", "chunks"):
-            got, want = blocked.invoke(q, mode=mode), whole.invoke(q, mode=mode)
-            assert [(d.page_content, d.metadata) for d in got] == [
-                (d.page_content, d.metadata) for d in want
-            ]
-            for d in got:
-                m = d.metadata
-                assert d.page_content == source[m["doc_id"]][m["start_index"] : m["end_index"]]
-        cached = [blocked._records._bodies[k] for k in list(blocked._records._bodies.keys())]
-        assert cached and all(isinstance(b, BodyBlocks) for b in cached)
-        assert any(0 < len(b._blocks) < -(-b.chars // 700) for b in cached)
-    assert [d.page_content for d in blocked.get(["c0", "c1"])] == list(source.values())

@@ -265,24 +265,12 @@ def test_reranker_failure_falls_back_or_raises(docs, embeddings, caplog) -> None
         r.invoke(QUERY)
 
 
-def test_rank_bm25_engine_gives_results(docs, embeddings) -> None:
-    r = RSERetriever.from_documents(docs, embedding=embeddings, lexical_engine="rank_bm25")
-    assert r.invoke("royalties")[0].metadata["doc_id"] == "gamma.txt"
-
-
-@pytest.mark.parametrize("fusion", ["rrf", "relative_score", "dist_based"])
-def test_fusion_methods(docs, embeddings, fusion) -> None:
-    r = RSERetriever.from_documents(docs, embedding=embeddings, fusion=fusion, mode="chunks")
-    assert r.invoke("royalties")[0].metadata["doc_id"] == "gamma.txt"
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"chunk_size": 0},
         {"chunk_overlap": 700},
         {"preset": "nope"},
-        {"fusion": "max"},
         {"weights": (0.0, 0.0)},
         {"fetch_k": 0},
     ],
@@ -316,7 +304,7 @@ def test_assignment_is_validated(retriever) -> None:
     assert type(retriever.reranker).__name__ == "CompressorReranker"
     assert retriever.invoke(QUERY)
     # what was read once at construction cannot be changed afterwards
-    for name, value in [("lexical_engine", "rank_bm25"), ("docstore", InMemoryByteStore()),
+    for name, value in [("lexical_stemmer", None), ("docstore", InMemoryByteStore()),
                         ("vectorstore", InMemoryVectorStore(HashingEmbeddings()))]:  # fmt: skip
         with pytest.raises(ValueError, match="frozen"):
             setattr(retriever, name, value)
@@ -346,47 +334,16 @@ def python_module(name: str, functions: int = 8) -> str:
     return "\n".join(lines)
 
 
-def test_a_corpus_of_code_fuses_with_code_corpus_weights(docs, embeddings, tmp_path) -> None:
-    from langchain_rse.fusion import CODE_CORPUS
-    from langchain_rse.pipeline import fusion_weights
-
-    code = [Document(python_module(n), id=f"{n}.py") for n in ("loader", "sync", "export")]
-    # prose weights other than the code corpus's (both are 2:1 by default)
-    r = RSERetriever.from_documents(code, embedding=embeddings, weights=(4.0, 1.0))
-    plain, quoting = "How are retries counted?", "What does `read_rows()` return?"
-    assert r._lexical.identifier_density() >= CODE_CORPUS
-    assert fusion_weights(r, plain) == r.code_corpus_weights == (2.0, 1.0)
-    assert fusion_weights(r, quoting) == (1.0, 1.0)  # a query that quotes code: code_weights
-    r.add_documents(docs)  # contracts: the corpus is mostly prose now
-    assert r._lexical.identifier_density() < CODE_CORPUS
-    assert fusion_weights(r, plain) == (4.0, 1.0)
-    r.delete([d.metadata["source"] for d in docs])  # the very next query sees it
-    assert fusion_weights(r, plain) == (2.0, 1.0)
-    r.save(tmp_path)
-    loaded = RSERetriever.load(tmp_path, embedding=embeddings)
-    assert fusion_weights(loaded, plain) == (2.0, 1.0)
-    assert loaded.invoke(plain)
-    loaded.code_corpus_weights = None
-    assert fusion_weights(loaded, plain) == (4.0, 1.0)
-    with pytest.raises(ValueError, match="code_corpus_weights"):
-        loaded.code_corpus_weights = (1.0, -1.0)
-
-
-def test_queries_that_quote_code_fuse_with_code_weights(retriever, tmp_path) -> None:
+def test_queries_that_quote_code_give_bm25_the_dense_weight(retriever) -> None:
     from langchain_rse.pipeline import QuerySettings
 
     def weights(r: RSERetriever, query: str) -> tuple[float, float]:
         return QuerySettings.of(r, query, 4, None, None, [], None).weights
 
-    assert retriever.weights == (2.0, 1.0) and retriever.code_weights == (1.0, 1.0)
-    assert weights(retriever, "What does `terminate_early()` return?") == (1.0, 1.0)
+    assert retriever.weights == (2.0, 1.0)
+    assert weights(retriever, "What does `terminate_early()` return?") == (2.0, 2.0)
     assert weights(retriever, "Can the customer terminate early?") == (2.0, 1.0)
-    retriever.code_weights = (3.0, 2.0)
-    retriever.save(tmp_path)
-    loaded = RSERetriever.load(tmp_path, embedding=HashingEmbeddings())
-    assert weights(loaded, "What does `terminate_early()` return?") == (3.0, 2.0)
-    retriever.code_weights = None
-    assert weights(retriever, "What does `terminate_early()` return?") == (2.0, 1.0)
-    with pytest.raises(ValueError, match="code_weights"):
-        retriever.code_weights = (0.0, 0.0)
-    assert retriever.code_weights is None  # a rejected assignment changes nothing
+    retriever.weights = (1.0, 0.0)  # dense only stays dense only
+    assert weights(retriever, "What does `terminate_early()` return?") == (1.0, 0.0)
+    retriever.weights = (1.0, 3.0)  # BM25 already weighs more
+    assert weights(retriever, "What does `terminate_early()` return?") == (1.0, 3.0)

@@ -13,9 +13,9 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
-from langchain_rse import DocumentRouter, NoEnricher, RSERetriever, document_leads
-from langchain_rse.documents import LeadIndex
-from langchain_rse.routing import DEFAULT_BOOST
+from langchain_rse import DocumentRouter, NoEnricher, RSERetriever
+from langchain_rse.chunking import document_leads
+from langchain_rse.routing import DEFAULT_BOOST, LeadIndex
 
 NAMES = ["Orion", "Lyra", "Vega"]
 QUERY = "termination notice period of the Orion supply agreement"
@@ -110,7 +110,7 @@ def test_the_lead_reaches_past_a_cover_legend() -> None:
         enricher=NoEnricher())  # fmt: skip
     retriever.add_documents(docs)
     assert retriever.router is not None
-    assert retriever.router.route(QUERY, {}) == {"orion.txt"}
+    assert retriever.router.route(QUERY) == {"orion.txt"}
     results = retriever.invoke(QUERY, k=4, mode="chunks")
     assert results[0].metadata["doc_id"] == "orion.txt"
 
@@ -348,7 +348,7 @@ def test_boosted_reorders_by_multiplied_scores_stably() -> None:
 
     keys = [chunk_key(d, "v", i) for d, i in (("a", 0), ("b", 0), ("a", 1), ("b", 1))]
     ranking = fused([[(k, None) for k in keys]], [1.0], "rrf", rrf_k=0.0)  # 1, 1/2, 1/3, 1/4
-    out = ranking.boosted(in_docs(ranking.ids, {"b"}), 2.0).top()
+    out = ranking.boosted(lambda ids: in_docs(ids, {"b"}), 2.0).top()
     assert [h.id for h in out] == [keys[0], keys[1], keys[3], keys[2]]
     assert [h.score for h in out] == [1.0, 1.0, 0.5, 1 / 3]  # a tie keeps the fused order
     assert [h.ranks for h in out] == [(1,), (2,), (4,), (3,)]
@@ -461,8 +461,10 @@ def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
 
 def test_off_route_segments_must_clear_the_boosted_bar() -> None:
     from langchain_rse.chunking import chunk_key
-    from langchain_rse.pipeline import Candidate, QuerySettings, Route, select
+    from langchain_rse.fusion import Candidate, Route
+    from langchain_rse.pipeline import QuerySettings
     from langchain_rse.records import DocRecord
+    from langchain_rse.segments import choose_segments as select
     from langchain_rse.segments import get_preset
 
     params = get_preset("default")
@@ -478,9 +480,9 @@ def test_off_route_segments_must_clear_the_boosted_bar() -> None:
     # a0 is the routed document's hit; b8 is worth 0.75, b5 0.3 (above the floor 0.2, below
     # (1 + boost) x 0.2 = 0.6)
     cands = [cand("a", 0, 1.0), cand("b", 8, 0.95), cand("b", 5, 0.5)]
-    s = QuerySettings(k=10, mode="segments", queries=["q"], weights=(4.0, 1.0), fusion="rrf",
-                      rrf_k=60.0, candidate_pool=50, relevance="rank", params=params,
-                      rerank=False, strict_rerank=False)  # fmt: skip
+    s = QuerySettings(k=10, mode="segments", queries=["q"], weights=(4.0, 1.0),
+                      candidate_pool=50, params=params, rerank=False,
+                      strict_rerank=False)  # fmt: skip
     picked = lambda route: [(d, start) for d, start, _, _ in select(s, cands, metas, route)]  # noqa: E731
     assert picked(None) == [("a", 0), ("b", 8), ("b", 5)]
     assert picked(Route(frozenset({"a"}), 1.0 + DEFAULT_BOOST)) == [("a", 0), ("b", 8)]
@@ -494,8 +496,8 @@ def test_off_route_segments_must_clear_the_boosted_bar() -> None:
 
 
 def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
-    from langchain_rse.explain import tracing
-    from langchain_rse.pipeline import QuerySettings, select
+    from langchain_rse.pipeline import QuerySettings, tracing
+    from langchain_rse.segments import choose_segments as select
 
     retriever = default_retriever()
     retriever.add_documents(
@@ -536,11 +538,11 @@ def test_the_built_in_lead_index_stems_as_the_retriever_does() -> None:
 
 @pytest.mark.parametrize("seed", range(30))
 def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None:
-    """The candidates of a soft route read the documents of the ids that can make the pool
-    only (``Fused.boosted_first``): the same candidates, scores and ranks as boosting every id."""
+    """The candidates of a soft route are those of boosting every id of the routed
+    documents: the same candidates, scores and ranks."""
     from langchain_rse.chunking import chunk_key, in_docs
-    from langchain_rse.fusion import fused
-    from langchain_rse.pipeline import QuerySettings, candidates
+    from langchain_rse.fusion import RRF_K, candidates, fused
+    from langchain_rse.pipeline import QuerySettings
     from langchain_rse.search import DenseResult
     from langchain_rse.segments import get_preset
 
@@ -551,13 +553,13 @@ def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None
     dense.sort(key=lambda h: -h[1])
     lexical.sort(key=lambda h: -h[1])
     pool, boost = rng.choice([1, 5, 20, 50]), rng.choice([0.5, 2.0, 9.0])
-    s = QuerySettings(k=4, mode="chunks", queries=["q"], weights=(4.0, 1.0), fusion="rrf",
-                      rrf_k=rng.choice([0.0, 60.0]), candidate_pool=pool, relevance="rank",
-                      params=get_preset("default"), rerank=False, strict_rerank=False)  # fmt: skip
+    s = QuerySettings(k=4, mode="chunks", queries=["q"], weights=(4.0, 1.0),
+                      candidate_pool=pool, params=get_preset("default"), rerank=False,
+                      strict_rerank=False)  # fmt: skip
     routed = set(rng.sample("abcdef", rng.randint(1, 2)))
     router = DocumentRouter(retriever=LeadIndex(), check_k=None, boost=boost)
     got, route = candidates(s, [DenseResult(dense)], [lexical], routed, router, confirmed=True)
-    ranking = fused([dense, lexical], [4.0, 1.0], "rrf", s.rrf_k)
-    want = ranking.boosted(in_docs(ranking.ids, routed), 1.0 + boost).top(pool)
+    ranking = fused([dense, lexical], [4.0, 1.0], "rrf", RRF_K)
+    want = ranking.boosted(lambda ids: in_docs(ids, routed), 1.0 + boost).top(pool)
     assert [(c.key, c.score, tuple(r or None for r in c.ranks)) for c in got] == want
     assert route is not None and route.docs == routed

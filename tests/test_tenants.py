@@ -13,8 +13,9 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
-from langchain_rse import DocumentRouter, NoEnricher, RSERetriever, document_leads
-from langchain_rse.documents import LeadIndex
+from langchain_rse import DocumentRouter, NoEnricher, RSERetriever
+from langchain_rse.chunking import document_leads
+from langchain_rse.routing import LeadIndex
 
 ACME = {"tenant": "acme"}
 QUERY = "termination notice period of the Orion supply agreement"

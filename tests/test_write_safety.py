@@ -20,7 +20,8 @@ from langchain_core.stores import InMemoryByteStore
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract, stored_metadata
-from langchain_rse import BM25Index, LeadIndex, RSERetriever
+from langchain_rse import LeadIndex, RSERetriever
+from langchain_rse.lexical import BM25Index
 from langchain_rse.persistence import default_vectorstore
 from langchain_rse.stores.faiss import LocalFAISS
 
@@ -224,8 +225,16 @@ def flaky_store(fault: str) -> tuple[Any, Callable[[int], None]]:
     return vs, fail_add
 
 
+@pytest.fixture(autouse=True)
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes of 4 chunks per vector-store call, so a document takes several."""
+    import langchain_rse.indexing as indexing_module
+
+    monkeypatch.setattr(indexing_module, "INDEX_BATCH_SIZE", 4)
+
+
 def faiss_retriever(vs: Any) -> RSERetriever:
-    return RSERetriever(vectorstore=vs, index_batch_size=4, k=3, chunk_size=200)
+    return RSERetriever(vectorstore=vs, k=3, chunk_size=200)
 
 
 @pytest.mark.parametrize("fault", ["embeddings", "vectorstore"])

@@ -28,7 +28,6 @@ from langchain_core.vectorstores import VectorStore
 
 from langchain_rse.chunking import chunk_key
 from langchain_rse.filters import Bool, Cmp, Filter, doc_ids, matches, parse
-from langchain_rse.fusion import Ranked, key_ids
 
 __all__ = ["FaissStore", "check_deletes", "kept_ids_ivf", "move_up", "removable", "one_thread"]
 
@@ -254,18 +253,17 @@ class FaissStore(VectorStore):
             self._by_doc = by_doc = {d: np.asarray(p, dtype=np.int64) for d, p in found.items()}
         return by_doc
 
-    def ranked(self, query: str, k: int, filter: Filter | None = None) -> Ranked:
+    def ranked(self, query: str, k: int, filter: Filter | None = None) -> list[tuple[str, float]]:
         """The retriever's dense search: the chunk keys of the ``k`` nearest chunks it
         wrote and their cosine similarities, best first (other documents are skipped)."""
         at, scores = self.search_vector(self.embedding.embed_query(query), k, filter)
-        keys, found = [], []
+        hits = []
         for p, score in zip(at.tolist(), scores.tolist()):
             m = self.metadatas[p]
             if "doc_id" in m and "doc_version" in m and "chunk_index" in m:
-                keys.append(chunk_key(str(m["doc_id"]), str(m["doc_version"]),
-                                      int(m["chunk_index"])))  # fmt: skip
-                found.append(score)
-        return Ranked(keys, np.arange(len(keys)), key_ids(keys), np.asarray(found))
+                key = chunk_key(str(m["doc_id"]), str(m["doc_version"]), int(m["chunk_index"]))
+                hits.append((key, score))
+        return hits
 
     def similarity_search_with_score_by_vector(
         self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter = None,
