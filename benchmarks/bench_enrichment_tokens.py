@@ -41,8 +41,8 @@ from pydantic import PrivateAttr
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from langchain_rse.chunking import Chunk, split_text
 from langchain_rse.enrichment import CHARS_PER_TOKEN, ContextualEnricher
+from langchain_rse.indexing.chunking import Chunk, split_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -36,7 +36,7 @@ Usage::
     python benchmarks/bench_quality.py                         # all corpora, all questions
     python benchmarks/bench_quality.py --corpus covidqa --half a
     python benchmarks/bench_quality.py --corpus cuad --half a --peers dense \
-        --set weights=(1.0,1.0) --set rrf_k=30.0
+        --set weights=(1.0,1.0) --set fetch_k=100
     python benchmarks/bench_quality.py --corpus cuad --offtopic --peers dense \
         --set reranker=embedding,preset=reranked
     python benchmarks/bench_quality.py --quick                 # smoke run: 3 docs, 10 questions

@@ -15,11 +15,11 @@ Configurations are timed in alternation, one query each in turn (rotating which 
 so a machine whose speed drifts slows them all alike; each configuration gets its own
 queries (no record cache is warmed by another). ``--set key=value[,key=value]`` adds a
 configuration: the same index with those retriever settings (values are Python literals),
-to see what a speed layer buys, e.g. ``--set parallel_branches=False``.
+to see what a setting costs, e.g. ``--set fetch_k=100``.
 
     python benchmarks/bench_speed.py                      # 100k chunks, 100 queries each
     python benchmarks/bench_speed.py --sizes 100000,1000000
-    python benchmarks/bench_speed.py --set parallel_branches=False
+    python benchmarks/bench_speed.py --set fetch_k=100
     python benchmarks/bench_speed.py --quick              # 10k chunks, 10 queries: a smoke run
 
 Each size runs in a fresh process. Prints Markdown tables: p50 / p95 wall ms per query, the

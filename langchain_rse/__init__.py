@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         NoEnricher,
     )
     from langchain_rse.expansion import QueryExpander
-    from langchain_rse.pages import combine_pages
+    from langchain_rse.indexing.chunking import combine_pages
     from langchain_rse.rerank import (
         BaseReranker,
         CohereReranker,
@@ -43,7 +43,7 @@ _MODULES = {
         "NoEnricher",
     ],
     "langchain_rse.expansion": ["QueryExpander"],
-    "langchain_rse.pages": ["combine_pages"],
+    "langchain_rse.indexing.chunking": ["combine_pages"],
     "langchain_rse.rerank": [
         "BaseReranker",
         "CohereReranker",

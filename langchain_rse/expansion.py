@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.stores import BaseStore, InMemoryByteStore
 
-from langchain_rse.llm_calls import (
+from langchain_rse.llm import (
     CallJob,
     CallsModel,
     ModelCalls,
@@ -286,7 +286,7 @@ class QueryExpander(CallsModel):
     Expansions are cached in ``cache`` (any ``BaseStore[str, bytes]``, default in memory)
     under ``rse-qx/<sha256>`` of the model identity (class and model name), the prompt
     version, ``n`` and the query; a hit makes no model call. Transient errors (rate limits,
-    timeouts, 5xx: :func:`~langchain_rse.llm_calls.is_transient`) are retried
+    timeouts, 5xx: :func:`~langchain_rse.llm.is_transient`) are retried
     ``max_retries`` times with jittered exponential backoff; if the model still fails, or
     its reply holds no usable query, a warning is logged and the result is ``[query]``
     (never an exception, never cached).

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "filter_sql",
+    "to_postgres_sql",
     "Filter",
     "FilterError",
     "doc_ids",
@@ -207,13 +209,51 @@ def to_milvus_expr(f: Filter) -> str:
     if isinstance(f, Bool):
         joiner = " and " if f.op == "$and" else " or "
         return "(" + joiner.join(to_milvus_expr(item) for item in f.items) + ")"
-    field = f"{f.key}" if f.key.isidentifier() else f'$meta["{f.key}"]'
+    field = f.key if f.key.isidentifier() else f"$meta[{json.dumps(f.key)}]"  # key escaped
     value = json.dumps(list(f.value) if isinstance(f.value, tuple) else f.value)
     op = {"$eq": "==", "$ne": "!=", "$in": "in", "$nin": "not in", "$gt": ">",
           "$gte": ">=", "$lt": "<", "$lte": "<="}[f.op]  # fmt: skip
     if f.op in ("$ne", "$nin"):  # a missing key passes, as in `matches` (Milvus: null)
         return f"({field} {op} {value} or {field} is null)"
     return f"({field} {op} {value})"
+
+
+_SQL_ORDER = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
+
+
+def filter_sql(spec: Mapping[str, Any], column: str = "metadata") -> tuple[str, dict[str, Any]]:
+    """A metadata filter (the language of :func:`parse`, ``FilterError`` outside it) as a
+    Postgres SQL condition on a ``jsonb`` column, with bound parameters: keys and values
+    are parameters, never SQL text. Values compare as JSON (``1 == 1.0``, ``True != 1``,
+    ``"1" != 1``); a missing key passes ``$ne``/``$nin`` and fails the rest; ``$gt``...
+    compare numbers only — :func:`matches`' semantics."""
+    return to_postgres_sql(parse(spec), column)
+
+
+def to_postgres_sql(f: Filter, column: str = "metadata") -> tuple[str, dict[str, Any]]:
+    """:func:`filter_sql` of a parsed filter."""
+    params: dict[str, Any] = {}
+
+    def bind(value: Any) -> str:
+        name = f"f{len(params)}"
+        params[name] = value
+        return f":{name}"
+
+    def clause(f: Filter) -> str:
+        if isinstance(f, Bool):
+            return "(" + f" {f.op[1:].upper()} ".join(clause(item) for item in f.items) + ")"
+        field = f"({column} -> {bind(f.key)})"
+        if f.op in ("$eq", "$ne"):
+            same = f"CAST({bind(json.dumps(f.value))} AS jsonb)"
+            return f"({field} = {same})" if f.op == "$eq" else f"({field} IS DISTINCT FROM {same})"
+        if f.op in ("$in", "$nin"):
+            values = bind([json.dumps(v) for v in f.value])
+            anyof = f"coalesce({field} = ANY(CAST({values} AS jsonb[])), false)"
+            return f"({anyof})" if f.op == "$in" else f"(NOT {anyof})"
+        return (f"(CASE WHEN jsonb_typeof({field}) = 'number' THEN CAST({field} AS numeric) "
+                f"{_SQL_ORDER[f.op]} CAST({bind(f.value)} AS numeric) ELSE false END)")  # fmt: skip
+
+    return clause(f), params
 
 
 def to_pgvector(f: Filter) -> dict[str, Any]:

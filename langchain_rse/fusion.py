@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
-from langchain_rse.chunking import doc_of, in_docs, parse_chunk_key
+from langchain_rse.indexing.records import doc_of, in_docs, parse_chunk_key
 
 if TYPE_CHECKING:
     from langchain_rse.routing import DocumentRouter

@@ -22,8 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from langchain_rse.lexical.tokenizer import check_stemmer
 from langchain_rse.segments import RSEParams
-from langchain_rse.tokenizer import check_stemmer
 
 __all__ = [
     "EXTENSIONS",

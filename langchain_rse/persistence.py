@@ -46,9 +46,9 @@ __all__ = [
 ]
 
 from langchain_rse import index_schema
-from langchain_rse.bodies import local_form, plain_form
 from langchain_rse.components import describe_component, restore_components
 from langchain_rse.embedding_cache import underlying
+from langchain_rse.indexing.records import local_form, plain_form
 from langchain_rse.lexical import saved_stemmer
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _langchain_faiss() -> tuple[Any, Any, Any]:
 
 def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
     """The default local store: exact cosine search in FAISS
-    (:class:`~langchain_rse.stores.faiss.FaissStore`), else ``InMemoryVectorStore``, over
+    (:class:`~langchain_rse.integrations.faiss.FaissStore`), else ``InMemoryVectorStore``, over
     ``embedding`` (the bundled ``LocalEmbeddings`` when None).
 
     It keeps the chunks' metadata without their text, which the record store holds."""
@@ -101,7 +101,7 @@ def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
         import faiss  # noqa: F401
     except ImportError:
         return InMemoryVectorStore(embedding)
-    from langchain_rse.stores.faiss import FaissStore
+    from langchain_rse.integrations.faiss import FaissStore
 
     return FaissStore(embedding, keep_text=False)  # the chunk texts are in the record store
 
@@ -286,7 +286,7 @@ _OUR_FAISS = {"FaissStore", "LocalFAISS"}
 
 def vectorstore_kind(vs: VectorStore) -> str:
     """``"faiss"``, ``"in_memory"`` or ``"external"`` (saved elsewhere by its owner)."""
-    from langchain_rse.stores.faiss import FaissStore, is_langchain_faiss
+    from langchain_rse.integrations.faiss import FaissStore, is_langchain_faiss
 
     # ours, or LangChain's FAISS itself (not a user's subclass of it)
     if isinstance(vs, FaissStore) or (is_langchain_faiss(vs) and type(vs).__name__ == "FAISS"):
@@ -297,7 +297,7 @@ def vectorstore_kind(vs: VectorStore) -> str:
 
 
 def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
-    from langchain_rse.stores.faiss import FaissStore
+    from langchain_rse.integrations.faiss import FaissStore
 
     kind = vectorstore_kind(vs)
     info: dict[str, Any] = {"kind": kind, "class": f"{type(vs).__module__}.{type(vs).__name__}"}
@@ -373,7 +373,7 @@ def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
             )
         ours = str(info.get("class", "")).rsplit(".", 1)[-1] in _OUR_FAISS
         if ours and data.normalize_L2:  # (before 0.2: LocalFAISS, LangChain's format)
-            from langchain_rse.stores.faiss import FaissStore
+            from langchain_rse.integrations.faiss import FaissStore
 
             return FaissStore.from_saved(embedding, data.model_dump(), index)
         FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()

@@ -5,7 +5,7 @@ a typed request (:class:`Expand`, :class:`Search`, :class:`Focus`, :class:`ReadP
 :class:`ReadBodies`, :class:`Rerank`, :class:`Record`) and receives the answer.
 :func:`drive` answers the requests synchronously and :func:`adrive` awaits them, with the
 handlers :func:`handlers` binds, so the sync and async paths share every line of logic.
-The write path (:mod:`langchain_rse.indexing`) is driven the same way.
+The write path (:mod:`langchain_rse.indexing.writer`) is driven the same way.
 
 One query: expand → search (:mod:`~langchain_rse.search`) → fuse into candidates
 (:mod:`~langchain_rse.fusion`) → read the candidates' records → rerank → relevance →
@@ -28,12 +28,10 @@ from typing import Any, NamedTuple
 
 from langchain_core.documents import Document
 
-from langchain_rse.bodies import Body
-from langchain_rse.chunking import chunk_uuid
 from langchain_rse.enrichment import index_text
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import Candidate, Route, candidates, confirmed_route, quotes_code
-from langchain_rse.records import DocRecord, StaleRead
+from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.segments import (
@@ -296,7 +294,9 @@ class QuerySettings:
             params=r.params,
             rerank=r.reranker is not None,
             strict_rerank=r.strict_rerank,
-            filter=both(parse(r.filter) if r.filter else None, parse(f) if f else None),
+            filter=both(parse(r.filter), parse(f) if f else None)
+            if r.filter
+            else (parse(f) if f else None),
             max_chars=max_chars,
         )
 

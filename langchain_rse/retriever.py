@@ -1,8 +1,8 @@
 """``RSERetriever``: the retriever that wires the stages together.
 
-Index time: :mod:`~langchain_rse.validation` → :mod:`~langchain_rse.chunking` →
-:mod:`~langchain_rse.enrichment` → :mod:`~langchain_rse.indexing` (the write protocol over
-the vector store, the lexical index and the :mod:`~langchain_rse.records` store).
+Index time: :mod:`~langchain_rse.validation` → :mod:`~langchain_rse.indexing.chunking` →
+:mod:`~langchain_rse.enrichment` → :mod:`~langchain_rse.indexing.writer` (the write protocol over
+the vector store, the lexical index and the :mod:`~langchain_rse.indexing.records` store).
 Query time: :mod:`~langchain_rse.validation` → [query expansion] →
 :mod:`~langchain_rse.search` (dense and lexical branches, [routing]) →
 :mod:`~langchain_rse.pipeline` (fusion, rerank, relevance, RSE, exact slices).
@@ -37,21 +37,20 @@ from pydantic import (
 )
 
 from langchain_rse import pipeline
-from langchain_rse.chunking import DEFAULT_CHUNK_SIZE, doc_id_for
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation
 from langchain_rse.filters import Filter, matches, parse
-from langchain_rse.indexing import Writer, index_steps
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, doc_id_for
+from langchain_rse.indexing.store import ReadWriteLock, RecordStore
+from langchain_rse.indexing.writer import Writer, index_steps
 from langchain_rse.lexical import BM25Index
-from langchain_rse.locks import ReadWriteLock
+from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.persistence import default_vectorstore, load_index, save_index
 from langchain_rse.pipeline import adrive, drive, tracing
-from langchain_rse.record_store import RecordStore
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
 from langchain_rse.search import SearchBranches, is_local, ls_params
 from langchain_rse.segments import RSEParams, get_preset, preset_for_chunk_size
-from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.validation import (
     check_delete_ids,
     check_expander,
@@ -257,10 +256,15 @@ class RSERetriever(DocumentIndex):
         if not isinstance(leads, LeadIndex):
             leads = None
         else:
-            leads._before_search = self._writer.sync_local
+            leads._before_search = self._sync_local()
             leads._term_weights = None if self.lexical_store is not None else self._lexical.idf
             leads.use_stemmer(self.lexical_stemmer)  # leads are analyzed as the chunks are
         self._writer.attach_leads(leads)
+
+    def _sync_local(self) -> Callable[[], None] | None:
+        """What runs before a search of an in-process index (BM25, leads): the shared record
+        store's generation check; nothing when the record store is this process's own."""
+        return self._writer.sync_local if self._writer.shared else None
 
     def _search(self) -> SearchBranches:
         """The search branches for the current settings (built once per setting)."""
@@ -271,7 +275,7 @@ class RSERetriever(DocumentIndex):
         if branches is None:
             branches = self._branches[key] = SearchBranches(
                 self.vectorstore, self._lexical, self.lexical_store, self._writer.vs_lock, k,
-                translator, self._writer.sync_local)  # fmt: skip
+                translator, self._sync_local())  # fmt: skip
         return branches
 
     @property

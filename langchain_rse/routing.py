@@ -30,11 +30,17 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from langchain_rse.bodies import compressed, decompressed
-from langchain_rse.chunking import chunk_key, doc_id_for, doc_of, document_leads, parse_chunk_key
 from langchain_rse.filters import Filter, matches, parse, to_dict
+from langchain_rse.indexing.chunking import doc_id_for, document_leads
+from langchain_rse.indexing.records import (
+    chunk_key,
+    compressed,
+    decompressed,
+    doc_of,
+    parse_chunk_key,
+)
 from langchain_rse.lexical import BM25Index, group_of
-from langchain_rse.tokenizer import tokenize
+from langchain_rse.lexical.tokenizer import tokenize
 
 __all__ = ["DEFAULT_BOOST", "DocumentRouter", "LeadIndex", "as_router", "query_clauses"]
 
@@ -64,7 +70,7 @@ def query_clauses(query: str) -> list[str]:
 class LeadIndex(DocumentIndex):
     """An in-process BM25 index of document leads, as a LangChain ``DocumentIndex``.
 
-    It holds one short text per document (:func:`~langchain_rse.chunking.document_leads`:
+    It holds one short text per document (:func:`~langchain_rse.indexing.chunking.document_leads`:
     ``metadata["title"]`` and the first 2,000 characters), so it stays small next to the chunk
     index (one entry per document, not per chunk) and is rebuilt from the record store
     when another worker changed it. Results carry ``metadata["doc_id"]`` and
@@ -221,7 +227,7 @@ class DocumentRouter(BaseModel):
     :class:`~langchain_rse.routing.LeadIndex` (BM25 over each document's title and
     opening, kept in step with the index) with a soft ``boost``: the chosen document's
     chunks are favoured, the others still compete. Any retriever can be used instead, e.g.
-    an ``RSERetriever`` in chunks mode over :func:`~langchain_rse.chunking.document_leads`
+    an ``RSERetriever`` in chunks mode over :func:`~langchain_rse.indexing.chunking.document_leads`
     with dense search too::
 
         leads = RSERetriever(vectorstore=InMemoryVectorStore(emb), mode="chunks",

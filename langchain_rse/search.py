@@ -24,7 +24,6 @@ from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
-from langchain_rse.chunking import chunk_key, parse_chunk_key
 from langchain_rse.filters import (
     Filter,
     FilterError,
@@ -35,9 +34,10 @@ from langchain_rse.filters import (
     search_kwargs,
     to_dict,
 )
+from langchain_rse.indexing.records import chunk_key, parse_chunk_key
+from langchain_rse.indexing.store import ReadWriteLock
+from langchain_rse.integrations.faiss import FaissStore, one_thread
 from langchain_rse.lexical import BM25Index
-from langchain_rse.locks import ReadWriteLock
-from langchain_rse.stores.faiss import FaissStore, one_thread
 
 __all__ = [
     "Hit",
@@ -99,7 +99,7 @@ def ls_params(vectorstore: VectorStore) -> dict[str, str]:
 @contextmanager
 def _one_faiss_thread(vectorstore: VectorStore) -> Iterator[None]:
     """LangChain's ``FAISS`` searched on one OpenMP thread, as :class:`FaissStore` is (see
-    :mod:`langchain_rse.stores.faiss`); no change for other stores."""
+    :mod:`langchain_rse.integrations.faiss`); no change for other stores."""
     faiss = sys.modules.get("faiss")  # a FAISS index exists only once faiss is imported
     if faiss is None or not isinstance(getattr(vectorstore, "index", None), faiss.Index):
         yield
@@ -208,10 +208,14 @@ class SearchBranches:
         original) query, in turn, each an internal child run under ``callbacks``
         (:func:`child_run`). The route sees only what ``f`` allows."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
-        dense = [child_run(callbacks, "dense_search", _inputs(r), _dense_outputs, self.dense, r)
-                 for r in requests]  # fmt: skip
-        lexical = [child_run(callbacks, "lexical_search", _inputs(r), _hit_outputs,
-                             self.lexical_search, r) for r in requests]  # fmt: skip
+        dense: list[DenseResult] = []
+        lexical: list[Sequence[Hit]] = []
+        for r in requests:  # (a loop, not a comprehension: no frame of its own)
+            dense.append(child_run(callbacks, "dense_search", _inputs(r), _dense_outputs,
+                                   self.dense, r))  # fmt: skip
+        for r in requests:
+            lexical.append(child_run(callbacks, "lexical_search", _inputs(r), _hit_outputs,
+                                     self.lexical_search, r))  # fmt: skip
         routed = None
         if router:
             routed = child_run(callbacks, "rse.route", _inputs(requests[0]), _route_outputs,

@@ -32,12 +32,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from langchain_core.documents import Document
 
-from langchain_rse.pages import PAGE_OFFSETS, page_range
+from langchain_rse.indexing.chunking import PAGE_OFFSETS, page_range
 
 if TYPE_CHECKING:
-    from langchain_rse.bodies import Body
     from langchain_rse.fusion import Candidate, Route
-    from langchain_rse.records import DocRecord
+    from langchain_rse.indexing.records import Body, DocRecord
 
 __all__ = [
     "PRESETS",

@@ -10,9 +10,13 @@ from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.chunking import doc_id_for, make_splitter
 from langchain_rse.filters import parse
-from langchain_rse.pages import PAGE_OFFSETS, check_page_offsets
+from langchain_rse.indexing.chunking import (
+    PAGE_OFFSETS,
+    check_page_offsets,
+    doc_id_for,
+    make_splitter,
+)
 from langchain_rse.pipeline import check_k, check_max_chars
 from langchain_rse.segments import get_preset
 

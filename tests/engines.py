@@ -29,7 +29,7 @@ from langchain_core.embeddings import Embeddings
 
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
-from langchain_rse.chunking import chunk_key
+from langchain_rse.indexing.records import chunk_key
 
 __all__ = ["ENGINES", "build", "drop", "new_index", "servers_for", "stored_versions"]
 

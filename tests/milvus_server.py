@@ -68,7 +68,7 @@ def milvus_stores(uri: str, name: str, embedding: Embeddings | None = None) -> t
     """A dense collection and a BM25 collection for one index (as every worker opens them)."""
     from langchain_milvus import Milvus
 
-    from langchain_rse.stores.milvus import MilvusLexicalStore
+    from langchain_rse.integrations.milvus import MilvusLexicalStore
 
     dense = Milvus(
         embedding or HashingEmbeddings(),

@@ -164,7 +164,7 @@ def postgres_stores(url: str, embedding: Any = None, schema: str | None = None
     from langchain_postgres import PGVector
 
     from helpers import HashingEmbeddings
-    from langchain_rse.stores.postgres import PostgresByteStore, PostgresLexicalStore
+    from langchain_rse.integrations.postgres import PostgresByteStore, PostgresLexicalStore
 
     args = {"connect_args": {"options": f"-c search_path={schema},public"}} if schema else {}
     engine = sa.create_engine(url, **args)

@@ -6,14 +6,8 @@ import pytest
 from langchain_core.documents import Document
 from langchain_text_splitters import CharacterTextSplitter, RecursiveCharacterTextSplitter
 
-from langchain_rse.chunking import (
-    chunk_key,
-    chunk_uuid,
-    doc_id_for,
-    make_splitter,
-    parse_chunk_key,
-    split_text,
-)
+from langchain_rse.indexing.chunking import doc_id_for, make_splitter, split_text
+from langchain_rse.indexing.records import chunk_key, chunk_uuid, parse_chunk_key
 
 
 def assert_exact(text: str, chunks: list) -> None:

@@ -24,7 +24,6 @@ from langchain_core.stores import InMemoryByteStore
 from pydantic import PrivateAttr, SecretStr
 
 from fake_openai_server import FakeOpenAIServer, chunk_of
-from langchain_rse.chunking import Chunk, make_splitter, split_text
 from langchain_rse.enrichment import (
     PROMPT_VERSION,
     ChunkContext,
@@ -36,6 +35,7 @@ from langchain_rse.enrichment import (
     index_text,
     sanitize_context,
 )
+from langchain_rse.indexing.chunking import Chunk, make_splitter, split_text
 
 # --------------------------------------------------------------------------------------
 # Helpers
@@ -918,7 +918,7 @@ def test_chat_openai_prompt_is_bounded_for_a_2mb_document(openai_server: FakeOpe
 
 def test_cache_identity_looks_through_wrappers() -> None:
     from langchain_rse.enrichment.contextual import _is_anthropic
-    from langchain_rse.llm_calls import model_identity as _model_identity
+    from langchain_rse.llm import model_identity as _model_identity
 
     gpt = GenericFakeChatModel(messages=iter([]))
     other = AnthropicLikeChat()
@@ -1139,7 +1139,7 @@ def test_fingerprint_is_the_same_in_another_process() -> None:
 
 
 # --------------------------------------------------------------------------------------
-# The shared model-call machinery (langchain_rse.llm_calls)
+# The shared model-call machinery (langchain_rse.llm)
 # --------------------------------------------------------------------------------------
 
 
@@ -1155,7 +1155,7 @@ def test_is_transient() -> None:
 
     from langchain_rse.enrichment import EmptyContextError
     from langchain_rse.expansion import EmptyExpansionError
-    from langchain_rse.llm_calls import is_transient
+    from langchain_rse.llm import is_transient
 
     for status in (408, 409, 425, 429, 500, 502, 503, 529):
         assert is_transient(HTTPError(status)), status
@@ -1175,7 +1175,7 @@ def test_is_transient() -> None:
 
 
 def test_retry_policy_backoff_and_retry_after() -> None:
-    from langchain_rse.llm_calls import RetryPolicy
+    from langchain_rse.llm import RetryPolicy
 
     policy = RetryPolicy(max_retries=3, base_delay=1.0, max_delay=3.0)
     assert 0.5 <= policy.delay(1) <= 1.0 and 1.0 <= policy.delay(2) <= 2.0
@@ -1193,7 +1193,7 @@ def test_retry_policy_backoff_and_retry_after() -> None:
 def test_without_model_retries_rebuilds_wrappers_only_where_needed() -> None:
     from langchain_openai import ChatOpenAI
 
-    from langchain_rse.llm_calls import underlying_model, without_model_retries
+    from langchain_rse.llm import underlying_model, without_model_retries
 
     fake = ScriptedChat()
     assert without_model_retries(fake) == (fake, 0)  # no retries of its own: kept

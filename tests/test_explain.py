@@ -17,7 +17,7 @@ from test_cli import run
 
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
-from langchain_rse.pages import combine_pages
+from langchain_rse.indexing.chunking import combine_pages
 
 QUERY = "termination for convenience notice period"
 

@@ -15,8 +15,8 @@ from langchain_core.documents import Document
 
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
+from langchain_rse.integrations.faiss import FaissStore
 from langchain_rse.persistence import default_vectorstore
-from langchain_rse.stores.faiss import FaissStore
 
 faiss = pytest.importorskip("faiss")
 

@@ -37,8 +37,9 @@ from fake_cohere_server import FakeCohereServer, Reply, running_server
 from fake_openai_server import FakeOpenAIServer, chunk_of
 from helpers import HashingEmbeddings, stored_metadata
 from langchain_rse import RSERetriever
-from langchain_rse.chunking import chunk_key, make_splitter, split_text
 from langchain_rse.enrichment import ContextualEnricher
+from langchain_rse.indexing.chunking import make_splitter, split_text
+from langchain_rse.indexing.records import chunk_key
 from langchain_rse.rerank import CohereReranker, RerankError
 
 SLACK_S = 10.0

@@ -100,8 +100,8 @@ SLOW_INDEXING = """
     docs = [Document(make_contract(f"c{i}", ["termination", "payment", "warranty"], 30),
                      metadata={"source": f"c{i}.md"}) for i in range(12)]
     show = None if sys.argv[1:] != ["quiet"] else False
-    import langchain_rse.indexing
-    langchain_rse.indexing.INDEX_BATCH_SIZE = 16
+    from langchain_rse.indexing import writer
+    writer.INDEX_BATCH_SIZE = 16
     r = RSERetriever.from_documents(docs, embedding=SlowFirstBatch(), show_progress=show)
     print(len(r._lexical))
 """
@@ -205,8 +205,8 @@ class CountingStore(BaseStore[str, bytes]):
 def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> None:
     from langchain_rse import cached_embeddings
     from langchain_rse.byte_store import FileByteStore
+    from langchain_rse.cli.loaders import load_documents
     from langchain_rse.embeddings import LocalEmbeddings
-    from langchain_rse.loaders import load_documents
     from langchain_rse.persistence import default_vectorstore
 
     docs = tmp_path / "docs"
@@ -256,4 +256,4 @@ def test_import_is_light_and_every_name_still_resolves() -> None:
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["[]", "False", "28", "RSERetriever"]
+    assert result.stdout.split() == ["[]", "False", "15", "RSERetriever"]

@@ -13,8 +13,8 @@ from test_routing import contract as routing_contract
 from helpers import HashingEmbeddings
 from langchain_rse import DocumentRouter, RSERetriever
 from langchain_rse.filters import doc_ids, parse
+from langchain_rse.integrations.faiss import FaissStore
 from langchain_rse.routing import LeadIndex, query_clauses
-from langchain_rse.stores.faiss import FaissStore
 
 QUERY = (
     "Consider the Orion Supply Agreement between Orion Holdings and the Buyer; "

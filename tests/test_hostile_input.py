@@ -27,9 +27,9 @@ from test_explain import chromium, headless
 
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
-from langchain_rse.chunking import Chunk
 from langchain_rse.enrichment import HeaderEnricher
 from langchain_rse.filters import FilterError, matches, parse
+from langchain_rse.indexing.chunking import Chunk
 
 LONE = json.loads('"\\ud800"')
 """A lone surrogate, as ``json.loads`` hands it over from ``"\\ud800"``."""

@@ -36,8 +36,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import RSERetriever
-from langchain_rse.bodies import DocBody
-from langchain_rse.records import DocRecord
+from langchain_rse.indexing.records import DocBody, DocRecord
 
 TESTS = Path(__file__).resolve().parent
 DOCS = ("alpha", "beta")

@@ -267,7 +267,7 @@ def test_batches_with_a_smaller_remainder_still_merge(monkeypatch) -> None:
     """``add_documents`` writes a few full groups and a smaller remainder per call: runs of
     segments one size class apart merge too, so the segment count stays logarithmic (it
     grew by four per call when only equal classes merged) and scores stay exact."""
-    from langchain_rse import bm25
+    from langchain_rse.lexical import bm25
 
     monkeypatch.setattr(bm25, "_LEVEL_BASE", 4)  # size classes at a few postings
     index = BM25Index(background_merges=False, sync_merge_postings=10**9,
@@ -301,7 +301,7 @@ def test_the_best_k_are_the_head_of_the_full_ranking(k) -> None:
 def test_the_score_floor_never_passes_the_kth_best() -> None:
     """The floor is a lower bound of the k-th best score (else a result would be lost),
     none for fewer than 8 k scores, and at 100k scores it leaves few to select from."""
-    from langchain_rse.bm25 import floor
+    from langchain_rse.lexical.bm25 import floor
 
     rng = np.random.default_rng(0)
     for n, k in [(10, 1), (800, 100), (5_000, 10), (100_000, 200), (100_000, 1)]:

@@ -23,7 +23,7 @@ from langchain_rse import RSERetriever, cached_embeddings
 from langchain_rse.byte_store import FileByteStore
 from langchain_rse.embedding_cache import model_namespace
 from langchain_rse.filters import matches, parse
-from langchain_rse.stores.faiss import FaissStore
+from langchain_rse.integrations.faiss import FaissStore
 
 faiss = pytest.importorskip("faiss")
 
@@ -133,7 +133,7 @@ def test_the_default_store_is_ours_and_keeps_no_chunk_text(tmp_path: Path) -> No
     assert set(r.vectorstore.texts) == {""} and r.invoke("royalties")
     r.save(tmp_path / "idx")
     manifest = json.loads((tmp_path / "idx" / "rse_index.json").read_text())
-    assert manifest["vectorstore"]["class"] == "langchain_rse.stores.faiss.FaissStore"
+    assert manifest["vectorstore"]["class"] == "langchain_rse.integrations.faiss.FaissStore"
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
     assert isinstance(loaded.vectorstore, FaissStore)
     queries = ["termination provisions", "royalties and audit rights"]
@@ -156,7 +156,7 @@ assert r.invoke("notice period")
 path = tempfile.mkdtemp()
 r.save(path)
 assert RSERetriever.load(path, embedding=HashingEmbeddings()).invoke("notice period")
-from langchain_rse.pages import combine_pages
+from langchain_rse.indexing.chunking import combine_pages
 from langchain_rse.byte_store import file_store
 file_store(tempfile.mkdtemp()).mset([("k", b"v")])
 print(sorted(m for m in sys.modules

@@ -32,7 +32,7 @@ from langchain_core.documents import Document
 from conftest import corpus_documents
 from helpers import make_contract
 from langchain_rse import RSERetriever
-from langchain_rse.chunking import doc_of
+from langchain_rse.indexing.records import doc_of
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,7 @@ import json, os, queue, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from langchain_core.documents import Document
 from engines import build
-from langchain_rse.records import pointer_key
+from langchain_rse.indexing.records import pointer_key
 from test_many_workers import REPLACED, added_text, reader_loop, version_text
 
 cfg, role = json.loads(sys.argv[2]), sys.argv[3]

@@ -5,7 +5,7 @@ wheel) on 127.0.0.1, started here (``tests/milvus_server.py``). Each retriever g
 collections on it:
 
 * dense: stock ``langchain_milvus.Milvus`` with ``HashingEmbeddings`` (COSINE, FLAT);
-* lexical: :class:`langchain_rse.stores.milvus.MilvusLexicalStore`, a collection with
+* lexical: :class:`langchain_rse.integrations.milvus.MilvusLexicalStore`, a collection with
   only Milvus's built-in BM25 function, so the lexical branch is searched by the server
   and the retriever keeps no in-process BM25 index.
 
@@ -32,8 +32,7 @@ from milvus_server import milvus_server, milvus_stores
 from conftest import corpus_documents
 from helpers import make_contract
 from langchain_rse import RSERetriever
-from langchain_rse.chunking import chunk_key, chunk_uuid
-from langchain_rse.records import pointer_key
+from langchain_rse.indexing.records import chunk_key, chunk_uuid, pointer_key
 
 pytestmark = pytest.mark.integration
 

@@ -154,8 +154,8 @@ def test_query_expander_failure_falls_back_to_the_query(caplog) -> None:
 def test_each_candidate_keeps_its_rank_in_every_branch() -> None:
     """A candidate's ranks are 1-based per branch (each query's dense, then lexical), 0 where
     a branch lacks it; a chunk returned in chunks mode names a missing rank None."""
-    from langchain_rse.chunking import chunk_key
     from langchain_rse.fusion import candidates
+    from langchain_rse.indexing.records import chunk_key
     from langchain_rse.pipeline import QuerySettings
     from langchain_rse.search import DenseResult
 

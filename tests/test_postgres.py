@@ -25,18 +25,15 @@ from servers import missing_server
 from conftest import corpus_documents
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
-from langchain_rse.records import pointer_key
+from langchain_rse.indexing.records import pointer_key
 
 try:  # the clients; a missing one skips these tests, or fails them when CI=true
     import langchain_postgres  # noqa: F401
     import psycopg
     import sqlalchemy as sa
 
-    from langchain_rse.stores.postgres import (
-        PostgresByteStore,
-        PostgresLexicalStore,
-        filter_sql,
-    )
+    from langchain_rse.filters import filter_sql
+    from langchain_rse.integrations.postgres import PostgresByteStore, PostgresLexicalStore
 except ImportError as exc:  # pragma: no cover - depends on the environment
     MISSING: str | None = (
         f"{exc.name} is not installed (pip install langchain-postgres psycopg[binary])"

@@ -12,10 +12,11 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract
-from langchain_rse import RSERetriever, progress
-from langchain_rse import indexing as indexing_module
-from langchain_rse.chunking import Chunk
+from langchain_rse import RSERetriever
 from langchain_rse.enrichment import ChunkContext, HeaderEnricher
+from langchain_rse.indexing import progress
+from langchain_rse.indexing import writer as indexing_module
+from langchain_rse.indexing.chunking import Chunk
 
 TOPICS = ["termination", "payment", "warranty", "liability", "confidentiality"]
 

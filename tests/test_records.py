@@ -13,19 +13,22 @@ from pydantic import ValidationError
 
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
-from langchain_rse.bodies import (
+from langchain_rse.enrichment import ChunkContext
+from langchain_rse.indexing.records import (
     Contexts,
     DocBody,
+    DocRecord,
+    Spans,
+    StaleRead,
+    body_key,
     compressed,
     decompressed,
     json_bytes,
     local_form,
     plain_form,
 )
-from langchain_rse.enrichment import ChunkContext
+from langchain_rse.indexing.store import RecordStore
 from langchain_rse.persistence import default_vectorstore
-from langchain_rse.record_store import RecordStore
-from langchain_rse.records import DocRecord, Spans, StaleRead, body_key
 
 
 class CountingStore(InMemoryByteStore):

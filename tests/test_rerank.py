@@ -19,6 +19,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import PrivateAttr, SecretStr
 
 from fake_cohere_server import FakeCohereServer, Reply, overlap_score, running_server
+from langchain_rse.llm import is_transient, retry_after
 from langchain_rse.rerank import (
     BaseReranker,
     CohereReranker,
@@ -32,7 +33,6 @@ from langchain_rse.rerank import (
     calibrate,
     default_calibration,
 )
-from langchain_rse.rerank._cohere_http import is_transient, retry_after
 
 KEY = "test-key-0123456789-do-not-print"
 SECRET = SecretStr(KEY)
@@ -260,9 +260,10 @@ def test_retry_after_parsing() -> None:
 def test_transient_failures() -> None:
     import httpx
 
-    for code in (429, 500, 502, 503, 504):
+    # the package's one classifier (langchain_rse.llm.is_transient): 408 and 409 too
+    for code in (408, 409, 429, 500, 502, 503, 504):
         assert is_transient(_Failure(code))
-    for code in (200, 400, 401, 404, 408, 409, 422, 501):
+    for code in (200, 400, 401, 404, 422, 501):
         assert not is_transient(_Failure(code))
     assert is_transient(httpx.ConnectError("refused"))
     assert is_transient(httpx.ReadTimeout("slow"))

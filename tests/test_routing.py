@@ -14,7 +14,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
 from langchain_rse import DocumentRouter, NoEnricher, RSERetriever
-from langchain_rse.chunking import document_leads
+from langchain_rse.indexing.chunking import document_leads
 from langchain_rse.routing import DEFAULT_BOOST, LeadIndex
 
 NAMES = ["Orion", "Lyra", "Vega"]
@@ -343,8 +343,8 @@ def test_soft_boost_favours_without_filtering() -> None:
 
 
 def test_boosted_reorders_by_multiplied_scores_stably() -> None:
-    from langchain_rse.chunking import chunk_key, in_docs
     from langchain_rse.fusion import fused
+    from langchain_rse.indexing.records import chunk_key, in_docs
 
     keys = [chunk_key(d, "v", i) for d, i in (("a", 0), ("b", 0), ("a", 1), ("b", 1))]
     ranking = fused([[(k, None) for k in keys]], [1.0], "rrf", rrf_k=0.0)  # 1, 1/2, 1/3, 1/4
@@ -355,7 +355,7 @@ def test_boosted_reorders_by_multiplied_scores_stably() -> None:
 
 
 def test_in_docs_parses_keys_whose_doc_id_holds_the_separator() -> None:
-    from langchain_rse.chunking import _SEP, chunk_key, in_docs
+    from langchain_rse.indexing.records import _SEP, chunk_key, in_docs
 
     keys = [chunk_key("a", "v", 0), chunk_key(f"a{_SEP}b", "v", 1), chunk_key("b", "v", 0)]
     assert in_docs(keys, {"a"}).tolist() == [True, False, False]
@@ -366,7 +366,7 @@ def test_in_docs_parses_keys_whose_doc_id_holds_the_separator() -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_in_docs_agrees_with_parsing_every_key(seed: int) -> None:
     """Doc ids made of ``a``, ``b`` and separators: ``in_docs`` says what ``doc_of`` does."""
-    from langchain_rse.chunking import _SEP, chunk_key, doc_of, in_docs
+    from langchain_rse.indexing.records import _SEP, chunk_key, doc_of, in_docs
 
     rng = random.Random(seed)
     ids = list({"".join(rng.choice(["a", "b", _SEP]) for _ in range(rng.randint(1, 4)))
@@ -436,7 +436,7 @@ def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
     # Contracts from one template: every lead reads alike, the query names an order number
     # that no lead holds (the template's terms fill the opening the lead keeps). Routing
     # would pick a contract at random; the margin keeps it off.
-    from langchain_rse.chunking import LEAD_CHARS
+    from langchain_rse.indexing.chunking import LEAD_CHARS
 
     terms = "\n\n".join(f"Term {t}. The supplier and the buyer agree." for t in range(60))
     assert len(terms) > LEAD_CHARS
@@ -460,10 +460,9 @@ def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
 
 
 def test_off_route_segments_must_clear_the_boosted_bar() -> None:
-    from langchain_rse.chunking import chunk_key
     from langchain_rse.fusion import Candidate, Route
+    from langchain_rse.indexing.records import DocRecord, chunk_key
     from langchain_rse.pipeline import QuerySettings
-    from langchain_rse.records import DocRecord
     from langchain_rse.segments import choose_segments as select
     from langchain_rse.segments import get_preset
 
@@ -540,8 +539,8 @@ def test_the_built_in_lead_index_stems_as_the_retriever_does() -> None:
 def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None:
     """The candidates of a soft route are those of boosting every id of the routed
     documents: the same candidates, scores and ranks."""
-    from langchain_rse.chunking import chunk_key, in_docs
     from langchain_rse.fusion import RRF_K, candidates, fused
+    from langchain_rse.indexing.records import chunk_key, in_docs
     from langchain_rse.pipeline import QuerySettings
     from langchain_rse.search import DenseResult
     from langchain_rse.segments import get_preset

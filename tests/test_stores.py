@@ -30,7 +30,7 @@ from servers import chroma_server, missing_server, redis_server
 from conftest import corpus_documents
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
-from langchain_rse.chunking import chunk_key, chunk_uuid
+from langchain_rse.indexing.records import chunk_key, chunk_uuid
 from langchain_rse.persistence import default_vectorstore
 
 SETUPS = ["in_memory", "faiss", "chroma_redis", "milvus", "postgres"]

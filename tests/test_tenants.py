@@ -14,7 +14,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
 from langchain_rse import DocumentRouter, NoEnricher, RSERetriever
-from langchain_rse.chunking import document_leads
+from langchain_rse.indexing.chunking import document_leads
 from langchain_rse.routing import LeadIndex
 
 ACME = {"tenant": "acme"}

@@ -22,9 +22,9 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from conftest import corpus_documents
 from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import RSERetriever
-from langchain_rse.locks import ReadWriteLock
+from langchain_rse.indexing.records import pointer_key
+from langchain_rse.indexing.store import ReadWriteLock
 from langchain_rse.persistence import default_vectorstore
-from langchain_rse.records import pointer_key
 
 TESTS = Path(__file__).resolve().parent
 
@@ -359,7 +359,7 @@ def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers,
     assert all(d.metadata["doc_id"] != "from-the-other-worker" for d in r.invoke("zyxwvut"))
     before = len(r._lexical)
     other_worker("add")
-    with caplog.at_level(logging.INFO, logger="langchain_rse.indexing"):
+    with caplog.at_level(logging.INFO, logger="langchain_rse.indexing.writer"):
         found = r.invoke("zyxwvut")  # the generation changed: the BM25 index catches up
     assert found[0].metadata["doc_id"] == "from-the-other-worker"
     assert found[0].metadata["lexical_rank"] == 1  # 1-based: the best BM25 hit

@@ -21,9 +21,9 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import LeadIndex, RSERetriever
+from langchain_rse.integrations.faiss import FaissStore
 from langchain_rse.lexical import BM25Index
 from langchain_rse.persistence import default_vectorstore
-from langchain_rse.stores.faiss import LocalFAISS
 
 WAIT_S = 30.0
 """How long a paused call waits for the test to release it (only a hang takes this long)."""
@@ -191,7 +191,7 @@ class FlakyEmbeddings(HashingEmbeddings):
         return super().embed_documents(texts)
 
 
-class FlakyFAISS(LocalFAISS):
+class FlakyFAISS(FaissStore):
     """The default FAISS store, whose ``fail_at``-th ``add_documents`` call fails once."""
 
     fail_at = 0
@@ -216,7 +216,7 @@ def flaky_store(fault: str) -> tuple[Any, Callable[[int], None]]:
 
         return vs, fail_batch
     vs = default_vectorstore(HashingEmbeddings())
-    assert type(vs) is LocalFAISS
+    assert type(vs) is FaissStore
     vs.__class__ = FlakyFAISS
 
     def fail_add(n: int) -> None:
@@ -228,7 +228,7 @@ def flaky_store(fault: str) -> tuple[Any, Callable[[int], None]]:
 @pytest.fixture(autouse=True)
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Writes of 4 chunks per vector-store call, so a document takes several."""
-    import langchain_rse.indexing as indexing_module
+    import langchain_rse.indexing.writer as indexing_module
 
     monkeypatch.setattr(indexing_module, "INDEX_BATCH_SIZE", 4)
 

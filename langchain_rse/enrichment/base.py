@@ -6,24 +6,14 @@ import asyncio
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from langchain_rse.chunking import Chunk
+from langchain_rse.indexing.chunking import Chunk
+from langchain_rse.indexing.records import ChunkContext
 
 __all__ = ["BaseEnricher", "ChunkContext", "NoEnricher", "index_text"]
 
 _PACKAGE = "langchain_rse.enrichment"
-
-
-@dataclass(frozen=True)
-class ChunkContext:
-    """The context written for one chunk and how it was made."""
-
-    text: str
-    """Plain-text context ('' for none)."""
-    method: str
-    """``"none"``, ``"header"``, ``"llm"`` or ``"fallback"`` (LLM failed, header used)."""
 
 
 def index_text(context: ChunkContext, chunk_text: str) -> str:

@@ -2,7 +2,7 @@
 
 The prompt (document first, then the chunk, both fenced as untrusted data), the window
 shown for long documents, the cache of contexts, output sanitising and usage accounting.
-The cached, retried, concurrent requests themselves are :mod:`langchain_rse.llm_calls`.
+The cached, retried, concurrent requests themselves are :mod:`langchain_rse.llm`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from langchain_core.stores import BaseStore, InMemoryByteStore
 from tqdm.auto import tqdm
 
 from langchain_rse.byte_store import file_store
-from langchain_rse.chunking import Chunk
 from langchain_rse.enrichment.base import BaseEnricher, ChunkContext, clip, collapse
 from langchain_rse.enrichment.headers import HeaderEnricher
-from langchain_rse.llm_calls import (
+from langchain_rse.indexing.chunking import Chunk
+from langchain_rse.llm import (
     CallJob,
     CallsModel,
     ModelCalls,
@@ -237,7 +237,7 @@ class ContextualEnricher(CallsModel, BaseEnricher):
     :attr:`prompt_version`, the document, the prompt view and the chunk text, and each is
     written as soon as it arrives: re-indexing unchanged documents makes no request, and an
     interrupted run resumes where it stopped. Transient errors (:func:`~langchain_rse.
-    llm_calls.is_transient`) and empty replies are retried with exponential backoff; a chunk
+    llm.is_transient`) and empty replies are retried with exponential backoff; a chunk
     that still fails gets the :class:`HeaderEnricher` context with method ``"fallback"``
     (not cached, so the next run tries again) and is counted in :attr:`failures`.
     :attr:`usage` accumulates calls and provider-reported tokens.

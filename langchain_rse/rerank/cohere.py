@@ -2,7 +2,8 @@
 
 The SDK sends each attempt with the time left as its HTTP timeout, but its own retries are
 off: they cannot keep a deadline (they sleep whatever ``Retry-After`` asks, up to 60 s, after
-a fixed 1 s backoff, and skip read timeouts). tenacity retries instead.
+a fixed 1 s backoff, and skip read timeouts). tenacity retries instead, by the package's one
+retry classifier (:func:`langchain_rse.llm.is_transient`).
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import httpx
 import tenacity
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
@@ -25,20 +28,75 @@ from langchain_core.utils import from_env, secret_from_env
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from tenacity import AsyncRetrying, RetryCallState, Retrying
 
-from langchain_rse.rerank._cohere_http import (
-    Batch,
-    DeadlineExceeded,
-    Pairs,
-    describe,
-    is_transient,
-    read_results,
-    retry_after,
-)
+from langchain_rse.llm import UnusableReply, is_transient, retry_after
 from langchain_rse.rerank.base import CalibratedReranker, RerankError, RerankResult
 
 __all__ = ["CohereReranker"]
 
 logger = logging.getLogger(__name__)
+
+Batch = tuple[int, int]
+"""``(start, stop)``: a slice of the candidates sent in one request."""
+Pairs = list[tuple[int, float]]
+"""``(input position, score)`` pairs."""
+
+
+class DeadlineExceeded(UnusableReply):
+    """No time is left in the per-query budget for another request (not retried)."""
+
+    retry = False
+
+
+class MalformedResponse(UnusableReply):
+    """The server answered 2xx with a body that is not a valid rerank response (not
+    retried)."""
+
+    retry = False
+
+
+def _field(item: Any, name: str) -> Any:
+    """``item.name`` or ``item[name]``."""
+    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
+
+
+def read_results(response: Any, batch: Batch) -> Pairs:
+    """The validated ``(input position, score)`` pairs of one batch's response."""
+    results = _field(response, "results")
+    if not isinstance(results, list):
+        raise MalformedResponse("the response has no 'results' list")
+    start, stop = batch
+    pairs: dict[int, float] = {}
+    for item in results:
+        index, score = _field(item, "index"), _field(item, "relevance_score")
+        if type(index) is not int or not 0 <= index < stop - start or start + index in pairs:
+            raise MalformedResponse(
+                f"invalid or repeated result index {index!r} for {stop - start} documents"
+            )
+        if type(score) not in (int, float) or not math.isfinite(score):
+            raise MalformedResponse(f"invalid relevance_score {score!r} for index {index}")
+        pairs[start + index] = float(score)
+    return list(pairs.items())
+
+
+def describe(exc: BaseException | None, timeout: float) -> str:
+    """A one-line description of why a request failed (not yet redacted)."""
+    code = getattr(exc, "status_code", None)
+    if isinstance(exc, DeadlineExceeded):
+        return f"the per-query timeout of {timeout:g}s ran out"
+    if isinstance(exc, MalformedResponse):
+        return f"malformed rerank response: {exc}"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"request timed out ({type(exc).__name__})"
+    if isinstance(exc, httpx.TransportError):
+        return f"connection error ({type(exc).__name__}: {exc})"
+    if not isinstance(code, int):
+        return f"unexpected error handling the request or its response: {type(exc).__name__}: {exc}"
+    body = repr(getattr(exc, "body", None))
+    body = body[:200] + "..." if len(body) > 200 else body
+    if type(exc).__name__ == "ParsingError" or 200 <= code < 300:
+        return f"unreadable response body (HTTP {code}): {body}"
+    return f"HTTP {code} ({type(exc).__name__}): {body}"
+
 
 _MISSING_KEY = (
     "No Cohere API key found: pass api_key=... to CohereReranker, or set the "

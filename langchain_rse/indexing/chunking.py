@@ -8,34 +8,31 @@ from __future__ import annotations
 
 import hashlib
 import re
-import uuid
-from collections.abc import Collection, Iterable, Sequence
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from langchain_core.documents import Document
 from langchain_text_splitters import RecursiveCharacterTextSplitter, TextSplitter
 
 __all__ = [
     "LEAD_CHARS",
+    "PAGE_OFFSETS",
     "Chunk",
-    "chunk_key",
-    "chunk_uuid",
-    "doc_of",
+    "check_page_offsets",
+    "combine_pages",
     "doc_id_for",
     "document_leads",
-    "in_docs",
+    "join_pages",
     "make_splitter",
-    "parse_chunk_key",
+    "page_range",
     "split_text",
 ]
 
 DEFAULT_CHUNK_SIZE = 300
 """Default chunk size in characters: small chunks; RSE restores context by joining them
 (300 beat 600 on both halves of the CUAD dev split, ``benchmarks/RESULTS.md``)."""
-
-_CHUNK_NAMESPACE = uuid.UUID("6f1c1a52-2f7e-4c0c-9a53-0d8b1f2b9e11")
 
 
 @dataclass(frozen=True)
@@ -47,48 +44,6 @@ class Chunk:
     start_index: int
     end_index: int
     text: str
-
-
-_SEP = "\x1f"
-
-
-def chunk_key(doc_id: str, version: str, chunk_index: int) -> str:
-    """The id of a chunk in the lexical index and in fusion: doc id, version, index.
-
-    ``version`` identifies one indexed version of the document, so chunks of a
-    replaced version can never be mistaken for the current one.
-    """
-    return f"{doc_id}{_SEP}{version}{_SEP}{chunk_index}"
-
-
-def parse_chunk_key(key: str) -> tuple[str, str, int]:
-    """Inverse of :func:`chunk_key` (the doc id may itself contain anything)."""
-    doc_id, version, index = key.rsplit(_SEP, 2)
-    return doc_id, version, int(index)
-
-
-def doc_of(key: str) -> str:
-    """The doc id of a chunk key (:func:`parse_chunk_key`'s first part, parsed alone)."""
-    return key.rsplit(_SEP, 2)[0]
-
-
-def in_docs(keys: Sequence[str], docs: Collection[str]) -> np.ndarray:
-    """Whether each chunk key belongs to one of ``docs`` (a boolean array): a key that
-    starts like one of theirs does when it has two separators more than the doc id (its
-    version and index have none; a doc id may have some)."""
-    prefixes = tuple(f"{d}{_SEP}" for d in docs)
-    counts = {d.count(_SEP) + 2 for d in docs}
-    if len(counts) > 1:  # doc ids with different separator counts: parse the key
-        test = (k.startswith(prefixes) and doc_of(k) in docs for k in keys)
-    else:
-        n = counts.pop() if counts else 2
-        test = (k.startswith(prefixes) and k.count(_SEP) == n for k in keys)
-    return np.fromiter(test, dtype=bool, count=len(keys))
-
-
-def chunk_uuid(key: str) -> str:
-    """Deterministic UUID for a chunk key: a vector-store id valid in every store."""
-    return str(uuid.uuid5(_CHUNK_NAMESPACE, key))
 
 
 def doc_id_for(document: Document) -> str:
@@ -211,3 +166,70 @@ def split_text(text: str, doc_id: str, splitter: TextSplitter | None = None) -> 
         spans.append((start, start + len(piece)))
     spans = sorted(set(spans))
     return [Chunk(doc_id, n, s, e, text[s:e]) for n, (s, e) in enumerate(spans)]
+
+
+# ---------------------------------------------------------------- pages
+
+PAGE_OFFSETS = "page_offsets"
+"""The metadata key holding the start offset of every page."""
+
+PAGE_SEPARATOR = "\n\n"
+
+_PER_PAGE_KEYS = ("page", "page_label", "page_number")
+"""Metadata of a single page that does not describe the combined document."""
+
+
+def join_pages(pages: Sequence[str], separator: str = PAGE_SEPARATOR) -> tuple[str, list[int]]:
+    """The pages' texts joined by ``separator``, and the offset where each page starts."""
+    offsets, position = [], 0
+    for n, page in enumerate(pages):
+        if n:
+            position += len(separator)
+        offsets.append(position)
+        position += len(page)
+    return separator.join(pages), offsets
+
+
+def combine_pages(pages: Sequence[Document], separator: str = PAGE_SEPARATOR) -> Document:
+    """One source document from per-page documents (in page order), page offsets kept.
+
+    The metadata is the first page's, less its per-page keys (``page``, ``page_label``,
+    ``page_number``), plus ``page_offsets``; the id is the first page's. Segments of the
+    result carry ``page_start`` / ``page_end`` counted from 1 in the order given, e.g.::
+
+        from pypdf import PdfReader
+
+        pages = [Document(p.extract_text(), metadata={"source": "contract.pdf"})
+                 for p in PdfReader("contract.pdf").pages]
+        retriever.add_documents([combine_pages(pages)])
+    """
+    if not pages:
+        raise ValueError("combine_pages needs at least one page")
+    text, offsets = join_pages([p.page_content for p in pages], separator)
+    metadata = {k: v for k, v in pages[0].metadata.items() if k not in _PER_PAGE_KEYS}
+    metadata[PAGE_OFFSETS] = offsets
+    return Document(page_content=text, metadata=metadata, id=pages[0].id)
+
+
+def check_page_offsets(value: Any, text_length: int, doc_id: str) -> None:
+    """``ValueError`` unless ``value`` is valid page offsets for a text of that length."""
+    ok = (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        and value[0] == 0
+        and all(a < b for a, b in zip(value, value[1:]))
+        and value[-1] <= text_length
+    )
+    if not ok:
+        raise ValueError(
+            f"metadata[{PAGE_OFFSETS!r}] of document {doc_id!r} must be a list of increasing "
+            f"integer offsets starting at 0 and not past the text's end ({text_length})"
+        )
+
+
+def page_range(offsets: Sequence[int], start: int, end: int) -> tuple[int, int]:
+    """The first and last page (1-based, inclusive) of the characters ``[start, end)``."""
+    first = bisect_right(offsets, start)
+    last = bisect_right(offsets, max(start, end - 1))
+    return first, last

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 __all__ = ["Progress", "progress_mode"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("langchain_rse.progress")  # the documented name, kept
 
 LOG_INTERVAL_S = 10.0
 """Seconds between two progress lines when stderr is not a terminal."""

@@ -26,8 +26,8 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
-from langchain_rse.chunking import chunk_key
 from langchain_rse.filters import Bool, Cmp, Filter, doc_ids, matches, parse
+from langchain_rse.indexing.records import chunk_key
 
 __all__ = ["FaissStore", "check_deletes", "kept_ids_ivf", "move_up", "removable", "one_thread"]
 
@@ -62,7 +62,7 @@ class FaissStore(VectorStore):
         .. code-block:: python
 
             from langchain_rse.embeddings import LocalEmbeddings
-            from langchain_rse.stores.faiss import FaissStore
+            from langchain_rse.integrations.faiss import FaissStore
 
             store = FaissStore(LocalEmbeddings())
 
@@ -466,6 +466,6 @@ def check_deletes(vectorstore: Any) -> None:
             raise ValueError(
                 "LangChain's FAISS store cannot delete from an IVF index (its delete "
                 "renumbers the position map, not the index, so hits would name the wrong "
-                "chunks): use langchain_rse.stores.faiss.FaissStore(embedding, index=...), "
+                "chunks): use langchain_rse.integrations.faiss.FaissStore(embedding, index=...), "
                 "which renumbers both"
             )

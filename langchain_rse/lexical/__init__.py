@@ -1,6 +1,6 @@
-"""The in-process lexical branch: a BM25 index over :mod:`langchain_rse.tokenizer`'s terms.
+"""The in-process lexical branch: a BM25 index over :mod:`langchain_rse.lexical.tokenizer`'s terms.
 
-The index is incremental (:mod:`langchain_rse.bm25`): every addition and deletion is
+The index is incremental (:mod:`langchain_rse.lexical.bm25`): every addition and deletion is
 visible to the next search, with statistics exactly those of an index built from scratch.
 """
 
@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from langchain_rse.bm25 import IncrementalBM25, Segment
-from langchain_rse.locks import ReadWriteLock
-from langchain_rse.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
+from langchain_rse.indexing.store import ReadWriteLock
+from langchain_rse.lexical.bm25 import IncrementalBM25, Segment
+from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
 
 __all__ = ["BM25Index", "LexicalHit", "tokenize"]
 
@@ -42,7 +42,7 @@ def saved_stemmer(header: Mapping[str, Any]) -> str | None:
 
 def group_of(chunk_id: str) -> str:
     """A chunk id's group: everything before its last ``\x1f`` (the chunk keys of
-    :func:`langchain_rse.chunking.chunk_key` group by document version)."""
+    :func:`langchain_rse.indexing.chunking.chunk_key` group by document version)."""
     return chunk_id.rsplit("\x1f", 1)[0]
 
 
@@ -60,7 +60,7 @@ class BM25Index:
     segments of term frequencies plus tombstones, with the corpus statistics (documents,
     average length, document frequencies) kept exact after every change: a search always
     sees every write that returned before it, and scores what an index built from scratch
-    over the same chunks would (see :mod:`langchain_rse.bm25`). Adding or deleting a chunk
+    over the same chunks would (see :mod:`langchain_rse.lexical.bm25`). Adding or deleting a chunk
     costs time proportional to its length; segments merge in the writing call when small,
     on a background thread when large (``background_merges=False``: always in the call).
 

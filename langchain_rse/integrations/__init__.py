@@ -3,5 +3,5 @@
 Each adapter lives in its own module and imports its store's package there, so
 ``import langchain_rse`` never needs them::
 
-    from langchain_rse.stores.milvus import MilvusLexicalStore  # needs langchain-milvus
+    from langchain_rse.integrations.milvus import MilvusLexicalStore  # needs langchain-milvus
 """

@@ -1,26 +1,35 @@
-"""Typed access to the records of one index (:mod:`langchain_rse.records`) in a
-``BaseStore[str, bytes]``, sync and async, with the decoded pointers and bodies cached."""
+"""Typed access to the records of one index (:mod:`langchain_rse.indexing.records`) in a
+``BaseStore[str, bytes]``, sync and async, with the decoded pointers and bodies cached;
+and the writer-preferring readers-writer lock of in-process stores (FAISS, in-memory), which
+are not safe to search while they are being modified."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from cachetools import LRUCache
 from langchain_core.stores import BaseStore
 
-from langchain_rse.bodies import Body, DocBody, read_body
-from langchain_rse.records import (
+from langchain_rse.indexing.records import (
+    Body,
+    DocBody,
     DocRecord,
     JsonRecord,
     StaleRead,
     VersionRecord,
     body_key,
     pointer_key,
+    read_body,
     version_key,
 )
 
-__all__ = ["BODY_CACHE_CHARS", "RecordStore"]
+__all__ = [
+    "BODY_CACHE_CHARS",
+    "ReadWriteLock",
+    "RecordStore",
+]
 
 _POINTER_CACHE_SIZE = 4096
 BODY_CACHE_CHARS = 32_000_000
@@ -119,3 +128,67 @@ class RecordStore:
         keys = [key for key in self.store.yield_keys() if key.startswith(prefix)]
         raw = self.store.mget(keys) if keys else []
         return [VersionRecord.from_bytes(r) for r in raw if r is not None]
+
+
+# ---------------------------------------------------------------- the lock of in-process stores
+
+
+class ReadWriteLock:
+    """Many readers or one writer. A waiting writer blocks new readers, so readers that
+    query flat out cannot starve it; waiting writers go one at a time."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+    def read(self) -> AbstractContextManager[None]:
+        """Shared access (a no-op when the lock is disabled: a server store)."""
+        return _Reading(self) if self.enabled else nullcontext()
+
+    def write(self) -> AbstractContextManager[None]:
+        """Exclusive access (a no-op when the lock is disabled: a server store)."""
+        return self._write() if self.enabled else nullcontext()
+
+
+class _Reading:
+    """A shared hold of a :class:`ReadWriteLock` (a plain class, not a generator: every
+    query takes one for each in-process search)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: ReadWriteLock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        lock = self._lock
+        with lock._cond:
+            while lock._writer or lock._writers_waiting:
+                lock._cond.wait()
+            lock._readers += 1
+
+    def __exit__(self, *exc: object) -> None:
+        lock = self._lock
+        with lock._cond:
+            lock._readers -= 1
+            if not lock._readers and lock._writers_waiting:  # only writers wait for readers
+                lock._cond.notify_all()

@@ -34,9 +34,9 @@ from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse import indexing
-from langchain_rse.chunking import DEFAULT_CHUNK_SIZE
-from langchain_rse.loaders import SUFFIXES, file_document, folder_files, read_file
+from langchain_rse.cli.loaders import SUFFIXES, file_document, folder_files, read_file
+from langchain_rse.indexing import writer as indexing
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.segments import PRESETS
 
 __all__ = ["main"]

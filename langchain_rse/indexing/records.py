@@ -1,11 +1,11 @@
 """The JSON records kept in the record store, their keys, and the document version
-fingerprint (the bodies are in :mod:`langchain_rse.bodies`).
+fingerprint, the chunk keys, and the bodies with their one codec.
 
 Per indexed document the record store (any ``BaseStore[str, bytes]``) holds:
 
 - ``doc/<h>``: the **pointer**, a :class:`DocRecord` naming the current version, its
   metadata and its chunk spans. It is written last and read first by every query.
-- ``body/<version>/<h>``: a :class:`~langchain_rse.bodies.DocBody`, the source text and
+- ``body/<version>/<h>``: a :class:`~langchain_rse.indexing.records.DocBody`, the source text and
   chunk contexts of one version.
 - ``ver/<h>/<version>``: a :class:`VersionRecord` for every version whose chunks may be in
   the stores (written before its chunks, removed after them), so :func:`vacuum
@@ -20,10 +20,14 @@ import functools
 import hashlib
 import json
 import time
+import uuid
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
+import lz4.block
+import numpy as np
 from langchain_text_splitters import TextSplitter
 from pydantic import (
     BaseModel,
@@ -34,20 +38,33 @@ from pydantic import (
     field_validator,
 )
 
-from langchain_rse.chunking import chunk_key, chunk_uuid
-
 __all__ = [
     "BODY_PREFIX",
-    "JsonRecord",
     "RECORD_FORMAT",
+    "Body",
+    "ChunkContext",
+    "Contexts",
+    "DocBody",
     "DocRecord",
+    "JsonRecord",
     "Spans",
     "StaleRead",
     "VersionRecord",
     "body_key",
+    "chunk_key",
+    "chunk_uuid",
+    "compressed",
+    "decompressed",
+    "doc_of",
     "document_version",
+    "in_docs",
     "is_version_of",
+    "json_bytes",
+    "local_form",
+    "parse_chunk_key",
+    "plain_form",
     "pointer_key",
+    "read_body",
     "splitter_fingerprint",
     "version_key",
 ]
@@ -265,3 +282,194 @@ def document_version(text: str, metadata: dict[str, Any], splitter: str, enriche
 def is_version_of(version: str, base: str) -> bool:
     """Whether ``version`` is ``base`` or a re-indexing of it (``base.<suffix>``)."""
     return version.split(".")[0] == base
+
+
+# ---------------------------------------------------------------- chunk keys
+
+_CHUNK_NAMESPACE = uuid.UUID("6f1c1a52-2f7e-4c0c-9a53-0d8b1f2b9e11")
+_SEP = "\x1f"
+
+
+def chunk_key(doc_id: str, version: str, chunk_index: int) -> str:
+    """The id of a chunk in the lexical index and in fusion: doc id, version, index.
+
+    ``version`` identifies one indexed version of the document, so chunks of a
+    replaced version can never be mistaken for the current one.
+    """
+    return f"{doc_id}{_SEP}{version}{_SEP}{chunk_index}"
+
+
+def parse_chunk_key(key: str) -> tuple[str, str, int]:
+    """Inverse of :func:`chunk_key` (the doc id may itself contain anything)."""
+    doc_id, version, index = key.rsplit(_SEP, 2)
+    return doc_id, version, int(index)
+
+
+def doc_of(key: str) -> str:
+    """The doc id of a chunk key (:func:`parse_chunk_key`'s first part, parsed alone)."""
+    return key.rsplit(_SEP, 2)[0]
+
+
+def in_docs(keys: Sequence[str], docs: Collection[str]) -> np.ndarray:
+    """Whether each chunk key belongs to one of ``docs`` (a boolean array): a key that
+    starts like one of theirs does when it has two separators more than the doc id (its
+    version and index have none; a doc id may have some)."""
+    prefixes = tuple(f"{d}{_SEP}" for d in docs)
+    counts = {d.count(_SEP) + 2 for d in docs}
+    if len(counts) > 1:  # doc ids with different separator counts: parse the key
+        test = (k.startswith(prefixes) and doc_of(k) in docs for k in keys)
+    else:
+        n = counts.pop() if counts else 2
+        test = (k.startswith(prefixes) and k.count(_SEP) == n for k in keys)
+    return np.fromiter(test, dtype=bool, count=len(keys))
+
+
+def chunk_uuid(key: str) -> str:
+    """Deterministic UUID for a chunk key: a vector-store id valid in every store."""
+    return str(uuid.uuid5(_CHUNK_NAMESPACE, key))
+
+
+# ---------------------------------------------------------------- bodies
+
+
+@dataclass(frozen=True)
+class ChunkContext:
+    """The context written for one chunk and how it was made."""
+
+    text: str
+    """Plain-text context ('' for none)."""
+    method: str
+    """``"none"``, ``"header"``, ``"llm"`` or ``"fallback"`` (LLM failed, header used)."""
+
+
+_LZ4 = b"\x04"
+"""The first byte of a record compressed by :func:`compressed` (then an LZ4 block that
+starts with its decompressed size): JSON starts with ``{``."""
+
+LZ4_LEVEL = 9
+"""LZ4's high-compression level: on CUAD contracts 0.33 of the text (Zstandard at level 3:
+0.28), decompressed at 2.9 GB/s (Zstandard: 0.6), compressed at 37 MB/s
+(``benchmarks/RESULTS.md``, session 19). A query decodes the body of every document it
+returns; a document is compressed once, when it is written."""
+
+
+def compressed(raw: bytes) -> bytes:
+    """``raw`` compressed: :data:`_LZ4`, then an LZ4 block at :data:`LZ4_LEVEL` (the block
+    functions keep no state, so threads share them)."""
+    return _LZ4 + lz4.block.compress(raw, mode="high_compression", compression=LZ4_LEVEL)
+
+
+def decompressed(raw: bytes) -> bytes:
+    """The inverse of :func:`compressed`; a ``ValueError`` for anything else."""
+    if raw[:1] != _LZ4:
+        raise ValueError(f"not a compressed record (it starts with {raw[:4]!r})")
+    try:
+        return lz4.block.decompress(memoryview(raw)[1:])  # type: ignore[no-any-return]
+    except lz4.block.LZ4BlockError as exc:
+        raise ValueError(f"a compressed record that does not decompress: {exc}") from None
+
+
+def json_bytes(raw: bytes) -> bytes:
+    """A stored body as plain JSON (for a save): a compressed one decompressed."""
+    return decompressed(raw) if raw[:1] == _LZ4 else raw
+
+
+def plain_form(key: str, raw: bytes) -> bytes:
+    """The record at ``key`` as plain JSON (for a save)."""
+    return json_bytes(raw) if key.startswith(BODY_PREFIX) else raw
+
+
+def local_form(key: str, raw: bytes) -> bytes:
+    """How a record store in this process keeps the JSON record ``raw`` stored at ``key``:
+    bodies (most of the bytes) compressed (:func:`compressed`); the rest stays JSON."""
+    return compressed(json_bytes(raw)) if key.startswith(BODY_PREFIX) else raw
+
+
+class Contexts(Sequence[ChunkContext]):
+    """The chunk contexts of a document, kept as the ``(text, method)`` pairs they are
+    stored as; each :class:`ChunkContext` is made when it is read (building them all, as
+    pydantic dataclasses, took three quarters of decoding a body)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, contexts: Iterable[Any] = ()) -> None:
+        """From :class:`ChunkContext`\\ s or ``[text, method]`` pairs."""
+        pairs = [(c.text, c.method) if isinstance(c, ChunkContext) else c for c in contexts]
+        if not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and type(p[0]) is type(p[1]) is str
+            for p in pairs
+        ):
+            raise ValueError("each chunk context must be a [text, method] pair of strings")
+        self.pairs: list[Any] = pairs
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    @overload
+    def __getitem__(self, i: int) -> ChunkContext: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ChunkContext]: ...
+    def __getitem__(self, i: int | slice) -> ChunkContext | list[ChunkContext]:
+        if isinstance(i, slice):
+            return [ChunkContext(*p) for p in self.pairs[i]]
+        return ChunkContext(*self.pairs[i])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Contexts):
+            return list(map(tuple, self.pairs)) == list(map(tuple, other.pairs))
+        return isinstance(other, (list, tuple)) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Contexts({list(self)!r})"
+
+
+class DocBody(JsonRecord):
+    """The source text of one document version and its chunk contexts.
+
+    An in-process record store keeps its JSON LZ4-compressed (see
+    :class:`~langchain_rse.indexing.store.RecordStore`); :meth:`from_bytes` reads either.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)  # merged with JsonRecord's
+
+    text: str
+    contexts: Contexts
+    """One per chunk; stored as ``[text, method]`` pairs."""
+
+    @field_validator("contexts", mode="before")
+    @classmethod
+    def _from_pairs(cls, value: Any) -> Contexts:
+        return value if isinstance(value, Contexts) else Contexts(value)
+
+    @field_serializer("contexts")
+    def _to_pairs(self, contexts: Contexts) -> list[list[str]]:
+        return [[text, method] for text, method in contexts.pairs]
+
+    @property
+    def chars(self) -> int:
+        """The length of the text."""
+        return len(self.text)
+
+    def slice(self, start: int, end: int) -> str:
+        """``text[start:end]``."""
+        return self.text[start:end]
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> DocBody:
+        """From JSON, or JSON compressed by :meth:`local_bytes`."""
+        return cls.model_validate_json(decompressed(raw) if raw[:1] == _LZ4 else raw)
+
+    def local_bytes(self) -> bytes:
+        """How an in-process record store keeps this body: its JSON, compressed."""
+        return compressed(self.to_bytes())
+
+
+Body = DocBody
+"""A body as a query reads it: a slice of its text (``slice``), its ``contexts``."""
+
+
+def read_body(raw: bytes) -> Body:
+    """A stored body (plain or compressed JSON), decoded."""
+    return DocBody.from_bytes(raw)

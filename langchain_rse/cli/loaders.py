@@ -20,7 +20,7 @@ from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.pages import PAGE_OFFSETS, join_pages
+from langchain_rse.indexing.chunking import PAGE_OFFSETS, join_pages
 
 __all__ = [
     "SUFFIXES",

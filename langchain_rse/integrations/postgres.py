@@ -29,11 +29,12 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.stores import BaseStore
 from langchain_core.vectorstores import VectorStore
 
-__all__ = ["PostgresByteStore", "PostgresLexicalStore", "filter_sql"]
+from langchain_rse.filters import filter_sql
+
+__all__ = ["PostgresByteStore", "PostgresLexicalStore"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _CONFIG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
-_COMPARE = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 
 
 def _engine(connection: str | sa.Engine, engine_args: dict[str, Any] | None) -> sa.Engine:
@@ -53,71 +54,6 @@ def _create(engine: sa.Engine, name: str, statements: Sequence[str]) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
         for statement in statements:
             conn.execute(sa.text(statement))
-
-
-# ------------------------------------------------------------------------------ filters
-
-
-def filter_sql(spec: Mapping[str, Any], column: str = "metadata") -> tuple[str, dict[str, Any]]:
-    """A metadata filter as a SQL condition on a ``jsonb`` column, with bound parameters.
-
-    The language is that of ``langchain_rse.filters`` (and the operator form PGVector
-    takes): ``{"k": v}``, ``{"k": {"$eq"|"$ne"|"$in"|"$nin"|"$gt"|"$gte"|"$lt"|"$lte": v}}``,
-    ``{"$and": [...]}``, ``{"$or": [...]}``, several keys an implicit ``$and``. Values are
-    compared as JSON (``1 == 1.0``, ``True != 1``, ``"1" != 1``); a missing key passes
-    ``$ne``/``$nin`` and fails the rest; ``$gt``... compare numbers only. Keys and values
-    are bound parameters, never SQL text.
-    """
-    params: dict[str, Any] = {}
-
-    def bind(value: Any) -> str:
-        name = f"f{len(params)}"
-        params[name] = value
-        return f":{name}"
-
-    def scalar(value: Any, key: str) -> str:
-        if not isinstance(value, (str, int, float, bool)):
-            raise ValueError(f"{key}: values must be strings, numbers or booleans")
-        return json.dumps(value)
-
-    def condition(key: str, op: str, value: Any) -> str:
-        field = f"({column} -> {bind(key)})"
-        if op in ("$eq", "$ne"):
-            same = f"CAST({bind(scalar(value, key))} AS jsonb)"
-            return f"{field} = {same}" if op == "$eq" else f"{field} IS DISTINCT FROM {same}"
-        if op in ("$in", "$nin"):
-            if not isinstance(value, (list, tuple)) or not value:
-                raise ValueError(f"{key}: {op} needs a non-empty list")
-            values = bind([scalar(v, key) for v in value])
-            anyof = f"coalesce({field} = ANY(CAST({values} AS jsonb[])), false)"
-            return anyof if op == "$in" else f"NOT {anyof}"
-        if op in _COMPARE:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{key}: {op} compares numbers, got {value!r}")
-            return (f"(CASE WHEN jsonb_typeof({field}) = 'number' THEN CAST({field} AS numeric) "
-                    f"{_COMPARE[op]} CAST({bind(value)} AS numeric) ELSE false END)")  # fmt: skip
-        raise ValueError(f"{key}: unknown operator {op!r}")
-
-    def clause(spec: Any) -> str:
-        if not isinstance(spec, Mapping) or not spec:
-            raise ValueError(f"a filter is a non-empty dict, got {spec!r}")
-        parts: list[str] = []
-        for key, cond in spec.items():
-            if key in ("$and", "$or"):
-                if not isinstance(cond, (list, tuple)) or not cond:
-                    raise ValueError(f"{key} needs a non-empty list of filters")
-                parts.append("(" + f" {key[1:].upper()} ".join(clause(c) for c in cond) + ")")
-            elif not isinstance(key, str) or key.startswith("$"):
-                raise ValueError(f"unknown operator {key!r}")
-            elif isinstance(cond, Mapping):
-                if not cond:
-                    raise ValueError(f"{key}: an empty condition")
-                parts += [condition(key, op, value) for op, value in cond.items()]
-            else:
-                parts.append(condition(key, "$eq", cond))
-        return "(" + " AND ".join(parts) + ")"
-
-    return clause(spec), params
 
 
 # ------------------------------------------------------------------------ lexical store

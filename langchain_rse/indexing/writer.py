@@ -38,25 +38,27 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 
-from langchain_rse.bodies import Contexts, DocBody
-from langchain_rse.chunking import Chunk, chunk_key, chunk_uuid, make_splitter, split_text
 from langchain_rse.enrichment import ChunkContext, index_text
-from langchain_rse.lexical import BM25Index, group_of
-from langchain_rse.locks import ReadWriteLock
-from langchain_rse.pipeline import Handlers
-from langchain_rse.progress import Progress
-from langchain_rse.record_store import RecordStore
-from langchain_rse.records import (
+from langchain_rse.indexing.chunking import Chunk, make_splitter, split_text
+from langchain_rse.indexing.progress import Progress
+from langchain_rse.indexing.records import (
+    Contexts,
+    DocBody,
     DocRecord,
     Spans,
     VersionRecord,
     body_key,
+    chunk_key,
+    chunk_uuid,
     document_version,
     is_version_of,
     pointer_key,
     splitter_fingerprint,
     version_key,
 )
+from langchain_rse.indexing.store import ReadWriteLock, RecordStore
+from langchain_rse.lexical import BM25Index, group_of
+from langchain_rse.pipeline import Handlers
 from langchain_rse.routing import DocumentRouter, LeadIndex
 from langchain_rse.validation import validate_documents
 
@@ -359,10 +361,10 @@ class Writer:
         """Before a write that removes chunks: a ``ValueError`` (nothing written) when the
         vector store cannot remove them correctly (a FAISS index that cannot remove, or
         LangChain's ``FAISS`` over an IVF index: see
-        :func:`~langchain_rse.stores.faiss.check_deletes`)."""
+        :func:`~langchain_rse.integrations.faiss.check_deletes`)."""
         faiss = sys.modules.get("faiss")  # a FAISS index exists only once faiss is imported
         if faiss is not None and isinstance(getattr(self.vectorstore, "index", None), faiss.Index):
-            from langchain_rse.stores.faiss import check_deletes
+            from langchain_rse.integrations.faiss import check_deletes
 
             check_deletes(self.vectorstore)
 
