@@ -22,7 +22,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import BM25Index, LeadIndex, RSERetriever
 from langchain_rse.persistence import default_vectorstore
-from langchain_rse.stores.faiss import LocalFAISS
+from langchain_rse.stores.faiss import FaissStore
 
 WAIT_S = 30.0
 """How long a paused call waits for the test to release it (only a hang takes this long)."""
@@ -190,7 +190,7 @@ class FlakyEmbeddings(HashingEmbeddings):
         return super().embed_documents(texts)
 
 
-class FlakyFAISS(LocalFAISS):
+class FlakyFAISS(FaissStore):
     """The default FAISS store, whose ``fail_at``-th ``add_documents`` call fails once."""
 
     fail_at = 0
@@ -215,7 +215,7 @@ def flaky_store(fault: str) -> tuple[Any, Callable[[int], None]]:
 
         return vs, fail_batch
     vs = default_vectorstore(HashingEmbeddings())
-    assert type(vs) is LocalFAISS
+    assert type(vs) is FaissStore
     vs.__class__ = FlakyFAISS
 
     def fail_add(n: int) -> None:
