@@ -215,11 +215,24 @@ def build_default(
 ) -> RSERetriever:
     """``RSERetriever`` with its defaults (``settings`` override them) over ``documents``.
 
-    ``reranker="embedding"`` is the offline ``EmbeddingReranker`` over ``embeddings``."""
+    ``reranker="embedding"`` is the offline ``EmbeddingReranker`` over ``embeddings``;
+    ``router.NAME=value`` sets a field of the default ``DocumentRouter.leads()`` and
+    ``rse.NAME=value`` one of the preset's ``RSEParams``."""
     if settings.get("reranker") == "embedding":
         from langchain_rse.rerank import EmbeddingReranker
 
         settings = {**settings, "reranker": EmbeddingReranker(embeddings=embeddings)}
+    router = {k[7:]: settings.pop(k) for k in list(settings) if k.startswith("router.")}
+    if router:
+        from langchain_rse.routing import DocumentRouter
+
+        settings["router"] = DocumentRouter.leads(**router)
+    rse = {k[4:]: settings.pop(k) for k in list(settings) if k.startswith("rse.")}
+    if rse:
+        from langchain_rse.segments import get_preset
+
+        preset = settings.get("preset") or "default"
+        settings["rse_params"] = get_preset(preset).with_overrides(**rse)
     retriever = RSERetriever(
         vectorstore=InMemoryVectorStore(embeddings), show_progress=False, **settings
     )
