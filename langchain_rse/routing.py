@@ -305,14 +305,22 @@ class DocumentRouter(BaseModel):
         return self
 
     def route(
-        self, query: str, filter: Filter | None = None, callbacks: Any = None
+        self,
+        query: str,
+        config: RunnableConfig | None = None,
+        filter: Filter | None = None,
+        *,
+        callbacks: Any = None,
     ) -> set[str] | None:
         """The documents ``query`` is routed to (:meth:`chosen` of the retriever's hits)
         among those ``filter`` (parsed) allows. The built-in lead index is searched directly
         (no run of its own: it is internal); another retriever is invoked as a child run
-        under ``callbacks``, with the filter (an ``RSERetriever``) or, under a filter it cannot
-        be given, not at all (None: no route)."""
-        r, config = self.retriever, RunnableConfig(callbacks=callbacks)
+        under ``config`` (its ``callbacks`` replaced by ``callbacks`` when given), with the
+        filter (an ``RSERetriever``) or, under a filter it cannot be given, not at all
+        (None: no route)."""
+        r = self.retriever
+        if callbacks is not None:
+            config = RunnableConfig(**{**(config or {}), "callbacks": callbacks})
         if isinstance(r, LeadIndex):
             return self.named(r, query, self.chosen_ids(r.hits(query, filter)))
         if filter is None:
@@ -324,12 +332,19 @@ class DocumentRouter(BaseModel):
         return None
 
     async def aroute(
-        self, query: str, filter: Filter | None = None, callbacks: Any = None
+        self,
+        query: str,
+        config: RunnableConfig | None = None,
+        filter: Filter | None = None,
+        *,
+        callbacks: Any = None,
     ) -> set[str] | None:
         """Async :meth:`route` (the built-in lead index is searched in a thread)."""
-        r, config = self.retriever, RunnableConfig(callbacks=callbacks)
+        r = self.retriever
+        if callbacks is not None:
+            config = RunnableConfig(**{**(config or {}), "callbacks": callbacks})
         if isinstance(r, LeadIndex):
-            return await asyncio.to_thread(self.route, query, filter)
+            return await asyncio.to_thread(self.route, query, None, filter)
         if filter is None:
             return self.chosen(await r.ainvoke(query, config))
         if _takes_filter(r):

@@ -219,7 +219,7 @@ class SearchBranches:
         routed = None
         if router:
             routed = child_run(callbacks, "rse.route", _inputs(requests[0]), _route_outputs,
-                               router.route, queries[0], f)  # fmt: skip
+                               router.route, queries[0], None, f)  # fmt: skip
         return dense, lexical, routed
 
     async def asearch(
@@ -234,7 +234,7 @@ class SearchBranches:
             *(achild_run(callbacks, "lexical_search", _inputs(r), _hit_outputs,
                          self.alexical_search, r) for r in requests),
             *([achild_run(callbacks, "rse.route", _inputs(requests[0]), _route_outputs,
-                          router.aroute, queries[0], f)] if router else []),
+                          router.aroute, queries[0], None, f)] if router else []),
         )  # fmt: skip
         return list(found[:n]), list(found[n : 2 * n]), found[2 * n] if router else None
 
@@ -297,12 +297,12 @@ T = TypeVar("T")
 def child_run(callbacks: Any, name: str, inputs: dict[str, Any],
               outputs: Callable[[Any], dict[str, Any]], call: Callable[..., T], *args: Any
               ) -> T:  # fmt: skip
-    """``call(*args, child callbacks)`` as an internal child run under ``callbacks``: a
+    """``call(*args, callbacks=child callbacks)`` as an internal child run under ``callbacks``: a
     chain run named ``name`` whose handlers see ``inputs`` and ``outputs(result)``, never
     the result itself (which may hold document text)."""
     run = CallbackManager.configure(callbacks).on_chain_start(None, inputs, name=name)
     try:
-        result = call(*args, run.get_child())
+        result = call(*args, callbacks=run.get_child())
     except BaseException as exc:
         run.on_chain_error(exc)
         raise
@@ -316,7 +316,7 @@ async def achild_run(callbacks: Any, name: str, inputs: dict[str, Any],
     """Async :func:`child_run`."""
     run = await AsyncCallbackManager.configure(callbacks).on_chain_start(None, inputs, name=name)
     try:
-        result = await call(*args, run.get_child())
+        result = await call(*args, callbacks=run.get_child())
     except BaseException as exc:
         await run.on_chain_error(exc)
         raise

@@ -110,7 +110,7 @@ def test_the_lead_reaches_past_a_cover_legend() -> None:
         enricher=NoEnricher())  # fmt: skip
     retriever.add_documents(docs)
     assert retriever.router is not None
-    assert retriever.router.route(QUERY) == {"orion.txt"}
+    assert retriever.router.route(QUERY, {}) == {"orion.txt"}
     results = retriever.invoke(QUERY, k=4, mode="chunks")
     assert results[0].metadata["doc_id"] == "orion.txt"
 
