@@ -293,7 +293,10 @@ def apply_relevance(
             for c in cands:
                 c.relevance = c.score / top
         else:
-            for c, rel in zip(cands, rank_relevance(len(cands), s.params.decay_rate).tolist()):
+            decay = s.params.decay_rate
+            if s.max_chars is not None and s.params.decay_chars > 0:
+                decay = max(decay, s.max_chars / s.params.decay_chars)
+            for c, rel in zip(cands, rank_relevance(len(cands), decay).tolist()):
                 c.relevance = rel
         return cands
     kept: dict[int, Candidate] = {}
