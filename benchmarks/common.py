@@ -329,7 +329,7 @@ def parse_settings(text: str) -> dict[str, Any]:
     followed by ``name=`` starts the next setting; values are Python literals (read with
     ``ast.literal_eval``), else strings."""
     out: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in re.split(r",(?=\s*[A-Za-z_]\w*=)", text))):
+    for part in filter(None, (p.strip() for p in re.split(r",(?=\s*[A-Za-z_][\w.]*=)", text))):
         key, sep, raw = part.partition("=")
         if not sep:
             raise argparse.ArgumentTypeError(f"expected key=value, got {part!r}")

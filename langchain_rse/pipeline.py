@@ -376,9 +376,13 @@ def apply_relevance(
     s: QuerySettings, cands: list[Candidate], reranked: list[RerankResult] | None
 ) -> list[Candidate]:
     """Set each candidate's relevance: reranked (best over queries), else
-    ``exp(-rank / decay_rate)`` of its fused rank."""
+    ``exp(-rank / decay)`` of its fused rank (``decay_rate``, at least ``max_chars /
+    decay_chars`` with a context budget)."""
     if reranked is None:
-        for c, rel in zip(cands, rank_relevance(len(cands), s.params.decay_rate).tolist()):
+        decay = s.params.decay_rate
+        if s.max_chars is not None and s.params.decay_chars > 0:
+            decay = max(decay, s.max_chars / s.params.decay_chars)
+        for c, rel in zip(cands, rank_relevance(len(cands), decay).tolist()):
             c.relevance = rel
         return cands
     kept: dict[int, Candidate] = {}

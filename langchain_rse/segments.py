@@ -70,6 +70,11 @@ class RSEParams:
     """Rank→relevance decay when there is no reranker: ``exp(-rank / decay_rate)``."""
     extra_query_chunks: int = 5
     """Budget added to ``max_total_chunks`` for each query beyond the first."""
+    decay_chars: float = 200.0
+    """With a context budget (``max_chars``), the rank decay is at least ``max_chars /
+    decay_chars``: a larger budget reaches further down the fused ranking instead of
+    stopping where the preset's floor stops a small one (0: the preset's ``decay_rate``
+    always)."""
     merge_touching: bool = True
     """Return segments that touch (one ends where another of the same document starts)
     as one: a relevant passage longer than ``max_segment_chunks`` comes back whole when

@@ -274,3 +274,12 @@ def test_embedding_cache_keys_are_langchain_classics(tmp_path: Path) -> None:
         texts
     )
     assert Counting.texts == 0  # every vector came from the cache
+
+
+def test_ties_come_in_the_order_they_were_added() -> None:
+    """Equal vectors (template documents) rank the earlier added first, so adding a
+    look-alike document never pushes an existing one down among its ties."""
+    store = FaissStore(HashingEmbeddings())
+    store.add_texts(["same words here", "other words", "same words here"], ids=["a", "b", "c"])
+    found = store.similarity_search_with_score("same words here", k=3)
+    assert [d.id for d, _ in found] == ["a", "c", "b"]

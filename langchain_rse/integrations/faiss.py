@@ -224,7 +224,9 @@ class FaissStore(VectorStore):
         scores = found[0][inside].astype(np.float64)
         if self.index.metric_type == faiss.METRIC_L2:  # squared distance of unit vectors
             scores = 1.0 - scores / 2.0
-        return at[0][inside], scores
+        positions = at[0][inside]
+        order = np.lexsort((positions, -scores))  # ties: the earlier added first, every time
+        return positions[order], scores[order]
 
     def _allowed(self, filter: MetadataFilter) -> np.ndarray | None:
         """The positions ``filter`` lets through (None: every position)."""
