@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import numpy as np
 from langchain_core.embeddings import Embeddings
@@ -75,3 +76,23 @@ def index_texts(r) -> dict[tuple[str, int], str]:
 def count_words(text: str) -> int:
     """A length function for word-counted splitters (module-level: same name everywhere)."""
     return len(text.split())
+
+
+def cached_vectors(index: Path) -> int:
+    """Vectors in an index folder's embedding cache (finished files only)."""
+    from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR
+
+    folder = index / EMBEDDING_CACHE_DIR
+    return sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+
+
+def write_corpus(folder: Path, files: int = 4, clauses: int = 30) -> None:
+    """``files`` small contracts of numbered clauses, for the command's tests."""
+    folder.mkdir()
+    for f in range(files):
+        body = "\n\n".join(
+            f"{f}.{c} Clause {c} of contract {f}: the supplier ships order {f * 100 + c} "
+            f"within {c + 2} days."
+            for c in range(clauses)
+        )
+        (folder / f"contract{f}.txt").write_text(f"CONTRACT {f}\n\n{body}\n")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cached_vectors, write_corpus
 from langchain_rse.cli import main
-from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "The vault combination is 4921 and only the treasurer holds it."
@@ -162,22 +162,6 @@ def test_named_pipes_are_skipped_without_opening_them(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- 47.3 Ctrl-C
-
-
-def cached_vectors(idx: Path) -> int:
-    folder = idx / EMBEDDING_CACHE_DIR
-    return sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
-
-
-def write_corpus(folder: Path, files: int = 4, clauses: int = 30) -> None:
-    folder.mkdir()
-    for f in range(files):
-        body = "\n\n".join(
-            f"{f}.{c} Clause {c} of contract {f}: the supplier ships order {f * 100 + c} "
-            f"within {c + 2} days."
-            for c in range(clauses)
-        )
-        (folder / f"contract{f}.txt").write_text(f"CONTRACT {f}\n\n{body}\n")
 
 
 def run_in_terminal(argv: list[str], idx: Path, ready: int) -> tuple[int, str]:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR
+from helpers import cached_vectors, write_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_BATCH = 32
@@ -28,22 +28,6 @@ def environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env
-
-
-def cached_vectors(index: Path) -> int:
-    folder = index / EMBEDDING_CACHE_DIR
-    return sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
-
-
-def write_corpus(folder: Path, files: int = 4, clauses: int = 30) -> None:
-    folder.mkdir()
-    for f in range(files):
-        clauses_text = "\n\n".join(
-            f"{f}.{c} Clause {c} of contract {f}: the supplier ships order {f * 100 + c} "
-            f"within {c + 2} days."
-            for c in range(clauses)
-        )
-        (folder / f"contract{f}.txt").write_text(f"CONTRACT {f}\n\n{clauses_text}\n")
 
 
 def test_killed_index_resumes_with_fewer_embedding_calls(tmp_path: Path) -> None:
