@@ -179,21 +179,25 @@ class LeadIndex(DocumentIndex):
         found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, allowed))
         return [(d, score) for d, score in found if d in leads]
 
-    def naming_share(self, text: str, doc_id: str) -> float:
-        """How much of ``text`` the lead of ``doc_id`` holds: the share of the IDF weight of
-        ``text``'s terms that its lead contains, from 0 to 1. The weights are IDFs over the
-        owning retriever's chunks (over the leads for a lead index on its own); terms the
-        index does not hold weigh nothing. A query that names a document (its title, its
-        parties) scores high; one that shares a word with its title, among words the
-        documents use elsewhere, scores low."""
+    def naming_share(self, texts: Sequence[str], doc_id: str) -> float:
+        """How much of the best of ``texts`` (a query's clauses) the lead of ``doc_id``
+        holds: the share of the IDF weight of a text's terms that its lead contains, from 0
+        to 1. The weights are IDFs over the owning retriever's chunks (over the leads for a
+        lead index on its own); terms the index does not hold weigh nothing. A query that
+        names a document (its title, its parties) scores high; one that shares a word with
+        its title, among words the documents use elsewhere, scores low."""
         found = self._leads.get(doc_id)
-        terms = tokenize(text, self._bm25.stemmer)
-        if found is None or not terms:
+        if found is None:
             return 0.0
-        held = set(tokenize(_text(found[0]), self._bm25.stemmer))
-        weights = (self._term_weights or self._bm25.idf)(terms)
-        total = sum(weights.values())
-        return sum(w for t, w in weights.items() if t in held) / total if total else 0.0
+        held = set(tokenize(_text(found[0]), self._bm25.stemmer))  # once for every text
+        idf = self._term_weights or self._bm25.idf
+        best = 0.0
+        for text in texts:
+            weights = idf(tokenize(text, self._bm25.stemmer))
+            total = sum(weights.values())
+            if total:
+                best = max(best, sum(w for t, w in weights.items() if t in held) / total)
+        return best
 
     def search(self, query: str, filter: Filter | None = None) -> list[Document]:
         """The ``k`` best leads for ``query`` that ``filter`` allows (what ``invoke``
@@ -405,8 +409,7 @@ class DocumentRouter(BaseModel):
         if chosen is None or self.min_naming <= 0:
             return chosen
         clauses = query_clauses(query) or [query]
-        named = {d for d in chosen
-                 if max(leads.naming_share(c, d) for c in clauses) >= self.min_naming}  # fmt: skip
+        named = {d for d in chosen if leads.naming_share(clauses, d) >= self.min_naming}
         if not named:
             logger.debug("routing skipped: the query does not name %s", sorted(chosen))
             return None
