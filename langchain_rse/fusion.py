@@ -278,9 +278,14 @@ def candidates(
         else:  # not ours, or not found by either branch: a filter would return nothing
             logger.debug("no candidates in the routed documents %s; searching all", routed)
     at = ranking.order[:pool]  # the first `pool` of the ranking, read as columns
+    if ranking.ids and branches[0] and not (at == 0).any():
+        # the first query's dense search's first hit (id 0: it appears first) stays a
+        # candidate however far a route's boost pushed it down (see keep_dense_first)
+        at = np.append(at, 0)
     scores, ranks = ranking.scores[at].tolist(), ranking.ranks[:, at].T.tolist()
     text = texts.get if texts else lambda key: None  # the dense branch returned no texts
+    keys = [ranking.ids[i] for i in at.tolist()]
     return [
         Candidate(key, *parse_chunk_key(key), score, rank, text(key))
-        for key, score, rank in zip(ranking.ranked_ids(pool), scores, ranks)
+        for key, score, rank in zip(keys, scores, ranks)
     ], route

@@ -47,6 +47,7 @@ __all__ = [
     "choose_segments",
     "chunk_values",
     "get_preset",
+    "keep_dense_first",
     "preset_for_chunk_size",
     "merge_touching",
     "rank_relevance",
@@ -75,6 +76,10 @@ class RSEParams:
     decay_chars``: a larger budget reaches further down the fused ranking instead of
     stopping where the preset's floor stops a small one (0: the preset's ``decay_rate``
     always)."""
+    keep_dense_first: bool = True
+    """Without a reranker, the chunk the dense search ranks first always comes back
+    (:func:`keep_dense_first`): BM25, fusion and segment packing add to the embedding's
+    best answer but never crowd it out."""
     merge_touching: bool = True
     """Return segments that touch (one ends where another of the same document starts)
     as one: a relevant passage longer than ``max_segment_chunks`` comes back whole when
@@ -351,7 +356,52 @@ def choose_segments(
         bar = route.factor * p.min_segment_value
         segs = [g for g in segs if docs[g.doc] in route.docs or g.value >= bar]
     segs = by_best_chunk(segs, values, offsets)
+    if p.keep_dense_first and not s.rerank:
+        segs = keep_dense_first(s, segs, cands, metas, docs, values, offsets)
     return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
+
+
+def keep_dense_first(
+    s: Any,
+    segs: list[Segment],
+    cands: list[Candidate],
+    metas: dict[str, DocRecord],
+    docs: list[str],
+    values: np.ndarray,
+    offsets: np.ndarray,
+) -> list[Segment]:
+    """``segs`` holding the chunk the query's dense search ranked first.
+
+    Fusion and segment packing may add text around it and before it, but not crowd it
+    out: when no segment holds it, it comes back as a segment of its own (if it fits the
+    context budget), and the others follow while they fit ``k`` and the budget. (Without a reranker only: a
+    reranker's relevance outranks the dense order, and may return nothing.)"""
+    first = next((c for c in cands if c.ranks[0] == 1), None)
+    if first is None:
+        return segs
+    d, i = docs.index(first.doc_id), first.chunk_index
+    if any(g.doc == d and g.start <= i < g.end for g in segs):
+        return segs
+
+    def length(g: Segment) -> int:
+        spans = metas[docs[g.doc]].spans
+        return spans[g.end - 1][1] - spans[g.start][0]
+
+    kept = [Segment(d, i, i + 1, float(values[offsets[d] + i]))]
+    room = None if s.max_chars is None else s.max_chars - length(kept[0])
+    if room is not None and room < 0:  # a budget smaller than the chunk
+        return segs
+    for g in segs:
+        if len(kept) == s.k:
+            break
+        if room is not None:
+            if length(g) > room:
+                continue
+            room -= length(g)
+        kept.append(g)
+    if s.params.merge_touching:
+        kept = merge_touching(kept)
+    return by_best_chunk(kept, values, offsets)
 
 
 def _strides(spans: Sequence[tuple[int, int]]) -> list[int]:
