@@ -372,10 +372,11 @@ def keep_dense_first(
 ) -> list[Segment]:
     """``segs`` holding the chunk the query's dense search ranked first.
 
-    Fusion and segment packing may add text around it and before it, but not crowd it
-    out: when no segment holds it, it comes back as a segment of its own (if it fits the
-    context budget), and the others follow while they fit ``k`` and the budget. (Without a reranker only: a
-    reranker's relevance outranks the dense order, and may return nothing.)"""
+    Fusion, a route's boost and segment packing may add text around it and before it,
+    but not crowd it out: when no segment holds it, it comes back as a segment of its own
+    (if it fits the context budget), and the others follow while they fit ``k`` and the
+    budget. (Without a reranker only: a reranker's relevance outranks the dense order,
+    and may return nothing.)"""
     first = next((c for c in cands if c.ranks[0] == 1), None)
     if first is None:
         return segs
