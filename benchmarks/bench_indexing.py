@@ -27,8 +27,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 
 from langchain_rse import RSERetriever
-from langchain_rse.embedding_cache import cached_embeddings
-from langchain_rse.embeddings import LocalEmbeddings
+from langchain_rse.embeddings import LocalEmbeddings, cached_embeddings
 from langchain_rse.enrichment import BaseEnricher, ChunkContext, HeaderEnricher
 from langchain_rse.indexing import writer
 from langchain_rse.indexing.chunking import Chunk

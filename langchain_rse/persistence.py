@@ -47,7 +47,7 @@ __all__ = [
 
 from langchain_rse import index_schema
 from langchain_rse.components import describe_component, restore_components
-from langchain_rse.embedding_cache import underlying
+from langchain_rse.embeddings import underlying
 from langchain_rse.indexing.records import local_form, plain_form
 from langchain_rse.lexical import saved_stemmer
 

@@ -536,7 +536,7 @@ class RSERetriever(DocumentIndex):
         (``[n]`` is ``artifact[n - 1]``). The model may pass ``query``, extra ``queries``
         and ``k``, and a ``filter`` only with ``allow_filter=True`` (it narrows this
         retriever's ``filter``, never widens it). See
-        :func:`~langchain_rse.tool.create_search_tool`.
+        :func:`~langchain_rse.agents.create_search_tool`.
 
         Example:
             .. code-block:: python
@@ -545,7 +545,7 @@ class RSERetriever(DocumentIndex):
 
                 agent = create_agent(llm, tools=[retriever.as_tool(name="search_contracts")])
         """
-        from langchain_rse.tool import create_search_tool
+        from langchain_rse.agents import create_search_tool
 
         return create_search_tool(self, name=name, description=description,
                                   allow_filter=allow_filter)  # fmt: skip

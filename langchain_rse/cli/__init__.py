@@ -200,9 +200,13 @@ def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
     """The bundled model, its document vectors cached in the index directory (so a run
     killed half-way resumes without embedding the finished chunks again), and a function
     counting the vectors in that cache."""
-    from langchain_rse.byte_store import FileByteStore
-    from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR, cache_size, cached_embeddings
-    from langchain_rse.embeddings import LocalEmbeddings
+    from langchain_rse.embeddings import (
+        EMBEDDING_CACHE_DIR,
+        LocalEmbeddings,
+        cache_size,
+        cached_embeddings,
+    )
+    from langchain_rse.indexing.store import FileByteStore
 
     model, store = LocalEmbeddings(), FileByteStore(index_dir / EMBEDDING_CACHE_DIR)
     return cached_embeddings(model, store), lambda: cache_size(store, model)
@@ -282,7 +286,7 @@ def _finish_before_interrupt() -> Iterator[None]:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR
+    from langchain_rse.embeddings import EMBEDDING_CACHE_DIR
     from langchain_rse.persistence import MANIFEST, atomic_write
 
     index_dir = Path(args.index)
@@ -489,7 +493,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     try:
-        from langchain_rse.mcp_server import serve
+        from langchain_rse.agents import serve
     except ImportError as exc:
         raise CLIError(f'the MCP server needs `pip install "langchain-rse[mcp]"` ({exc})') from None
     serve(_open_index(Path(args.index)), http_port=args.http)

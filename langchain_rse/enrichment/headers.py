@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from langchain_rse.enrichment.base import BaseEnricher, ChunkContext, clip, collapse
+from langchain_rse.enrichment import BaseEnricher, ChunkContext, clip, collapse
 from langchain_rse.indexing.chunking import Chunk
 
 __all__ = ["HEADER_VERSION", "HeaderEnricher", "HeaderOutline"]

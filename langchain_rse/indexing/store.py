@@ -1,13 +1,18 @@
 """Typed access to the records of one index (:mod:`langchain_rse.indexing.records`) in a
 ``BaseStore[str, bytes]``, sync and async, with the decoded pointers and bodies cached;
 and the writer-preferring readers-writer lock of in-process stores (FAISS, in-memory), which
-are not safe to search while they are being modified."""
+are not safe to search while they are being modified; and :class:`FileByteStore`, the
+file-backed byte store of the LLM and embedding caches."""
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 
 from cachetools import LRUCache
 from langchain_core.stores import BaseStore
@@ -25,11 +30,7 @@ from langchain_rse.indexing.records import (
     version_key,
 )
 
-__all__ = [
-    "BODY_CACHE_CHARS",
-    "ReadWriteLock",
-    "RecordStore",
-]
+__all__ = ["BODY_CACHE_CHARS", "FileByteStore", "ReadWriteLock", "RecordStore", "file_store"]
 
 _POINTER_CACHE_SIZE = 4096
 BODY_CACHE_CHARS = 32_000_000
@@ -192,3 +193,68 @@ class _Reading:
             lock._readers -= 1
             if not lock._readers and lock._writers_waiting:  # only writers wait for readers
                 lock._cond.notify_all()
+
+
+class FileByteStore(BaseStore[str, bytes]):
+    """A small file-backed byte store: one file per key, written atomically.
+
+    Used for ``ContextualEnricher(cache_dir=...)`` and the embedding cache. Keys may
+    contain ``[A-Za-z0-9_.-/]``; the files are laid out as ``langchain_classic``'s
+    ``LocalFileStore`` lays them out (one file per key, at the key's path), so a cache
+    written by either is read by the other.
+    """
+
+    _KEY = re.compile(r"^[A-Za-z0-9_.\-/]+$")
+
+    def __init__(self, root_path: str | os.PathLike[str]) -> None:
+        """Store files under ``root_path`` (created when missing)."""
+        self.root_path = Path(root_path)
+        self.root_path.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if not self._KEY.match(key) or ".." in key.split("/") or key.startswith("/"):
+            raise ValueError(f"invalid key for FileByteStore: {key!r}")
+        return self.root_path / key
+
+    def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Values of ``keys`` (``None`` where missing)."""
+        values: list[bytes | None] = []
+        for key in keys:
+            path = self._path(key)
+            try:
+                values.append(path.read_bytes())
+            except FileNotFoundError:
+                values.append(None)
+        return values
+
+    def mset(self, key_value_pairs: Sequence[tuple[str, bytes]]) -> None:
+        """Write each value to a temporary file, then rename it into place."""
+        for key, value in key_value_pairs:
+            path = self._path(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(value)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+    def mdelete(self, keys: Sequence[str]) -> None:
+        """Delete ``keys`` (missing ones are ignored)."""
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+    def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
+        """All keys, or those starting with ``prefix``."""
+        for path in sorted(self.root_path.rglob("*")):
+            if path.is_file() and not path.name.startswith(".tmp-"):
+                key = path.relative_to(self.root_path).as_posix()
+                if prefix is None or key.startswith(prefix):
+                    yield key
+
+
+def file_store(cache_dir: str | os.PathLike[str]) -> BaseStore[str, bytes]:
+    """A :class:`FileByteStore` at ``cache_dir``."""
+    return FileByteStore(cache_dir)
