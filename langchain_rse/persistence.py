@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 from langchain_rse import index_schema
-from langchain_rse.components import describe_component, restore_components
 from langchain_rse.embeddings import underlying
 from langchain_rse.indexing.records import local_form, plain_form
 from langchain_rse.lexical import saved_stemmer
@@ -447,7 +446,9 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
         writer.add_bytes("docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
     # A cache wrapper (cached_embeddings) is described by the model it caches.
     embeddings = underlying(getattr(retriever.vectorstore, "embeddings", None))
-    components = {name: describe_component(getattr(retriever, name)) for name in COMPONENTS}
+    components = {
+        name: index_schema.describe_component(getattr(retriever, name)) for name in COMPONENTS
+    }
     router_spec = components["router"]
     if router_spec is not None:
         router_spec["settings"] = retriever.router.settings()
@@ -546,7 +547,7 @@ def _load_index(
         module = "langchain_rse.enrichment" if name in ("NoEnricher", "HeaderEnricher") else ""
         spec = {"class": name, "module": module, "settings": {}}
         manifest["components"] = {"enricher": spec}
-    kwargs = {**kwargs, **restore_components(manifest, kwargs, embedding, strict)}
+    kwargs = {**kwargs, **index_schema.restore_components(manifest, kwargs, embedding, strict)}
     lexical_info = manifest.get("lexical") or {"kind": "in_process"}
     if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
         raise ValueError(

@@ -1,11 +1,7 @@
-"""``RSERetriever``: the retriever that wires the stages together.
-
-Index time: :mod:`~langchain_rse.validation` → :mod:`~langchain_rse.indexing.chunking` →
-:mod:`~langchain_rse.enrichment` → :mod:`~langchain_rse.indexing.writer` (the write protocol over
-the vector store, the lexical index and the :mod:`~langchain_rse.indexing.records` store).
-Query time: :mod:`~langchain_rse.validation` → [query expansion] →
-:mod:`~langchain_rse.search` (dense and lexical branches, [routing]) →
-:mod:`~langchain_rse.pipeline` (fusion, rerank, relevance, RSE, exact slices).
+"""``RSERetriever``: its fields and the checks of its settings, add/delete/get/save/load and
+invoke. A write runs :mod:`~langchain_rse.indexing.writer` (documents checked and split by
+:mod:`~langchain_rse.indexing.chunking`, enriched by :mod:`~langchain_rse.enrichment`); a
+query runs the generator of :mod:`~langchain_rse.pipeline` (see ``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -39,24 +35,18 @@ from pydantic import (
 from langchain_rse import pipeline
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation
-from langchain_rse.filters import Filter, matches, parse
-from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, doc_id_for
+from langchain_rse.filters import Filter, check_filter, matches, parse
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, doc_id_for, make_splitter
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.indexing.writer import Writer, index_steps
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.persistence import default_vectorstore, load_index, save_index
-from langchain_rse.pipeline import adrive, drive, tracing
+from langchain_rse.pipeline import adrive, check_k, check_max_chars, drive, tracing
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
 from langchain_rse.search import SearchBranches, is_local, ls_params
 from langchain_rse.segments import RSEParams, get_preset, preset_for_chunk_size
-from langchain_rse.validation import (
-    check_delete_ids,
-    check_expander,
-    check_filter,
-    check_settings,
-)
 
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
@@ -64,6 +54,48 @@ if TYPE_CHECKING:
 __all__ = ["RSERetriever"]
 
 logger = logging.getLogger(__name__)
+
+
+_POSITIVE = ("fetch_k", "max_document_chars")
+
+
+def check_settings(r: Any) -> None:
+    """Raise ``ValueError`` for a retriever configuration that could not run (checked at
+    construction and on every assignment, so a bad setting fails where it is made)."""
+    check_k(r.k)
+    check_max_chars(r.max_chars)
+    for name in _POSITIVE:
+        if getattr(r, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(r, name)}")
+    if r.splitter is None:
+        make_splitter(r.chunk_size, r.chunk_overlap)  # validates size/overlap
+    w = r.weights
+    if len(w) != 2 or min(w) < 0 or max(w) <= 0:
+        raise ValueError(f"weights must be two non-negative numbers, not both 0, got {w}")
+    if r.rse_params is None and r.preset is not None:
+        get_preset(r.preset)
+
+
+def check_expander(value: Any) -> Any:
+    """A query expander needs ``expand`` and ``aexpand``."""
+    if value is not None and not (hasattr(value, "expand") and hasattr(value, "aexpand")):
+        raise TypeError(
+            "query_expander must be a QueryExpander (with expand and aexpand), got "
+            + type(value).__name__
+        )
+    return value
+
+
+def check_delete_ids(ids: Any) -> list[str]:
+    """The document ids of a ``delete`` call: a list, never None (everything) or a string."""
+    if ids is None:
+        raise ValueError(
+            "delete needs a list of document ids (deleting everything is not "
+            "supported; create a new retriever instead)"
+        )
+    if isinstance(ids, str):
+        raise TypeError("delete expects a list of document ids, not a string")
+    return list(ids)
 
 
 class RSERetriever(DocumentIndex):

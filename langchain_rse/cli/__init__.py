@@ -244,7 +244,7 @@ def _read_document(
 ) -> tuple[Document, list[str]]:
     """The file as a source document, and notes for the user; ``ValueError`` with the
     reason when it cannot be indexed (unreadable, unsupported, too long, binary)."""
-    from langchain_rse.validation import validate_documents
+    from langchain_rse.indexing.chunking import validate_documents
 
     loaded = read_file(path, encoding)
     doc = file_document(path, loaded)  # as loaders.load_documents makes it for Python

@@ -39,7 +39,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 
 from langchain_rse.enrichment import ChunkContext, index_text
-from langchain_rse.indexing.chunking import Chunk, make_splitter, split_text
+from langchain_rse.indexing.chunking import Chunk, make_splitter, split_text, validate_documents
 from langchain_rse.indexing.progress import Progress
 from langchain_rse.indexing.records import (
     Contexts,
@@ -60,7 +60,6 @@ from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.pipeline import Handlers
 from langchain_rse.routing import DocumentRouter, LeadIndex
-from langchain_rse.validation import validate_documents
 
 __all__ = [
     "INDEX_BATCH_SIZE",
