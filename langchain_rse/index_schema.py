@@ -120,16 +120,17 @@ class Config(_Strict):
     mode: Literal["segments", "chunks"]
     chunk_size: int
     chunk_overlap: int
-    strict_rerank: bool
     fetch_k: int
     weights: Weights
-    preset: str | None
+    preset: str | None  # rse_params given by name
     rse_params: RSEParams | None
     custom_splitter: bool
     # added after 0.1: a save without them gets the retriever's defaults
     lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = None
     max_document_chars: int = 20_000_000
     max_chars: int | None = None
+    # saved by 0.2 and before: the reranker's ``strict`` since
+    strict_rerank: bool = False
     # saved by 0.2 and before, ignored since (internal constants now; see docs/decisions.md)
     lexical_engine: JsonValue = None
     candidate_pool: JsonValue = None
@@ -154,6 +155,7 @@ class Config(_Strict):
         fields = RSERetriever.model_fields
         values = {name: fields[name].get_default(call_default_factory=False) for name in fields}
         values.update(self.model_dump(exclude_unset=True, include=set(fields)))
+        values["rse_params"] = self.rse_params or self.preset
         values["splitter"] = object() if self.custom_splitter else None
         check_settings(SimpleNamespace(**values))
         return self

@@ -49,6 +49,7 @@ from langchain_rse import index_schema
 from langchain_rse.embeddings import underlying
 from langchain_rse.indexing.records import local_form, plain_form
 from langchain_rse.lexical import saved_stemmer
+from langchain_rse.segments import RSEParams
 
 logger = logging.getLogger(__name__)
 
@@ -397,8 +398,8 @@ def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
 # ---------------------------------------------------------------- the retriever
 
 SAVED_FIELDS = (
-    "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_stemmer", "fetch_k",
-    "weights", "preset", "max_document_chars", "max_chars",
+    "k", "mode", "chunk_size", "chunk_overlap", "lexical_stemmer", "fetch_k", "weights",
+    "max_document_chars", "max_chars",
 )  # fmt: skip
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
 REMOVED_FIELDS = (
@@ -457,7 +458,9 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
             "library_version": _library_version(),
             "config": {
                 **{name: getattr(retriever, name) for name in SAVED_FIELDS},
-                "rse_params": asdict(retriever.rse_params) if retriever.rse_params else None,
+                # a preset by name, explicit parameters as a table (as 0.2 saved them)
+                "preset": params if isinstance(params := retriever.rse_params, str) else None,
+                "rse_params": asdict(params) if isinstance(params, RSEParams) else None,
                 "custom_splitter": retriever.splitter is not None,
             },
             "components": components,
@@ -526,8 +529,6 @@ def _load_index(
     strict: bool,
     kwargs: dict[str, Any],
 ) -> Any:
-    from langchain_rse.segments import RSEParams
-
     config = dict(manifest["config"])
     for legacy in ("route_documents", "route_fetch_k", "route_check_k"):
         config.pop(legacy, None)  # saved by 0.1 (routing is one `router` object now)
@@ -538,8 +539,9 @@ def _load_index(
         config.pop(removed, None)  # saved by 0.2 and before: internal constants now
     if config.pop("custom_splitter", False) and "splitter" not in kwargs:
         raise ValueError("this index was built with a custom splitter; pass splitter=...")
-    params = config.pop("rse_params")
-    config["rse_params"] = RSEParams(**params) if params else None
+    params, preset = config.pop("rse_params"), config.pop("preset", None)
+    config["rse_params"] = RSEParams(**params) if params else preset
+    strict_rerank = config.pop("strict_rerank", False)  # saved by 0.2: the reranker's now
     config["weights"] = tuple(config["weights"])
     components = manifest.get("components")
     if components is None:  # saved by 0.1: only the enricher's class was recorded
@@ -547,7 +549,10 @@ def _load_index(
         module = "langchain_rse.enrichment" if name in ("NoEnricher", "HeaderEnricher") else ""
         spec = {"class": name, "module": module, "settings": {}}
         manifest["components"] = {"enricher": spec}
-    kwargs = {**kwargs, **index_schema.restore_components(manifest, kwargs, embedding, strict)}
+    restored = index_schema.restore_components(manifest, kwargs, embedding, strict)
+    if strict_rerank and restored.get("reranker") is not None:
+        restored["reranker"].strict = True
+    kwargs = {**kwargs, **restored}
     lexical_info = manifest.get("lexical") or {"kind": "in_process"}
     if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
         raise ValueError(

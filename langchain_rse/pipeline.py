@@ -293,7 +293,7 @@ class QuerySettings:
             candidate_pool=CANDIDATE_POOL,
             params=r.params,
             rerank=r.reranker is not None,
-            strict_rerank=r.strict_rerank,
+            strict_rerank=getattr(r.reranker, "strict", False),
             filter=both(parse(r.filter), parse(f) if f else None)
             if r.filter
             else (parse(f) if f else None),

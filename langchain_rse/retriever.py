@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -72,8 +73,8 @@ def check_settings(r: Any) -> None:
     w = r.weights
     if len(w) != 2 or min(w) < 0 or max(w) <= 0:
         raise ValueError(f"weights must be two non-negative numbers, not both 0, got {w}")
-    if r.rse_params is None and r.preset is not None:
-        get_preset(r.preset)
+    if isinstance(r.rse_params, str):
+        get_preset(r.rse_params)
 
 
 def check_expander(value: Any) -> Any:
@@ -125,9 +126,9 @@ class RSERetriever(DocumentIndex):
             Index-time context for each chunk (offline ``HeaderEnricher`` by default).
         reranker: BaseReranker | BaseDocumentCompressor | None
             Optional reranker; its calibrated scores become chunk relevance.
-        preset: str | None
-            Named RSE parameters (see ``langchain_rse.segments.PRESETS``); by default the
-            one tuned for ``chunk_size``.
+        rse_params: RSEParams | str | None
+            RSE parameters or a preset's name (see ``langchain_rse.segments.PRESETS``); by
+            default the preset tuned for ``chunk_size``.
         router: DocumentRouter | None
             Optional document routing (see :class:`~langchain_rse.routing.DocumentRouter`).
 
@@ -183,8 +184,6 @@ class RSERetriever(DocumentIndex):
     by default; ``ContextualEnricher`` for LLM-written context; ``NoEnricher`` for none)."""
     reranker: Annotated[BaseReranker | None, BeforeValidator(as_reranker)] = None
     """Reranks fused candidates; a ``BaseDocumentCompressor`` is wrapped automatically."""
-    strict_rerank: bool = False
-    """Raise when the reranker fails instead of falling back to the fused ranking."""
     lexical_store: VectorStore | None = Field(default=None, frozen=True)
     """An external lexical index used instead of the in-process BM25 index, for corpora
     beyond one machine: any ``VectorStore`` whose search is lexical, e.g.
@@ -207,12 +206,11 @@ class RSERetriever(DocumentIndex):
     1/3, chosen on CUAD with BM25 over word stems and focus (Anthropic's cookbook uses
     0.8 / 0.2). A query that quotes code gives BM25 the dense weight
     (:data:`~langchain_rse.pipeline.CODE_WEIGHTS_EQUAL`)."""
-    preset: str | None = None
-    """Named RSE parameters; see ``langchain_rse.segments.PRESETS``. ``None`` (the default):
-    the preset tuned for the chunk size, ``"default"`` below 600 characters (and with a
-    ``splitter``), ``"long_chunks"`` from 600 on."""
-    rse_params: RSEParams | None = None
-    """Explicit RSE parameters; override ``preset`` when given."""
+    rse_params: RSEParams | str | None = None
+    """RSE parameters: an ``RSEParams``, or the name of a preset in
+    ``langchain_rse.segments.PRESETS`` (``"reranked"`` with a reranker). ``None`` (the
+    default): the preset tuned for the chunk size, ``"default"`` below 600 characters (and
+    with a ``splitter``), ``"long_chunks"`` from 600 on."""
     router: Annotated[DocumentRouter | None, BeforeValidator(as_router)] = Field(
         default_factory=DocumentRouter.leads
     )
@@ -254,6 +252,25 @@ class RSERetriever(DocumentIndex):
     _branches: dict[tuple[int, ...], SearchBranches] = PrivateAttr(default_factory=dict)
 
     # ------------------------------------------------------------------ setup
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """``preset=`` (before 0.3): a deprecated alias of ``rse_params``; ``strict_rerank``
+        moved to the reranker."""
+        if isinstance(data, dict) and "strict_rerank" in data:
+            raise ValueError(
+                "strict_rerank is no longer a retriever setting (since 0.3.0): pass "
+                "strict=True to the reranker, e.g. CohereReranker(strict=True)"
+            )
+        if isinstance(data, dict) and "preset" in data:
+            warnings.warn("RSERetriever(preset=...) is deprecated; pass the preset's name as "
+                          "rse_params=...", DeprecationWarning, stacklevel=4)  # fmt: skip
+            data = dict(data)
+            preset = data.pop("preset")
+            if preset is not None and not isinstance(data.get("rse_params"), RSEParams):
+                data["rse_params"] = preset  # explicit RSEParams win, as they did
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> RSERetriever:
@@ -313,21 +330,24 @@ class RSERetriever(DocumentIndex):
     @property
     def params(self) -> RSEParams:
         """The RSE parameters in force."""
-        return self.rse_params or get_preset(self.preset_name)
+        if isinstance(self.rse_params, RSEParams):
+            return self.rse_params
+        return get_preset(self.preset_name)
 
     @property
     def preset_name(self) -> str:
-        """The preset in force: ``preset``, or the one tuned for ``chunk_size``."""
-        if self.preset is not None:
-            return self.preset
+        """The preset named by ``rse_params``, or the one tuned for ``chunk_size``."""
+        if isinstance(self.rse_params, str):
+            return self.rse_params
         return preset_for_chunk_size(self.chunk_size if self.splitter is None else 0)
 
     def __repr__(self) -> str:
+        params = self.rse_params if isinstance(self.rse_params, RSEParams) else self.preset_name
         return (
             f"RSERetriever(vectorstore={type(self.vectorstore).__name__}, k={self.k}, "
             f"mode={self.mode!r}, chunks={len(self._lexical)}, enricher={self.enricher!r}, "
             f"reranker={type(self.reranker).__name__ if self.reranker else None}, "
-            f"preset={self.preset_name!r})"
+            f"rse_params={params!r})"
         )
 
     __str__ = __repr__

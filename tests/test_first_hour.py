@@ -141,8 +141,8 @@ def test_preset_follows_the_chunk_size_unless_named() -> None:
     assert retriever(chunk_size=600).params == PRESETS["long_chunks"]
     assert retriever(chunk_size=1000).params == PRESETS["long_chunks"]
     # a named preset is used as named, whatever the chunk size
-    assert retriever(chunk_size=600, preset="default").params == PRESETS["default"]
-    assert retriever(chunk_size=300, preset="precision").params == PRESETS["precision"]
+    assert retriever(chunk_size=600, rse_params="default").params == PRESETS["default"]
+    assert retriever(chunk_size=300, rse_params="precision").params == PRESETS["precision"]
 
 
 def test_long_chunks_preset_survives_save_and_load(tmp_path: Path) -> None:
@@ -251,7 +251,7 @@ def test_import_is_light_and_every_name_still_resolves() -> None:
         heavy = [m for m in ("langchain_core.retrievers", "scipy", "langchain_rse.retriever")
                  if m in sys.modules]
         names = {name: getattr(langchain_rse, name) for name in langchain_rse.__all__}
-        from langchain_rse.rerank import calibration  # scipy.special only on first use
+        from langchain_rse.rerank import calibrate  # scipy.special only on first use
         print(heavy, "scipy.special" in sys.modules, len(names), names["RSERetriever"].__name__)
         """
     )

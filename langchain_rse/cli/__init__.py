@@ -221,7 +221,7 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
         if read_manifest(index_dir)["embedding"]["class"] != "LocalEmbeddings":
             raise CLIError(f"{index_dir} was not built with the bundled embedding model; "
                            "update it from Python with its own embedding")  # fmt: skip
-        preset = {"preset": args.preset} if getattr(args, "preset", None) else {}
+        preset = {"rse_params": args.preset} if getattr(args, "preset", None) else {}
         retriever = RSERetriever.load(index_dir, embedding=embedding, enricher=enricher,
                                       max_document_chars=args.max_document_chars,
                                       **preset)  # fmt: skip
@@ -230,7 +230,7 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
             vectorstore=default_vectorstore(embedding),
             enricher=enricher,
             chunk_size=args.chunk_size,
-            preset=getattr(args, "preset", None),  # None: the one tuned for the chunk size
+            rse_params=getattr(args, "preset", None),  # None: the one tuned for the chunk size
             max_document_chars=args.max_document_chars,
         )
     indexing.INDEX_BATCH_SIZE = 64  # progress (and the embedding cache) move in small steps
@@ -420,7 +420,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     # Reranked only with --reranker: not by a network service the index names.
     kwargs: dict[str, Any] = {"mode": args.mode, "reranker": _make_reranker(args.reranker)}
     if getattr(args, "preset", None) or args.reranker:
-        kwargs["preset"] = getattr(args, "preset", None) or "reranked"
+        kwargs["rse_params"] = getattr(args, "preset", None) or "reranked"
     retriever = _open_index(Path(args.index), **kwargs)
     if args.reranker == "embedding":
         from langchain_rse.rerank import EmbeddingReranker

@@ -154,6 +154,10 @@ class RerankResult:
 class BaseReranker(ABC):
     """Scores candidate chunks against a query."""
 
+    strict: bool = False
+    """Raise :class:`RerankError` from the retriever when reranking fails, instead of
+    falling back to the fused ranking (with a warning and ``rerank_fallback: True``)."""
+
     @abstractmethod
     def rerank(
         self, query: str, documents: Sequence[Document], *, callbacks: Callbacks = None
