@@ -5,7 +5,7 @@ a typed request (:class:`Expand`, :class:`Search`, :class:`Focus`, :class:`ReadP
 :class:`ReadBodies`, :class:`Rerank`, :class:`Record`) and receives the answer.
 :func:`drive` answers the requests synchronously and :func:`adrive` awaits them, with the
 handlers :func:`handlers` binds, so the sync and async paths share every line of logic.
-The write path (:mod:`langchain_rse.indexing.writer`) is driven the same way.
+The write path (:mod:`langchain_rse.indexing.steps`) is driven the same way.
 
 One query: expand → search (:mod:`~langchain_rse.search`) → fuse into candidates
 (:mod:`~langchain_rse.fusion`) → read the candidates' records → rerank → relevance →

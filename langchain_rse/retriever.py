@@ -38,8 +38,9 @@ from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation
 from langchain_rse.filters import Filter, check_filter, matches, parse
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, doc_id_for, make_splitter
+from langchain_rse.indexing.steps import index_steps
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
-from langchain_rse.indexing.writer import Writer, index_steps
+from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.persistence import default_vectorstore, load_index, save_index

@@ -100,8 +100,8 @@ SLOW_INDEXING = """
     docs = [Document(make_contract(f"c{i}", ["termination", "payment", "warranty"], 30),
                      metadata={"source": f"c{i}.md"}) for i in range(12)]
     show = None if sys.argv[1:] != ["quiet"] else False
-    from langchain_rse.indexing import writer
-    writer.INDEX_BATCH_SIZE = 16
+    from langchain_rse.indexing import steps
+    steps.INDEX_BATCH_SIZE = 16
     r = RSERetriever.from_documents(docs, embedding=SlowFirstBatch(), show_progress=show)
     print(len(r._lexical))
 """

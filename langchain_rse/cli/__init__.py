@@ -41,7 +41,7 @@ from langchain_rse.cli.loaders import (
     positive_int,
     text_encoding,
 )
-from langchain_rse.indexing import writer as indexing
+from langchain_rse.indexing import steps as indexing
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.segments import PRESETS
 
