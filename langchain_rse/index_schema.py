@@ -31,6 +31,7 @@ from pydantic import (
     validate_call,
 )
 
+from langchain_rse.indexing.chunking import make_splitter
 from langchain_rse.lexical.tokenizer import check_stemmer
 from langchain_rse.segments import RSEParams
 
@@ -156,6 +157,8 @@ class Config(_Strict):
         values = {name: fields[name].get_default(call_default_factory=False) for name in fields}
         values.update(self.model_dump(exclude_unset=True, include=set(fields)))
         values["rse_params"] = self.rse_params or self.preset
+        if not self.custom_splitter:  # chunk_overlap: what make_splitter takes
+            make_splitter(self.chunk_size, self.chunk_overlap)
         values["splitter"] = object() if self.custom_splitter else None
         check_settings(SimpleNamespace(**values))
         return self

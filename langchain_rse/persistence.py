@@ -47,9 +47,10 @@ __all__ = [
 
 from langchain_rse import index_schema
 from langchain_rse.embeddings import underlying
-from langchain_rse.indexing.records import local_form, plain_form
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, make_splitter
+from langchain_rse.indexing.records import default_splitter_params, local_form, plain_form
 from langchain_rse.lexical import saved_stemmer
-from langchain_rse.segments import RSEParams
+from langchain_rse.segments import RSEParams, preset_for_chunk_size
 
 logger = logging.getLogger(__name__)
 
@@ -398,8 +399,8 @@ def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
 # ---------------------------------------------------------------- the retriever
 
 SAVED_FIELDS = (
-    "k", "mode", "chunk_size", "chunk_overlap", "lexical_stemmer", "fetch_k", "weights",
-    "max_document_chars", "max_chars",
+    "k", "mode", "chunk_size", "lexical_stemmer", "fetch_k", "weights", "max_document_chars",
+    "max_chars",
 )  # fmt: skip
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
 REMOVED_FIELDS = (
@@ -419,6 +420,38 @@ def _library_version() -> str:
         return "unknown"
 
 
+def overlap_settings(settings: dict[str, Any], overlap: int) -> dict[str, Any]:
+    """``settings`` with ``chunk_overlap`` (before 0.3) as the splitter it made, and the
+    preset its chunk size chose (a splitter alone would choose ``"default"``)."""
+    size = settings.get("chunk_size", DEFAULT_CHUNK_SIZE)
+    if settings.get("splitter") is not None:
+        return settings
+    out = {**settings, "splitter": make_splitter(size, overlap)}
+    if out.get("rse_params") is None:
+        out["rse_params"] = preset_for_chunk_size(size)
+    return out
+
+
+def _splitter_config(r: Any) -> dict[str, Any]:
+    """The splitter and RSE parameters as the manifest holds them: a preset by name,
+    explicit parameters as a table, and a splitter that ``make_splitter`` makes as its
+    ``chunk_size`` and ``chunk_overlap`` (then with the preset in force pinned by name)."""
+    from dataclasses import asdict
+
+    params = r.rse_params
+    split = default_splitter_params(r.splitter) if r.splitter is not None else None
+    if split is not None and params is None:
+        params = r.preset_name  # a splitter would choose "default" at load
+    size, overlap = split or (r.chunk_size, 0)
+    return {
+        "chunk_size": size,
+        "chunk_overlap": overlap,
+        "custom_splitter": r.splitter is not None and split is None,
+        "preset": params if isinstance(params, str) else None,
+        "rse_params": asdict(params) if isinstance(params, RSEParams) else None,
+    }
+
+
 def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
     """Write ``retriever``'s own state to ``path`` (see :meth:`RSERetriever.save`);
     returns the number of chunks saved."""
@@ -428,7 +461,6 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
 
 
 def _save_index(retriever: Any, writer: IndexWriter) -> int:
-    from dataclasses import asdict
 
     from langchain_core.stores import InMemoryByteStore
 
@@ -458,10 +490,7 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
             "library_version": _library_version(),
             "config": {
                 **{name: getattr(retriever, name) for name in SAVED_FIELDS},
-                # a preset by name, explicit parameters as a table (as 0.2 saved them)
-                "preset": params if isinstance(params := retriever.rse_params, str) else None,
-                "rse_params": asdict(params) if isinstance(params, RSEParams) else None,
-                "custom_splitter": retriever.splitter is not None,
+                **_splitter_config(retriever),
             },
             "components": components,
             "enricher": {"class": type(retriever.enricher).__name__},
@@ -541,6 +570,8 @@ def _load_index(
         raise ValueError("this index was built with a custom splitter; pass splitter=...")
     params, preset = config.pop("rse_params"), config.pop("preset", None)
     config["rse_params"] = RSEParams(**params) if params else preset
+    if (overlap := config.pop("chunk_overlap", 0)) and "splitter" not in kwargs:
+        config = overlap_settings(config, overlap)  # the splitter it made
     strict_rerank = config.pop("strict_rerank", False)  # saved by 0.2: the reranker's now
     config["weights"] = tuple(config["weights"])
     components = manifest.get("components")

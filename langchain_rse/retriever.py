@@ -43,7 +43,12 @@ from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
-from langchain_rse.persistence import default_vectorstore, load_index, save_index
+from langchain_rse.persistence import (
+    default_vectorstore,
+    load_index,
+    overlap_settings,
+    save_index,
+)
 from langchain_rse.pipeline import adrive, check_k, check_max_chars, drive, tracing
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
@@ -70,7 +75,7 @@ def check_settings(r: Any) -> None:
         if getattr(r, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(r, name)}")
     if r.splitter is None:
-        make_splitter(r.chunk_size, r.chunk_overlap)  # validates size/overlap
+        make_splitter(r.chunk_size)  # validates the size
     w = r.weights
     if len(w) != 2 or min(w) < 0 or max(w) <= 0:
         raise ValueError(f"weights must be two non-negative numbers, not both 0, got {w}")
@@ -176,10 +181,10 @@ class RSERetriever(DocumentIndex):
     """Record store: source texts, offsets and contexts as JSON, one record per document."""
     chunk_size: int = DEFAULT_CHUNK_SIZE
     """Chunk size in characters (ignored when ``splitter`` is given)."""
-    chunk_overlap: int = 0
-    """Chunk overlap in characters; segments restore context, so none is needed."""
     splitter: TextSplitter | None = None
-    """A custom LangChain text splitter; its chunks are located by exact offsets."""
+    """A custom LangChain text splitter; its chunks are located by exact offsets. No overlap
+    is needed (segments restore context); for one, pass
+    ``make_splitter(chunk_size, chunk_overlap)`` (``langchain_rse.indexing.chunking``)."""
     enricher: BaseEnricher = Field(default_factory=HeaderEnricher)
     """Writes each chunk's situating context at index time (offline title/section header
     by default; ``ContextualEnricher`` for LLM-written context; ``NoEnricher`` for none)."""
@@ -257,13 +262,20 @@ class RSERetriever(DocumentIndex):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        """``preset=`` (before 0.3): a deprecated alias of ``rse_params``; ``strict_rerank``
-        moved to the reranker."""
+        """Fields before 0.3: ``preset=`` (``rse_params``) and ``chunk_overlap=`` (a
+        ``splitter``) are deprecated aliases; ``strict_rerank`` moved to the reranker."""
         if isinstance(data, dict) and "strict_rerank" in data:
             raise ValueError(
                 "strict_rerank is no longer a retriever setting (since 0.3.0): pass "
                 "strict=True to the reranker, e.g. CohereReranker(strict=True)"
             )
+        if isinstance(data, dict) and "chunk_overlap" in data:
+            warnings.warn("RSERetriever(chunk_overlap=...) is deprecated; pass "
+                          "splitter=make_splitter(chunk_size, chunk_overlap)",
+                          DeprecationWarning, stacklevel=4)  # fmt: skip
+            data = dict(data)
+            if overlap := data.pop("chunk_overlap"):
+                data = overlap_settings(data, overlap)
         if isinstance(data, dict) and "preset" in data:
             warnings.warn("RSERetriever(preset=...) is deprecated; pass the preset's name as "
                           "rse_params=...", DeprecationWarning, stacklevel=4)  # fmt: skip

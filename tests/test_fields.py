@@ -1,6 +1,7 @@
 """The retriever's fields after 0.3.0 (issue 48): ``rse_params`` takes a preset's name
-(``preset=`` is a deprecated alias), ``strict`` is the reranker's, and indexes saved with the
-old fields still load with the same behaviour."""
+(``preset=`` is a deprecated alias), ``strict`` is the reranker's, an overlap is a splitter's
+(``chunk_overlap=`` a deprecated alias), and indexes saved with the old fields still load
+with the same behaviour."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from conftest import corpus_documents
 from helpers import HashingEmbeddings
 from langchain_rse import EmbeddingReranker, RSERetriever
+from langchain_rse.indexing.chunking import make_splitter
 from langchain_rse.persistence import MANIFEST
 from langchain_rse.segments import PRESETS, RSEParams
 
@@ -78,3 +81,60 @@ def test_an_index_saved_with_preset_and_strict_rerank_loads_the_same(tmp_path: P
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
     assert loaded.params == PRESETS["reranked"]
     assert loaded.reranker is not None and loaded.reranker.strict is True
+
+
+def _chunks(r: RSERetriever) -> list[tuple[int, int]]:
+    return sorted(tuple(s) for rec in r._records.pointers(["c0", "c1"]) if rec for s in rec.spans)
+
+
+def _docs() -> list:
+    return [d.model_copy(update={"id": f"c{i}"}) for i, d in enumerate(corpus_documents()[:2])]
+
+
+def test_chunk_overlap_is_a_deprecated_alias_of_a_splitter() -> None:
+    with pytest.warns(DeprecationWarning, match="make_splitter"):
+        old = _retriever(chunk_size=600, chunk_overlap=50, show_progress=False)
+    new = _retriever(splitter=make_splitter(600, 50), rse_params="long_chunks",
+                     show_progress=False)  # fmt: skip
+    assert old.params == new.params == PRESETS["long_chunks"]  # as chunk_size=600 chose
+    old.add_documents(_docs())
+    new.add_documents(_docs())
+    assert _chunks(old) == _chunks(new) and _chunks(old)
+    with pytest.raises(ValueError, match="chunk_overlap"), pytest.warns(DeprecationWarning):
+        _retriever(chunk_size=100, chunk_overlap=100)
+
+
+def test_an_overlapping_default_splitter_saves_as_size_and_overlap(tmp_path: Path) -> None:
+    r = _retriever(splitter=make_splitter(600, 50), show_progress=False)
+    r.add_documents(_docs())
+    r.save(tmp_path / "idx")
+    config = json.loads((tmp_path / "idx" / MANIFEST).read_text())["config"]
+    assert (config["chunk_size"], config["chunk_overlap"], config["custom_splitter"]) == (
+        600, 50, False)  # fmt: skip
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())  # no splitter=
+    assert loaded.params == r.params == PRESETS["default"]  # the preset a splitter chose
+    loaded.add_documents([Document("A new clause. " * 80, id="new")])
+    again = _retriever(splitter=make_splitter(600, 50), show_progress=False)
+    again.add_documents([Document("A new clause. " * 80, id="new")])
+    assert loaded._records.pointers(["new"])[0].spans == again._records.pointers(["new"])[0].spans
+    versions = [p.version for p in loaded._records.pointers(["c0", "c1"])]
+    loaded.add_documents(_docs())  # unchanged: the same splitter fingerprint, not re-indexed
+    assert [p.version for p in loaded._records.pointers(["c0", "c1"])] == versions
+
+
+def test_an_index_saved_with_chunk_overlap_loads_the_same(tmp_path: Path) -> None:
+    """A 0.2 manifest with ``chunk_overlap`` and no preset: the same chunks for new
+    documents, the preset its chunk size chose, unchanged documents not re-indexed."""
+    with pytest.warns(DeprecationWarning):
+        r = _retriever(chunk_size=600, chunk_overlap=50, show_progress=False)
+    r.add_documents(_docs())
+    r.save(tmp_path / "idx")
+    path = tmp_path / "idx" / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest["config"].update(preset=None, rse_params=None)  # as 0.2 saved it
+    path.write_text(json.dumps(manifest))
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+    assert loaded.params == PRESETS["long_chunks"]
+    versions = [p.version for p in loaded._records.pointers(["c0", "c1"])]
+    loaded.add_documents(_docs())
+    assert [p.version for p in loaded._records.pointers(["c0", "c1"])] == versions

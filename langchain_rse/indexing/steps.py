@@ -196,11 +196,8 @@ def index_steps(
     writer, enricher = r._writer, r.enricher
 
     def plan() -> Plan:
-        splitter = r.splitter or make_splitter(r.chunk_size, r.chunk_overlap)
-        fingerprints = (
-            splitter_fingerprint(r.splitter, r.chunk_size, r.chunk_overlap),
-            enricher.fingerprint(),
-        )
+        splitter = r.splitter or make_splitter(r.chunk_size)
+        fingerprints = (splitter_fingerprint(r.splitter, r.chunk_size), enricher.fingerprint())
         return writer.plan(documents, ids, splitter=splitter, fingerprints=fingerprints,
                            max_document_chars=r.max_document_chars)  # fmt: skip
 
