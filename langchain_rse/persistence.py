@@ -24,16 +24,13 @@ import logging
 import os
 import re
 import secrets
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from filelock import FileLock
-from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from langchain_core.vectorstores import VectorStore
 from pydantic import ValidationError
 
 __all__ = [
@@ -43,12 +40,19 @@ __all__ = [
     "MANIFEST",
     "default_vectorstore",
     "read_manifest",
+    "vectorstore_kind",
 ]
 
 from langchain_rse import index_schema
 from langchain_rse.embeddings import underlying
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, make_splitter
 from langchain_rse.indexing.records import default_splitter_params, local_form, plain_form
+from langchain_rse.indexing.store import (
+    default_vectorstore,
+    load_vectorstore,
+    save_vectorstore,
+    vectorstore_kind,
+)
 from langchain_rse.lexical import saved_stemmer
 from langchain_rse.segments import RSEParams, preset_for_chunk_size
 
@@ -69,42 +73,6 @@ _OWN_FILE = re.compile(
 
 class IndexFormatError(ValueError):
     """An index directory that is corrupted, truncated or of an unsupported format."""
-
-
-def _langchain_faiss() -> tuple[Any, Any, Any]:
-    """LangChain's ``FAISS``, its ``InMemoryDocstore`` and ``DistanceStrategy``, quietly
-    (``langchain-community``, which warns on import: ``pip install "langchain-rse[compat]"``)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from langchain_community.docstore.in_memory import InMemoryDocstore
-            from langchain_community.vectorstores import FAISS
-            from langchain_community.vectorstores.utils import DistanceStrategy
-    except ImportError as exc:
-        raise ImportError(
-            "this index was saved from LangChain's FAISS store, which needs "
-            'langchain-community: pip install "langchain-rse[compat]"'
-        ) from exc
-    return FAISS, InMemoryDocstore, DistanceStrategy
-
-
-def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
-    """The default local store: exact cosine search in FAISS
-    (:class:`~langchain_rse.integrations.faiss.FaissStore`), else ``InMemoryVectorStore``, over
-    ``embedding`` (the bundled ``LocalEmbeddings`` when None).
-
-    It keeps the chunks' metadata without their text, which the record store holds."""
-    if embedding is None:
-        from langchain_rse.embeddings import LocalEmbeddings
-
-        embedding = LocalEmbeddings()
-    try:
-        import faiss  # noqa: F401
-    except ImportError:
-        return InMemoryVectorStore(embedding)
-    from langchain_rse.integrations.faiss import FaissStore
-
-    return FaissStore(embedding, keep_text=False)  # the chunk texts are in the record store
 
 
 # ---------------------------------------------------------------- file primitives
@@ -157,6 +125,9 @@ class IndexWriter:
         atomic_write(self.dir / name, data)
         self.files[role] = {"name": name, "sha256": hashlib.sha256(data).hexdigest()}
         return name
+
+    def add_json(self, role: str, obj: Any) -> str:
+        return self.add_bytes(role, "json", _json_bytes(obj))
 
     def commit(self, manifest: dict[str, Any]) -> None:
         manifest = {
@@ -281,121 +252,6 @@ class IndexFiles:
 # ---------------------------------------------------------------- vector stores
 
 
-_OUR_FAISS = {"FaissStore", "LocalFAISS"}
-"""The default store's class names, now and before 0.2 (LangChain's FAISS subclassed)."""
-
-
-def vectorstore_kind(vs: VectorStore) -> str:
-    """``"faiss"``, ``"in_memory"`` or ``"external"`` (saved elsewhere by its owner)."""
-    from langchain_rse.integrations.faiss import FaissStore, is_langchain_faiss
-
-    # ours, or LangChain's FAISS itself (not a user's subclass of it)
-    if isinstance(vs, FaissStore) or (is_langchain_faiss(vs) and type(vs).__name__ == "FAISS"):
-        return "faiss"
-    if isinstance(vs, InMemoryVectorStore):
-        return "in_memory"
-    return "external"
-
-
-def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
-    from langchain_rse.integrations.faiss import FaissStore
-
-    kind = vectorstore_kind(vs)
-    info: dict[str, Any] = {"kind": kind, "class": f"{type(vs).__module__}.{type(vs).__name__}"}
-    if kind == "in_memory":
-        store = vs.store  # type: ignore[attr-defined]
-        writer.add_bytes(
-            "vectors",
-            "json",
-            _json_bytes(
-                [
-                    {
-                        "id": k,
-                        "text": v["text"],
-                        "metadata": v["metadata"],
-                        "vector": [float(x) for x in v["vector"]],
-                    }
-                    for k, v in store.items()
-                ]
-            ),
-        )
-    elif isinstance(vs, FaissStore):
-        if vs.index is None:  # nothing added yet
-            import faiss
-
-            vs.index = faiss.IndexFlatIP(len(vs.embedding.embed_query("dimension probe")))
-        writer.add_bytes("vectors", "json", _json_bytes(vs.to_json()))
-        writer.add_bytes("vectors_index", "faiss", vs.index_bytes())
-    elif kind == "faiss":  # LangChain's FAISS
-        import faiss
-
-        ids = [vs.index_to_docstore_id[i] for i in range(len(vs.index_to_docstore_id))]  # type: ignore[attr-defined]
-        docs = vs.docstore._dict  # type: ignore[attr-defined]
-        documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
-        writer.add_bytes(
-            "vectors",
-            "json",
-            _json_bytes(
-                {
-                    "ids": ids,
-                    "docstore": "in_memory",
-                    "documents": documents,
-                    "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
-                    "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]
-                }
-            ),
-        )
-        raw: Any = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
-        writer.add_bytes("vectors_index", "faiss", memoryview(raw))  # no copy of the vectors
-    return info
-
-
-def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
-    info = files.manifest["vectorstore"]
-    kind = info["kind"]
-    if kind == "in_memory":
-        vs = InMemoryVectorStore(embedding)
-        for rec in files.json("vectors", index_schema.InMemoryVectors).root:
-            vs.store[rec.id] = rec.model_dump()
-        return vs
-    if kind == "faiss":
-        import faiss
-
-        data = files.json("vectors", index_schema.FaissVectors)
-        raw = files.read("vectors_index")
-        name = files.name("vectors_index")
-        try:
-            index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
-        except RuntimeError as exc:
-            raise IndexFormatError(f"the FAISS index file {name!r} cannot be read: {exc}") from None
-        if index.ntotal != len(data.ids):
-            raise IndexFormatError(
-                f"the FAISS index file {name!r} and {files.name('vectors')!r} disagree in size"
-            )
-        ours = str(info.get("class", "")).rsplit(".", 1)[-1] in _OUR_FAISS
-        if ours and data.normalize_L2:  # (before 0.2: LocalFAISS, LangChain's format)
-            from langchain_rse.integrations.faiss import FaissStore
-
-            return FaissStore.from_saved(embedding, data.model_dump(), index)
-        FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()
-        store = InMemoryDocstore({
-            i: Document(page_content=d.text, metadata=d.metadata, id=i)
-            for i, d in zip(data.ids, data.documents)
-        })  # fmt: skip
-        return FAISS(  # type: ignore[no-any-return]
-            embedding,
-            index,
-            store,
-            dict(enumerate(data.ids)),
-            normalize_L2=data.normalize_L2,
-            distance_strategy=DistanceStrategy(data.distance_strategy),
-        )
-    raise ValueError(
-        f"this index uses an external vector store ({info.get('class')}); "
-        "pass it with RSERetriever.load(path, vectorstore=...)"
-    )
-
-
 # ---------------------------------------------------------------- the retriever
 
 SAVED_FIELDS = (
@@ -465,7 +321,7 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
     from langchain_core.stores import InMemoryByteStore
 
     header, arrays = retriever._lexical.export_state()
-    writer.add_bytes("lexical", "json", _json_bytes(header))
+    writer.add_json("lexical", header)
     writer.add_bytes("lexical_tf", "npz", arrays)
     docstore_kind = "external"
     if isinstance(retriever.docstore, InMemoryByteStore):

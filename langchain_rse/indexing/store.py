@@ -2,7 +2,9 @@
 ``BaseStore[str, bytes]``, sync and async, with the decoded pointers and bodies cached;
 and the writer-preferring readers-writer lock of in-process stores (FAISS, in-memory), which
 are not safe to search while they are being modified; and :class:`FileByteStore`, the
-file-backed byte store of the LLM and embedding caches."""
+file-backed byte store of the LLM and embedding caches; and the default local vector store
+(FAISS, else in memory), saved in and loaded from an index directory
+(:mod:`~langchain_rse.persistence`)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,18 @@ import os
 import re
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from cachetools import LRUCache
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
 from langchain_core.stores import BaseStore
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from langchain_rse.indexing.records import (
     Body,
@@ -30,7 +38,20 @@ from langchain_rse.indexing.records import (
     version_key,
 )
 
-__all__ = ["BODY_CACHE_CHARS", "FileByteStore", "ReadWriteLock", "RecordStore", "file_store"]
+if TYPE_CHECKING:
+    from langchain_rse.persistence import IndexFiles, IndexWriter
+
+__all__ = [
+    "BODY_CACHE_CHARS",
+    "FileByteStore",
+    "ReadWriteLock",
+    "RecordStore",
+    "default_vectorstore",
+    "file_store",
+    "load_vectorstore",
+    "save_vectorstore",
+    "vectorstore_kind",
+]
 
 _POINTER_CACHE_SIZE = 4096
 BODY_CACHE_CHARS = 32_000_000
@@ -258,3 +279,144 @@ class FileByteStore(BaseStore[str, bytes]):
 def file_store(cache_dir: str | os.PathLike[str]) -> BaseStore[str, bytes]:
     """A :class:`FileByteStore` at ``cache_dir``."""
     return FileByteStore(cache_dir)
+
+
+# ---------------------------------------------------------------- the local vector store
+
+
+def _langchain_faiss() -> tuple[Any, Any, Any]:
+    """LangChain's ``FAISS``, its ``InMemoryDocstore`` and ``DistanceStrategy``, quietly
+    (``langchain-community``, which warns on import: ``pip install "langchain-rse[compat]"``)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from langchain_community.docstore.in_memory import InMemoryDocstore
+            from langchain_community.vectorstores import FAISS
+            from langchain_community.vectorstores.utils import DistanceStrategy
+    except ImportError as exc:
+        raise ImportError(
+            "this index was saved from LangChain's FAISS store, which needs "
+            'langchain-community: pip install "langchain-rse[compat]"'
+        ) from exc
+    return FAISS, InMemoryDocstore, DistanceStrategy
+
+
+def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
+    """The default local store: exact cosine search in FAISS
+    (:class:`~langchain_rse.integrations.faiss.FaissStore`), else ``InMemoryVectorStore``, over
+    ``embedding`` (the bundled ``LocalEmbeddings`` when None).
+
+    It keeps the chunks' metadata without their text, which the record store holds."""
+    if embedding is None:
+        from langchain_rse.embeddings import LocalEmbeddings
+
+        embedding = LocalEmbeddings()
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return InMemoryVectorStore(embedding)
+    from langchain_rse.integrations.faiss import FaissStore
+
+    return FaissStore(embedding, keep_text=False)  # the chunk texts are in the record store
+
+
+_OUR_FAISS = {"FaissStore", "LocalFAISS"}
+"""The default store's class names, now and before 0.2 (LangChain's FAISS subclassed)."""
+
+
+def vectorstore_kind(vs: VectorStore) -> str:
+    """``"faiss"``, ``"in_memory"`` or ``"external"`` (saved elsewhere by its owner)."""
+    from langchain_rse.integrations.faiss import FaissStore, is_langchain_faiss
+
+    # ours, or LangChain's FAISS itself (not a user's subclass of it)
+    if isinstance(vs, FaissStore) or (is_langchain_faiss(vs) and type(vs).__name__ == "FAISS"):
+        return "faiss"
+    if isinstance(vs, InMemoryVectorStore):
+        return "in_memory"
+    return "external"
+
+
+def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
+    """Write a local vector store's files with ``writer``; its manifest entry."""
+    from langchain_rse.integrations.faiss import FaissStore
+
+    kind = vectorstore_kind(vs)
+    info: dict[str, Any] = {"kind": kind, "class": f"{type(vs).__module__}.{type(vs).__name__}"}
+    if kind == "in_memory":
+        store = vs.store  # type: ignore[attr-defined]
+        writer.add_json("vectors", [
+            {"id": k, "text": v["text"], "metadata": v["metadata"],
+             "vector": [float(x) for x in v["vector"]]}
+            for k, v in store.items()
+        ])  # fmt: skip
+    elif isinstance(vs, FaissStore):
+        if vs.index is None:  # nothing added yet
+            import faiss
+
+            vs.index = faiss.IndexFlatIP(len(vs.embedding.embed_query("dimension probe")))
+        writer.add_json("vectors", vs.to_json())
+        writer.add_bytes("vectors_index", "faiss", vs.index_bytes())
+    elif kind == "faiss":  # LangChain's FAISS
+        import faiss
+
+        ids = [vs.index_to_docstore_id[i] for i in range(len(vs.index_to_docstore_id))]  # type: ignore[attr-defined]
+        docs = vs.docstore._dict  # type: ignore[attr-defined]
+        documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
+        writer.add_json("vectors", {
+            "ids": ids, "docstore": "in_memory", "documents": documents,
+            "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
+            "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]
+        })  # fmt: skip
+        raw: Any = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
+        writer.add_bytes("vectors_index", "faiss", memoryview(raw))  # no copy of the vectors
+    return info
+
+
+def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
+    """The local vector store saved in ``files`` (``ValueError`` for an external one)."""
+    from langchain_rse import index_schema
+    from langchain_rse.persistence import IndexFormatError
+
+    info = files.manifest["vectorstore"]
+    kind = info["kind"]
+    if kind == "in_memory":
+        vs = InMemoryVectorStore(embedding)
+        for rec in files.json("vectors", index_schema.InMemoryVectors).root:
+            vs.store[rec.id] = rec.model_dump()
+        return vs
+    if kind == "faiss":
+        import faiss
+
+        data = files.json("vectors", index_schema.FaissVectors)
+        raw = files.read("vectors_index")
+        name = files.name("vectors_index")
+        try:
+            index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
+        except RuntimeError as exc:
+            raise IndexFormatError(f"the FAISS index file {name!r} cannot be read: {exc}") from None
+        if index.ntotal != len(data.ids):
+            raise IndexFormatError(
+                f"the FAISS index file {name!r} and {files.name('vectors')!r} disagree in size"
+            )
+        ours = str(info.get("class", "")).rsplit(".", 1)[-1] in _OUR_FAISS
+        if ours and data.normalize_L2:  # (before 0.2: LocalFAISS, LangChain's format)
+            from langchain_rse.integrations.faiss import FaissStore
+
+            return FaissStore.from_saved(embedding, data.model_dump(), index)
+        FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()
+        store = InMemoryDocstore({
+            i: Document(page_content=d.text, metadata=d.metadata, id=i)
+            for i, d in zip(data.ids, data.documents)
+        })  # fmt: skip
+        return FAISS(  # type: ignore[no-any-return]
+            embedding,
+            index,
+            store,
+            dict(enumerate(data.ids)),
+            normalize_L2=data.normalize_L2,
+            distance_strategy=DistanceStrategy(data.distance_strategy),
+        )
+    raise ValueError(
+        f"this index uses an external vector store ({info.get('class')}); "
+        "pass it with RSERetriever.load(path, vectorstore=...)"
+    )
