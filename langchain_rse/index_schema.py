@@ -1,13 +1,13 @@
-"""The schema of a saved index: pydantic models of the manifest and of each JSON data file.
+"""What valid settings and saved indexes are.
 
-A file that does not match its model is rejected at load with
-:class:`~langchain_rse.persistence.IndexFormatError` naming the file: every value is
-checked for its type (strictly: ``"4"`` is not a number), unknown keys are refused, and
-the settings must make a retriever that can run. Keys only older saves lack are optional.
-
-Also what a saved index records of its components (enricher, reranker, router, query
-expander) — class and non-secret settings (:func:`describe_component`) — and how ``load``
-rebuilds the ones it can (:func:`restore_components`).
+The checks of a retriever's settings (:func:`check_settings`, at construction and on every
+assignment) and of a call's ``k`` and ``max_chars``; the pydantic models of a saved index's
+manifest and JSON data files (a file that does not match is rejected at load with
+:class:`~langchain_rse.persistence.IndexFormatError` naming it: values checked strictly,
+unknown keys refused, keys only older saves lack optional, and the settings must make a
+retriever that can run); and its components (enricher, reranker, router, query expander)
+as saved — class and non-secret settings (:func:`describe_component`) — and rebuilt
+(:func:`restore_components`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pydantic import (
 
 from langchain_rse.indexing.chunking import make_splitter
 from langchain_rse.lexical.tokenizer import check_stemmer
-from langchain_rse.segments import RSEParams
+from langchain_rse.segments import RSEParams, get_preset
 
 __all__ = [
     "EXTENSIONS",
@@ -43,12 +43,73 @@ __all__ = [
     "LegacyLexical",
     "Lexical",
     "Manifest",
+    "MIN_MAX_CHARS",
     "VectorRecord",
+    "check_expander",
+    "check_k",
+    "check_max_chars",
+    "check_settings",
     "describe_component",
     "restore_components",
 ]
 
 logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------- settings
+
+
+def check_k(k: Any) -> int:
+    """``k`` as a non-negative int, else ``ValueError``."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be a non-negative integer, got {k!r}")
+    return k
+
+
+MIN_MAX_CHARS = 100
+"""The smallest context budget accepted: below it hardly a chunk fits."""
+
+
+def check_max_chars(value: Any) -> int | None:
+    """A context budget: None or an int of at least :data:`MIN_MAX_CHARS`, else ``ValueError``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_MAX_CHARS:
+        raise ValueError(f"max_chars must be an integer >= {MIN_MAX_CHARS} or None, got {value!r}")
+    return value
+
+
+_POSITIVE = ("fetch_k", "max_document_chars")
+
+
+def check_settings(r: Any) -> None:
+    """Raise ``ValueError`` for a retriever configuration that could not run (checked at
+    construction and on every assignment, so a bad setting fails where it is made)."""
+    check_k(r.k)
+    check_max_chars(r.max_chars)
+    for name in _POSITIVE:
+        if getattr(r, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(r, name)}")
+    if r.splitter is None:
+        make_splitter(r.chunk_size)  # validates the size
+    w = r.weights
+    if len(w) != 2 or min(w) < 0 or max(w) <= 0:
+        raise ValueError(f"weights must be two non-negative numbers, not both 0, got {w}")
+    if isinstance(r.rse_params, str):
+        get_preset(r.rse_params)
+
+
+def check_expander(value: Any) -> Any:
+    """A query expander needs ``expand`` and ``aexpand``."""
+    if value is not None and not (hasattr(value, "expand") and hasattr(value, "aexpand")):
+        raise TypeError(
+            "query_expander must be a QueryExpander (with expand and aexpand), got "
+            + type(value).__name__
+        )
+    return value
+
+
+# ---------------------------------------------------------------- saved files
+
 
 EXTENSIONS = {"lexical": "json", "lexical_tf": "npz", "docstore": "jsonl", "vectors": "json",
               "vectors_index": "faiss"}  # fmt: skip
@@ -151,7 +212,7 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _can_run(self) -> Config:
         """The checks the retriever makes of its settings (``ValueError`` naming the first)."""
-        from langchain_rse.retriever import RSERetriever, check_settings
+        from langchain_rse.retriever import RSERetriever
 
         fields = RSERetriever.model_fields
         values = {name: fields[name].get_default(call_default_factory=False) for name in fields}

@@ -154,8 +154,7 @@ def _mismatch(what: str, exc: ValidationError) -> IndexFormatError:
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read an index directory's manifest and check it against :class:`~langchain_rse.
-    index_schema.Manifest` (format, version, settings, components, file table)."""
+    """An index directory's manifest, checked against ``index_schema.Manifest``."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
@@ -247,9 +246,6 @@ class IndexFiles:
             return model.model_validate(data)
         except ValidationError as exc:
             raise _mismatch(f"index file {self.name(role)!r}", exc) from None
-
-
-# ---------------------------------------------------------------- vector stores
 
 
 # ---------------------------------------------------------------- the retriever

@@ -37,8 +37,9 @@ from langchain_rse import pipeline
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation
 from langchain_rse.filters import Filter, check_filter, matches, parse
-from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, doc_id_for, make_splitter
-from langchain_rse.indexing.steps import index_steps
+from langchain_rse.index_schema import check_expander, check_settings
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
+from langchain_rse.indexing.steps import check_writable, index_steps
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
@@ -49,7 +50,7 @@ from langchain_rse.persistence import (
     overlap_settings,
     save_index,
 )
-from langchain_rse.pipeline import adrive, check_k, check_max_chars, drive, tracing
+from langchain_rse.pipeline import adrive, drive, tracing
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
 from langchain_rse.search import SearchBranches, is_local, ls_params
@@ -61,36 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["RSERetriever"]
 
 logger = logging.getLogger(__name__)
-
-
-_POSITIVE = ("fetch_k", "max_document_chars")
-
-
-def check_settings(r: Any) -> None:
-    """Raise ``ValueError`` for a retriever configuration that could not run (checked at
-    construction and on every assignment, so a bad setting fails where it is made)."""
-    check_k(r.k)
-    check_max_chars(r.max_chars)
-    for name in _POSITIVE:
-        if getattr(r, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(r, name)}")
-    if r.splitter is None:
-        make_splitter(r.chunk_size)  # validates the size
-    w = r.weights
-    if len(w) != 2 or min(w) < 0 or max(w) <= 0:
-        raise ValueError(f"weights must be two non-negative numbers, not both 0, got {w}")
-    if isinstance(r.rse_params, str):
-        get_preset(r.rse_params)
-
-
-def check_expander(value: Any) -> Any:
-    """A query expander needs ``expand`` and ``aexpand``."""
-    if value is not None and not (hasattr(value, "expand") and hasattr(value, "aexpand")):
-        raise TypeError(
-            "query_expander must be a QueryExpander (with expand and aexpand), got "
-            + type(value).__name__
-        )
-    return value
 
 
 def check_delete_ids(ids: Any) -> list[str]:
@@ -126,17 +97,10 @@ class RSERetriever(DocumentIndex):
             Any LangChain vector store; chunks are written to it with their metadata.
         k: int
             Maximum number of segments (or chunks) returned.
-        mode: "segments" | "chunks"
-            Return RSE segments (default) or the plain top-k chunks.
-        enricher: BaseEnricher
-            Index-time context for each chunk (offline ``HeaderEnricher`` by default).
         reranker: BaseReranker | BaseDocumentCompressor | None
             Optional reranker; its calibrated scores become chunk relevance.
         rse_params: RSEParams | str | None
-            RSE parameters or a preset's name (see ``langchain_rse.segments.PRESETS``); by
-            default the preset tuned for ``chunk_size``.
-        router: DocumentRouter | None
-            Optional document routing (see :class:`~langchain_rse.routing.DocumentRouter`).
+            RSE parameters or a preset's name; by default the one tuned for ``chunk_size``.
 
     Instantiate:
         .. code-block:: python
@@ -154,17 +118,6 @@ class RSERetriever(DocumentIndex):
             for seg in retriever.invoke("termination for convenience", k=2):
                 meta = seg.metadata
                 print(meta["doc_id"], meta["start_index"], meta["end_index"], meta["score"])
-
-    Use within a chain:
-        .. code-block:: python
-
-            from langchain_core.prompts import ChatPromptTemplate
-            from langchain_core.runnables import RunnablePassthrough
-
-            prompt = ChatPromptTemplate.from_template("Context: {context}\\nQuestion: {question}")
-            context = retriever | (lambda docs: "\\n\\n".join(d.page_content for d in docs))
-            chain = {"context": context, "question": RunnablePassthrough()} | prompt | llm
-            chain.invoke("Can either party terminate for convenience?")
     """
 
     model_config = ConfigDict(
@@ -191,15 +144,13 @@ class RSERetriever(DocumentIndex):
     reranker: Annotated[BaseReranker | None, BeforeValidator(as_reranker)] = None
     """Reranks fused candidates; a ``BaseDocumentCompressor`` is wrapped automatically."""
     lexical_store: VectorStore | None = Field(default=None, frozen=True)
-    """An external lexical index used instead of the in-process BM25 index, for corpora
-    beyond one machine: any ``VectorStore`` whose search is lexical, e.g.
-    ``ElasticsearchStore(strategy=BM25Strategy())``. Chunks are written to it too."""
+    """Instead of the in-process BM25 index, any ``VectorStore`` whose search is lexical
+    (e.g. ``ElasticsearchStore(strategy=BM25Strategy())``); chunks are written to it too."""
     lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = Field(
         default=DEFAULT_STEMMER, frozen=True
     )
     """Snowball stemmer of the in-process BM25 index (``"english"``, ``"german"``, ... as
-    in ``Stemmer.algorithms()``), or ``None`` to match words as they are. An external
-    ``lexical_store`` analyzes text itself."""
+    in ``Stemmer.algorithms()``), or ``None`` to match words as they are."""
     max_chars: int | None = None
     """The context budget: the most characters of text one call returns, in all (an
     ``invoke(query, max_chars=...)`` argument too). Segments fill it best first and never
@@ -208,10 +159,8 @@ class RSERetriever(DocumentIndex):
     """Candidates fetched from each branch (dense and lexical); the best 50 fused ones
     (:data:`~langchain_rse.pipeline.CANDIDATE_POOL`) go on to reranking and RSE."""
     weights: tuple[float, float] = (2.0, 1.0)
-    """Weights of the (dense, lexical) branches in reciprocal rank fusion: dense 2/3, BM25
-    1/3, chosen on CUAD with BM25 over word stems and focus (Anthropic's cookbook uses
-    0.8 / 0.2). A query that quotes code gives BM25 the dense weight
-    (:data:`~langchain_rse.pipeline.CODE_WEIGHTS_EQUAL`)."""
+    """Weights of the (dense, lexical) branches in reciprocal rank fusion (chosen on CUAD);
+    a query that quotes code gives BM25 the dense weight."""
     rse_params: RSEParams | str | None = None
     """RSE parameters: an ``RSEParams``, or the name of a preset in
     ``langchain_rse.segments.PRESETS`` (``"reranked"`` with a reranker). ``None`` (the
@@ -220,37 +169,27 @@ class RSERetriever(DocumentIndex):
     router: Annotated[DocumentRouter | None, BeforeValidator(as_router)] = Field(
         default_factory=DocumentRouter.leads
     )
-    """Document-aware retrieval: a :class:`~langchain_rse.routing.DocumentRouter` (or a
-    bare retriever, wrapped in one with its defaults) picks the document a query is about,
-    and its chunks are favoured (``boost``) when the unrouted search agrees. The default
-    searches the retriever's own :class:`~langchain_rse.routing.LeadIndex` (each
-    document's title and opening, kept in step with the index); ``None`` turns it off."""
+    """A :class:`~langchain_rse.routing.DocumentRouter` (or a bare retriever it wraps) picks
+    the document a query names, whose chunks are favoured when the unrouted search agrees;
+    by default over this index's titles and openings (``LeadIndex``). ``None``: off."""
     filter: Annotated[dict[str, Any] | None, AfterValidator(check_filter)] = None
     """A metadata filter every result must pass (a retriever bound to one tenant), in the
-    language of :mod:`langchain_rse.filters`: equality, ``$eq``, ``$ne``, ``$in``, ``$nin``,
-    ``$gt``/``$gte``/``$lt``/``$lte``, ``$and``, ``$or``. Pushed down into both searches and
-    the document route, and checked again on every candidate; ``invoke(query, filter=...)``
-    narrows it further. Nothing of a document it rejects reaches a callback handler or
-    changes a result. It binds the other methods too: :meth:`get` returns, and
-    :meth:`delete` removes, only documents it allows; :meth:`add_documents` refuses a
-    document it rejects, and one whose id is taken by a document it rejects. Index-wide
-    maintenance (:meth:`vacuum`, :meth:`save`) is not filtered. Documents are compared by
-    their metadata with ``doc_id`` added, as the chunks are. (Lexical scores use the
-    statistics of the whole index; one index per tenant keeps even those apart.)"""
+    language of :mod:`langchain_rse.filters` (``$eq``, ``$ne``, ``$in``, ``$nin``, ``$gt``...,
+    ``$and``, ``$or``), on a document's metadata with ``doc_id``. Pushed into both searches
+    and the route and checked on every candidate; ``invoke(filter=...)`` narrows it. It
+    binds :meth:`get`, :meth:`delete` and :meth:`add_documents` too, not :meth:`vacuum` or
+    :meth:`save`. (BM25 statistics are those of the whole index.)"""
     filter_translator: Callable[[Filter], dict[str, Any]] | None = None
-    """For a vector or lexical store :mod:`langchain_rse.filters` cannot translate for: a
-    function from the parsed filter to that store's search keyword arguments (e.g.
-    ``lambda f: {"filter": to_dict(f)}``)."""
+    """For a store :mod:`langchain_rse.filters` cannot translate for: parsed filter → that
+    store's search keyword arguments (e.g. ``lambda f: {"filter": to_dict(f)}``)."""
     query_expander: Annotated[Any, AfterValidator(check_expander)] = None
     """Optional ``QueryExpander``: an LLM rewrites the query into several search queries."""
     max_document_chars: int = 20_000_000
     """Longer documents are rejected with a ``ValueError`` before anything is written."""
     show_progress: bool | None = None
-    """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
-    ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a
-    plain line on stderr every 10 seconds, and one after the first batch with the expected
-    time when that is 30 s or more (on the logger ``langchain_rse.progress``, level INFO,
-    instead when the application's logging shows it); no logging set-up is needed."""
+    """Progress while indexing: ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a
+    terminal, else a line every 10 s on stderr (or the ``langchain_rse.progress`` logger
+    when logging shows INFO); see :mod:`langchain_rse.indexing.steps`."""
 
     _lexical: BM25Index = PrivateAttr()
     _records: RecordStore = PrivateAttr()
@@ -396,20 +335,15 @@ class RSERetriever(DocumentIndex):
     ) -> list[str]:
         """Index long source documents; returns their doc ids.
 
-        A document whose id is already indexed is replaced everywhere (an unchanged
-        one is skipped); empty documents are skipped with a warning (and an indexed
-        version of them removed). All documents are validated and split first; then, a
-        group of about ``WRITE_GROUP_CHUNKS`` chunks at a time, enriched and written to
-        the vector store (``INDEX_BATCH_SIZE`` chunks per call), the lexical index and the
-        record store — so contexts, index texts and vectors are held for one group only.
-        Progress is reported per stage (see ``show_progress``).
-
-        With a bound :attr:`filter`, a ``ValueError`` is raised before anything is written
-        when a document does not pass it, or when its id is indexed for a document that
-        does not (another tenant's).
+        A document whose id is indexed is replaced everywhere (an unchanged one is skipped);
+        an empty one is skipped with a warning (its indexed version removed). All are
+        validated and split first, then enriched and written a group of chunks at a time
+        (see :mod:`langchain_rse.indexing.steps`). With a bound :attr:`filter`, a document
+        it rejects, or whose id another tenant's document holds, is a ``ValueError`` before
+        anything is written.
         """
         with self._writer.lock:
-            self._check_writable(documents, ids)
+            check_writable(self, documents, ids)
             return drive(*index_steps(self, documents, ids, False))  # type: ignore[no-any-return]
 
     async def aadd_documents(
@@ -418,38 +352,8 @@ class RSERetriever(DocumentIndex):
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
         (under the same lock as the sync path, re-checking what another writer wrote)."""
         if self.filter:
-            await asyncio.to_thread(self._check_writable, documents, ids)
+            await asyncio.to_thread(check_writable, self, documents, ids)
         return await adrive(*index_steps(self, documents, ids, True))  # type: ignore[no-any-return]
-
-    def _check_writable(self, documents: Sequence[Document], ids: Sequence[str] | None) -> None:
-        """With a bound :attr:`filter`: a ``ValueError`` naming the first document it
-        rejects, or whose id an indexed document it rejects holds (nothing is written)."""
-        f = parse(self.filter) if self.filter else None
-        if f is None:
-            return
-        if ids is not None and len(ids) != len(documents):
-            return  # add_documents' own validation says so
-        named = [
-            (str(ids[n]) if ids is not None else doc_id_for(doc), doc)
-            for n, doc in enumerate(documents)
-            if isinstance(doc, Document)  # anything else: the validation's error
-        ]
-        for doc_id, doc in named:
-            if not matches(f, {**doc.metadata, "doc_id": doc_id}):
-                raise ValueError(
-                    f"document {doc_id!r} does not pass this retriever's filter "
-                    f"{self.filter!r}; a retriever bound to a filter writes only documents "
-                    "that pass it"
-                )
-        if not named:
-            return
-        held = self._records.pointers([doc_id for doc_id, _ in named])
-        for (doc_id, _), record in zip(named, held):
-            if record is not None and not self._allows(f, record.doc_id, record.metadata):
-                raise ValueError(
-                    f"document id {doc_id!r} is indexed for a document outside this "
-                    "retriever's filter; it cannot be replaced from here (use another id)"
-                )
 
     @staticmethod
     def _allows(f: Filter | None, doc_id: str, metadata: dict[str, Any]) -> bool:
@@ -477,14 +381,10 @@ class RSERetriever(DocumentIndex):
         return await asyncio.to_thread(self.delete, ids)
 
     def vacuum(self, min_age_s: float = 0.0) -> int:
-        """Remove chunks of document versions that are not current: what a writer killed
-        half-way, or one that lost a race to another worker, left in the shared stores;
-        and documents whose pointer names a version whose records are gone (a broken
-        index; add them again). A version that cannot be removed is logged and left for
-        the next vacuum. Returns the number of versions removed. Run it when no writer is
-        active, or pass ``min_age_s`` longer than any write takes so versions being written
-        are spared. Index-wide maintenance: a bound :attr:`filter` does not limit it (it
-        never removes a current version, and returns only a count)."""
+        """Remove what killed or losing writers left (chunks of versions that are not
+        current) and documents whose version's records are gone (add them again); returns
+        the number of versions removed. Run it with no writer active, or with ``min_age_s``
+        longer than any write. Not limited by a bound :attr:`filter`."""
         return self._writer.vacuum(min_age_s, self.router)
 
     async def avacuum(self, min_age_s: float = 0.0) -> int:
@@ -518,17 +418,11 @@ class RSERetriever(DocumentIndex):
     # ------------------------------------------------------------------ persistence
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Save the index to a directory: settings, BM25 index, record store, local vectors.
-
-        JSON and FAISS files only, no pickle. Writes are atomic: a process killed during
-        ``save`` leaves the previous save loadable, and saves to one directory from several
-        processes run one after another (a lock file, ``.rse_index.lock``). Files are
-        created ``0o666`` less the umask. A vector store other than FAISS or
-        ``InMemoryVectorStore``, and a record store other than the in-memory default,
-        persist themselves and are passed again to :meth:`load`. Components are saved as
-        their class and non-secret settings (never keys). Index-wide: a bound :attr:`filter`
-        does not limit what is saved (and is not saved).
-        """
+        """Save the index to a directory (JSON and FAISS files, no pickle; atomic, one save
+        at a time per directory; see :mod:`langchain_rse.persistence`). External vector and
+        record stores persist themselves and are passed again to :meth:`load`; components
+        are saved as their class and non-secret settings. A bound :attr:`filter` is not
+        saved and does not limit what is."""
         with self._writer.lock:
             n = save_index(self, path)
         logger.info("saved index with %d chunks to %s", n, path)
@@ -546,16 +440,13 @@ class RSERetriever(DocumentIndex):
     ) -> RSERetriever:
         """Load a directory written by :meth:`save`.
 
-        ``embedding`` is needed for a saved local vector store (the bundled
-        ``LocalEmbeddings`` is used when the index was built with it). Pass
-        ``vectorstore`` / ``docstore`` when they were external. The offline enrichers, a
-        ``CohereReranker`` (key and endpoint from the environment, never from the index: one
-        saved with another endpoint is not rebuilt) and an ``EmbeddingReranker`` over the
-        same embedding are rebuilt from their saved settings; any other component the index
-        was saved with (an LLM enricher, a compressor, a router, a query expander) must be
-        passed again: it is named in a warning, or a ``ValueError`` with ``strict=True``.
-        Other keyword arguments override saved settings. A corrupted, truncated, tampered or
-        newer-format index raises ``IndexFormatError`` naming the file.
+        ``embedding`` is needed for a saved local vector store (unless it was the bundled
+        ``LocalEmbeddings``); pass ``vectorstore`` / ``docstore`` when they were external.
+        The offline enrichers, a ``CohereReranker`` (key and endpoint from the environment,
+        never the index) and an ``EmbeddingReranker`` over the same embedding are rebuilt;
+        other components must be passed again (a warning names them, a ``ValueError`` with
+        ``strict=True``). Keyword arguments override saved settings. A corrupted, tampered
+        or newer-format index raises ``IndexFormatError`` naming the file.
         """
         return load_index(cls, path, embedding, vectorstore, docstore, strict, kwargs)  # type: ignore[no-any-return]
 
@@ -596,12 +487,9 @@ class RSERetriever(DocumentIndex):
     ) -> BaseTool:
         """A tool for agents: numbered sources with their exact text, and the segments.
 
-        The model reads ``[n] title (source), pages, characters start–end`` and the exact
-        text of each source; the ``ToolMessage`` artifact is the segment ``Document``s
-        (``[n]`` is ``artifact[n - 1]``). The model may pass ``query``, extra ``queries``
-        and ``k``, and a ``filter`` only with ``allow_filter=True`` (it narrows this
-        retriever's ``filter``, never widens it). See
-        :func:`~langchain_rse.agents.create_search_tool`.
+        The ``ToolMessage`` artifact is the segment ``Document``s (``[n]`` is
+        ``artifact[n - 1]``); the model may pass a ``filter`` only with ``allow_filter=True``
+        (it narrows the bound one). See :func:`~langchain_rse.agents.create_search_tool`.
 
         Example:
             .. code-block:: python
@@ -618,10 +506,9 @@ class RSERetriever(DocumentIndex):
     # ------------------------------------------------------------------ explaining
 
     def explain(self, query: str, **kwargs: Any) -> Explanation:
-        """Retrieve as :meth:`invoke` does (same keyword arguments) and explain the result:
-        the relevance of every candidate chunk along its document and the segments chosen
-        (see :class:`~langchain_rse.explain.Explanation`; ``to_text()`` for a terminal,
-        ``to_html()`` for a page with the segments highlighted in their documents)."""
+        """Retrieve as :meth:`invoke` does and explain the result: every candidate chunk's
+        relevance along its document and the segments chosen
+        (:class:`~langchain_rse.explain.Explanation`: ``to_text()``, ``to_html()``)."""
         with tracing() as traces:
             results = self.invoke(query, **kwargs)
         return build_explanation(query, results, traces[-1] if traces else None)

@@ -33,7 +33,8 @@ from langchain_core.documents import Document
 from tqdm.auto import tqdm
 
 from langchain_rse.enrichment import ChunkContext
-from langchain_rse.indexing.chunking import Chunk, make_splitter
+from langchain_rse.filters import matches, parse
+from langchain_rse.indexing.chunking import Chunk, doc_id_for, make_splitter
 from langchain_rse.indexing.records import (
     Contexts,
     DocBody,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INDEX_BATCH_SIZE",
     "WRITE_GROUP_CHUNKS",
+    "check_writable",
     "Plan",
     "Prepared",
     "Progress",
@@ -57,6 +59,37 @@ __all__ = [
     "indexing",
     "progress_mode",
 ]
+
+
+def check_writable(r: Any, documents: Sequence[Document], ids: Sequence[str] | None) -> None:
+    """With retriever ``r``'s bound ``filter``: a ``ValueError`` naming the first document
+    it rejects, or whose id an indexed document it rejects holds (nothing is written)."""
+    f = parse(r.filter) if r.filter else None
+    if f is None:
+        return
+    if ids is not None and len(ids) != len(documents):
+        return  # add_documents' own validation says so
+    named = [
+        (str(ids[n]) if ids is not None else doc_id_for(doc), doc)
+        for n, doc in enumerate(documents)
+        if isinstance(doc, Document)  # anything else: the validation's error
+    ]
+    for doc_id, doc in named:
+        if not matches(f, {**doc.metadata, "doc_id": doc_id}):
+            raise ValueError(
+                f"document {doc_id!r} does not pass this retriever's filter "
+                f"{r.filter!r}; a retriever bound to a filter writes only documents "
+                "that pass it"
+            )
+    if not named:
+        return
+    held = r._records.pointers([doc_id for doc_id, _ in named])
+    for (doc_id, _), record in zip(named, held):
+        if record is not None and not matches(f, {**record.metadata, "doc_id": record.doc_id}):
+            raise ValueError(
+                f"document id {doc_id!r} is indexed for a document outside this "
+                "retriever's filter; it cannot be replaced from here (use another id)"
+            )
 
 
 @dataclass
