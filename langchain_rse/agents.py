@@ -42,7 +42,7 @@ from langchain_core.messages.content import (
 from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field
 
-from langchain_rse.index_schema import MIN_MAX_CHARS
+from langchain_rse.pipeline import MIN_MAX_CHARS
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer

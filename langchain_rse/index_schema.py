@@ -1,7 +1,7 @@
 """What valid settings and saved indexes are.
 
 The checks of a retriever's settings (:func:`check_settings`, at construction and on every
-assignment) and of a call's ``k`` and ``max_chars``; the pydantic models of a saved index's
+assignment); the pydantic models of a saved index's
 manifest and JSON data files (a file that does not match is rejected at load with
 :class:`~langchain_rse.persistence.IndexFormatError` naming it: values checked strictly,
 unknown keys refused, keys only older saves lack optional, and the settings must make a
@@ -43,11 +43,8 @@ __all__ = [
     "LegacyLexical",
     "Lexical",
     "Manifest",
-    "MIN_MAX_CHARS",
     "VectorRecord",
     "check_expander",
-    "check_k",
-    "check_max_chars",
     "check_settings",
     "describe_component",
     "restore_components",
@@ -58,32 +55,14 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------- settings
 
 
-def check_k(k: Any) -> int:
-    """``k`` as a non-negative int, else ``ValueError``."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be a non-negative integer, got {k!r}")
-    return k
-
-
-MIN_MAX_CHARS = 100
-"""The smallest context budget accepted: below it hardly a chunk fits."""
-
-
-def check_max_chars(value: Any) -> int | None:
-    """A context budget: None or an int of at least :data:`MIN_MAX_CHARS`, else ``ValueError``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_MAX_CHARS:
-        raise ValueError(f"max_chars must be an integer >= {MIN_MAX_CHARS} or None, got {value!r}")
-    return value
-
-
 _POSITIVE = ("fetch_k", "max_document_chars")
 
 
 def check_settings(r: Any) -> None:
     """Raise ``ValueError`` for a retriever configuration that could not run (checked at
     construction and on every assignment, so a bad setting fails where it is made)."""
+    from langchain_rse.pipeline import check_k, check_max_chars
+
     check_k(r.k)
     check_max_chars(r.max_chars)
     for name in _POSITIVE:

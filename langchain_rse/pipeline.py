@@ -29,7 +29,6 @@ from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import Candidate, Route, candidates, confirmed_route, quotes_code
-from langchain_rse.index_schema import check_k, check_max_chars
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
@@ -123,9 +122,12 @@ class Rerank(NamedTuple):
 
 
 class Record(NamedTuple):
-    """What the query saw, for ``explain`` → None."""
+    """What the query saw, for ``explain`` (a :class:`~langchain_rse.explain.Trace`) → None."""
 
-    trace: Trace
+    candidates: list[Candidate]
+    metas: dict[str, DocRecord]
+    selection: list[tuple[str, int, int, float]]
+    bodies: dict[str, Body]
 
 
 Handlers = dict[type, Callable[..., Any]]
@@ -191,6 +193,26 @@ def clean_query(query: Any, max_chars: int = MAX_QUERY_CHARS) -> str:
     if not query.strip():
         raise ValueError("query must be a non-empty string (got an empty or blank query)")
     return query
+
+
+def check_k(k: Any) -> int:
+    """``k`` as a non-negative int, else ``ValueError``."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be a non-negative integer, got {k!r}")
+    return k
+
+
+MIN_MAX_CHARS = 100
+"""The smallest context budget accepted: below it hardly a chunk fits."""
+
+
+def check_max_chars(value: Any) -> int | None:
+    """A context budget: None or an int of at least :data:`MIN_MAX_CHARS`, else ``ValueError``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_MAX_CHARS:
+        raise ValueError(f"max_chars must be an integer >= {MIN_MAX_CHARS} or None, got {value!r}")
+    return value
 
 
 def query_set(
@@ -401,7 +423,7 @@ def run_pipeline(
     selection = choose_segments(s, cands, metas, route)
     need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
     bodies.update(zip((m.doc_id for m in need), (yield ReadBodies(need))))
-    yield Record(Trace(cands, metas, selection, bodies))
+    yield Record(cands, metas, selection, bodies)
     return segment_documents(s, cands, metas, bodies, selection, fallback)
 
 
@@ -492,35 +514,25 @@ def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
     ``callbacks``), expansion, record reads, reranking and the ``explain`` trace."""
     branches, router, records = r._search(), r.router, r._records
     traces = TRACES.get()
-    record = traces.append if traces is not None else _ignore
-    if asynchronous:
-        out: Handlers = {
-            Search: partial(branches.asearch, router=router, callbacks=callbacks),
-            Focus: partial(branches.afocus, router=router, callbacks=callbacks),
-            ReadPointers: records.apointers,
-            ReadBodies: records.abodies,
-            Record: record,
-        }
-        if r.query_expander is not None:
-            out[Expand] = partial(r.query_expander.aexpand, callbacks=callbacks)
-        if r.reranker is not None:
-            out[Rerank] = partial(_arerank, r.reranker, callbacks)
-        return out
-    out = {
-        Search: partial(branches.search, router=router, callbacks=callbacks),
-        Focus: partial(branches.focus, router=router, callbacks=callbacks),
-        ReadPointers: records.pointers,
-        ReadBodies: records.bodies,
+    record = (lambda *seen: traces.append(Trace(*seen))) if traces is not None else _ignore
+    a = asynchronous
+    out: Handlers = {
+        Search: partial(branches.asearch if a else branches.search, router=router,
+                        callbacks=callbacks),
+        Focus: partial(branches.afocus if a else branches.focus, router=router,
+                       callbacks=callbacks),
+        ReadPointers: records.apointers if a else records.pointers,
+        ReadBodies: records.abodies if a else records.bodies,
         Record: record,
-    }
-    if r.query_expander is not None:
-        out[Expand] = partial(r.query_expander.expand, callbacks=callbacks)
+    }  # fmt: skip
+    if (expander := r.query_expander) is not None:
+        out[Expand] = partial(expander.aexpand if a else expander.expand, callbacks=callbacks)
     if r.reranker is not None:
-        out[Rerank] = partial(_rerank, r.reranker, callbacks)
+        out[Rerank] = partial(_arerank if a else _rerank, r.reranker, callbacks)
     return out
 
 
-def _ignore(_: Any) -> None:
+def _ignore(*_: Any) -> None:
     """The :class:`Record` handler when no ``explain`` is listening."""
 
 
