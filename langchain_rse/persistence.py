@@ -273,7 +273,7 @@ def _library_version() -> str:
 
 
 def overlap_settings(settings: dict[str, Any], overlap: int) -> dict[str, Any]:
-    """``settings`` with ``chunk_overlap`` (before 0.3) as the splitter it made, and the
+    """``settings`` with the former ``chunk_overlap`` field as the splitter it made, and the
     preset its chunk size chose (a splitter alone would choose ``"default"``)."""
     size = settings.get("chunk_size", DEFAULT_CHUNK_SIZE)
     if settings.get("splitter") is not None:
@@ -424,7 +424,7 @@ def _load_index(
     config["rse_params"] = RSEParams(**params) if params else preset
     if (overlap := config.pop("chunk_overlap", 0)) and "splitter" not in kwargs:
         config = overlap_settings(config, overlap)  # the splitter it made
-    strict_rerank = config.pop("strict_rerank", False)  # saved by 0.2: the reranker's now
+    strict_rerank = config.pop("strict_rerank", False)  # older saves: the reranker's now
     config["weights"] = tuple(config["weights"])
     components = manifest.get("components")
     if components is None:  # saved by 0.1: only the enricher's class was recorded

@@ -201,11 +201,11 @@ class RSERetriever(DocumentIndex):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        """Fields before 0.3: ``preset=`` (``rse_params``) and ``chunk_overlap=`` (a
+        """Former fields: ``preset=`` (``rse_params``) and ``chunk_overlap=`` (a
         ``splitter``) are deprecated aliases; ``strict_rerank`` moved to the reranker."""
         if isinstance(data, dict) and "strict_rerank" in data:
             raise ValueError(
-                "strict_rerank is no longer a retriever setting (since 0.3.0): pass "
+                "strict_rerank is no longer a retriever setting: pass "
                 "strict=True to the reranker, e.g. CohereReranker(strict=True)"
             )
         if isinstance(data, dict) and "chunk_overlap" in data:

@@ -1,4 +1,4 @@
-"""The retriever's fields after 0.3.0 (issue 48): ``rse_params`` takes a preset's name
+"""The retriever's fields in 0.2 (issue 48): ``rse_params`` takes a preset's name
 (``preset=`` is a deprecated alias), ``strict`` is the reranker's, an overlap is a splitter's
 (``chunk_overlap=`` a deprecated alias), and indexes saved with the old fields still load
 with the same behaviour."""

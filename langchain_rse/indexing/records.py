@@ -269,7 +269,7 @@ def _described(splitter: TextSplitter) -> str:
 
 def default_splitter_params(splitter: TextSplitter) -> tuple[int, int] | None:
     """``(chunk_size, chunk_overlap)`` when ``splitter`` splits as ``make_splitter`` with
-    them does (the default splitter, as ``chunk_overlap=`` made it before 0.3), else None."""
+    them does (the default splitter, as the former ``chunk_overlap`` made it), else None."""
     size, overlap = (
         getattr(splitter, "_chunk_size", None),
         getattr(splitter, "_chunk_overlap", None),

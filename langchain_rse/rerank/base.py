@@ -397,7 +397,7 @@ class EmbeddingReranker(_WrappingReranker):
             from langchain_rse.embeddings import LocalEmbeddings
 
             retriever = RSERetriever(
-                reranker=EmbeddingReranker(embeddings=LocalEmbeddings()), preset="reranked"
+                reranker=EmbeddingReranker(embeddings=LocalEmbeddings()), rse_params="reranked"
             )
 
     The default calibration is ``"minmax"`` over the candidates times a rank decay of 20
@@ -407,13 +407,13 @@ class EmbeddingReranker(_WrappingReranker):
     elsewhere). For an absolute scale, set ``calibration="sigmoid"`` with ``sigmoid_center``
     near the cosine of a typical relevant chunk (0.84 for e5-small) and
     ``sigmoid_temperature=0.02``. See ``benchmarks/RESULTS.md``; pair it with
-    ``preset="reranked"``.
+    ``rse_params="reranked"``.
 
     **Abstaining on off-topic questions.** Min-max is relative: the least bad candidate of any
     question gets relevance 1, so RSE always returns a segment ("a recipe for lasagna" asked of
     contracts gets a contract clause). The absolute sigmoid lets RSE's ``min_segment_value`` reject
     them: with the bundled e5-small, ``calibration="sigmoid", sigmoid_center=0.84,
-    sigmoid_temperature=0.02`` and ``preset="reranked"`` returned nothing for 48 of 50 off-topic
+    sigmoid_temperature=0.02`` and ``rse_params="reranked"`` returned nothing for 48 of 50 off-topic
     questions on the CUAD dev contracts with the same recall@4k on the real questions (43.2%;
     precision 4.58% vs 4.68%; ``benchmarks/bench_quality.py --offtopic``), with 600-character
     chunks; with the default 300-character chunks, whose cosines run a little higher,
