@@ -35,7 +35,7 @@ from pydantic import (
 
 from langchain_rse import pipeline
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
-from langchain_rse.explain import Explanation, build_explanation
+from langchain_rse.explain import Explanation, build_explanation, tracing
 from langchain_rse.filters import Filter, check_filter, matches, parse
 from langchain_rse.index_schema import check_expander, check_settings
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
@@ -50,7 +50,7 @@ from langchain_rse.persistence import (
     overlap_settings,
     save_index,
 )
-from langchain_rse.pipeline import adrive, drive, tracing
+from langchain_rse.pipeline import adrive, drive
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
 from langchain_rse.search import SearchBranches, is_local, ls_params
