@@ -27,12 +27,11 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 
 from langchain_rse import RSERetriever
-from langchain_rse.embedding_cache import cached_embeddings
-from langchain_rse.embeddings import LocalEmbeddings
+from langchain_rse.embeddings import LocalEmbeddings, cached_embeddings
 from langchain_rse.enrichment import BaseEnricher, ChunkContext, HeaderEnricher
-from langchain_rse.indexing import writer
+from langchain_rse.indexing import steps
 from langchain_rse.indexing.chunking import Chunk
-from langchain_rse.indexing.writer import index_steps
+from langchain_rse.indexing.steps import index_steps
 from langchain_rse.persistence import default_vectorstore
 
 LAYERS, D, FFN = 12, 384, 1536
@@ -115,11 +114,11 @@ def run(
         folder = os.path.join(tmp, name[:20].replace(" ", "_"))
         embedding = cached_embeddings(timed, folder, batch_size=emb.batch_size)
     store = default_vectorstore(embedding)
-    writer.INDEX_BATCH_SIZE = batch  # chunks per vector-store call
+    steps.INDEX_BATCH_SIZE = batch  # chunks per vector-store call
     retriever = RSERetriever(vectorstore=store, enricher=enricher, show_progress=False)
     started = time.perf_counter()
     split_started = time.perf_counter()
-    plan = index_steps(retriever, docs, None, False)[1][writer.MakePlan]()
+    plan = index_steps(retriever, docs, None, False)[1][steps.MakePlan]()
     split = time.perf_counter() - split_started
     retriever.add_documents(docs)
     total_add = time.perf_counter() - started

@@ -436,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(chunk_size {retriever.chunk_size}); built in {build_s:.1f}s",
         "Retriever": f"`RSERetriever.from_documents(docs, embedding=FastHashingEmbeddings(), "
         f"k=4)`: {type(retriever.vectorstore).__name__} vector store, "
-        f"BM25 (bm25s scoring), RRF fusion, RSE preset {retriever.preset!r}, "
+        f"BM25 (bm25s scoring), RRF fusion, RSE preset {retriever.preset_name!r}, "
         "HeaderEnricher, no reranker",
         "Embeddings": "feature hashing defined in the benchmark (256 dimensions, no model)",
         "Run length": f"{args.seconds:g}s per row; queries cycle through {len(QUERIES)} questions",

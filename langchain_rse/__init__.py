@@ -15,7 +15,7 @@ __version__ = "0.2.0"
 """The package's version: the one place it is written (hatchling reads it for the wheel)."""
 
 if TYPE_CHECKING:
-    from langchain_rse.embedding_cache import cached_embeddings
+    from langchain_rse.embeddings import cached_embeddings
     from langchain_rse.enrichment import (
         BaseEnricher,
         ContextualEnricher,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from langchain_rse.segments import RSEParams
 
 _MODULES = {
-    "langchain_rse.embedding_cache": ["cached_embeddings"],
+    "langchain_rse.embeddings": ["cached_embeddings"],
     "langchain_rse.enrichment": [
         "BaseEnricher",
         "ContextualEnricher",

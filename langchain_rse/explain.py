@@ -1,5 +1,7 @@
 """Why a segment was picked: chunk relevance along each document, and the chosen segments.
 
+A query records what it saw as a :class:`Trace` while :func:`tracing` listens.
+
 :meth:`RSERetriever.explain <langchain_rse.retriever.RSERetriever.explain>` returns an
 :class:`Explanation`: the results, and for every document with candidates the relevance
 the pipeline gave each of its chunks (``None`` for chunks that were not candidates) and
@@ -11,14 +13,54 @@ highlighted in their document text under the strip.
 from __future__ import annotations
 
 import html
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.pipeline import Trace, tracing
+if TYPE_CHECKING:
+    from langchain_rse.fusion import Candidate
+    from langchain_rse.indexing.records import Body, DocRecord
 
-__all__ = ["DocumentExplanation", "Explanation", "build_explanation", "tracing"]
+__all__ = [
+    "TRACES",
+    "DocumentExplanation",
+    "Explanation",
+    "Trace",
+    "build_explanation",
+    "tracing",
+]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What one retrieval saw: current candidates with their relevance, the documents'
+    records, the chosen segments and the bodies read (at least those of chosen documents)."""
+
+    candidates: list[Candidate]
+    metas: dict[str, DocRecord]
+    selection: list[tuple[str, int, int, float]]
+    bodies: dict[str, Body]
+
+
+TRACES: ContextVar[list[Trace] | None] = ContextVar("rse_traces", default=None)
+"""Set while :meth:`RSERetriever.explain` runs: retrievals record their trace there."""
+
+
+@contextmanager
+def tracing() -> Iterator[list[Trace]]:
+    """Within the block, retrievals in this context append their :class:`Trace` to the
+    list yielded."""
+    traces: list[Trace] = []
+    token = TRACES.set(traces)
+    try:
+        yield traces
+    finally:
+        TRACES.reset(token)
+
 
 _LEVELS = " ▁▂▃▄▅▆▇█"
 """Blocks for relevance 0 .. 1 (a space: not a candidate)."""

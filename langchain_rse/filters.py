@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "check_filter",
     "filter_sql",
     "to_postgres_sql",
     "Filter",
@@ -116,6 +117,13 @@ def parse(spec: Mapping[str, Any]) -> Filter:
         else:
             items += _condition(key, cond)
     return items[0] if len(items) == 1 else Bool("$and", tuple(items))
+
+
+def check_filter(value: Any) -> Any:
+    """``value`` unchanged when it is ``None`` or a filter that parses (else ``ValueError``)."""
+    if value is not None:
+        parse(value)
+    return value
 
 
 def both(a: Filter | None, b: Filter | None) -> Filter | None:

@@ -1,21 +1,13 @@
 """Every call the package makes to a model service: cached, retried, concurrent chat-model
-calls (shared by the enricher and the query expander), and the one retry classifier
+calls (the enricher's and the query expander's), and the one retry classifier
 (:func:`is_transient`, :func:`retry_after`) the Cohere reranker uses too.
 
-:class:`ModelCalls` makes one request per *key* (a cache key: a hash of whatever decides
-the prompt) for a :class:`CallJob`, its owner's view of the work:
-
-1. all keys are read from a ``BaseStore[str, bytes]`` in one ``mget`` and the job takes the
-   usable values (:meth:`CallJob.cached`);
-2. every other key is asked for, at most ``max_concurrency`` requests in flight; each is
-   retried on a transient error (:func:`is_transient`) with jittered exponential backoff
-   (tenacity) and its result is written to the store as soon as it arrives, so an
-   interrupted run resumes where it stopped;
-3. the keys that still failed come back with their last error.
-
-The chat model is called with its own retries turned off (:func:`without_model_retries`):
-``RetryPolicy.max_retries + 1`` requests per key is the bound, not that number times the
-SDK's own attempts.
+:class:`ModelCalls` makes one request per cache *key* of a :class:`CallJob`: all keys are
+read from the store in one ``mget``; every other key is asked for (``max_concurrency`` in
+flight, transient errors retried with jittered backoff by tenacity) and written to the store
+as it arrives, so an interrupted run resumes; the keys that still failed come back with
+their last error. The model's own retries are turned off (:func:`without_model_retries`), so
+``RetryPolicy.max_retries + 1`` requests per key is the bound.
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import as_completed
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -64,9 +56,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# --------------------------------------------------------------------------------------
-# Errors: which are worth another request
-# --------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- errors worth another request
 
 _RETRY_STATUSES = frozenset({408, 409, 425, 429})
 _PERMANENT_NAME = re.compile(
@@ -92,14 +82,10 @@ def is_transient(error: BaseException) -> bool:
     """Whether asking again may help.
 
     Yes: HTTP 408, 409, 425, 429 and 5xx (but 501); timeouts and connection errors; an
-    :class:`UnusableReply` whose ``retry`` is true; and, since providers raise many types of
-    their own, any other ``Exception`` not ruled out below.
-    No: anything that is not an ``Exception`` (a kill, ``KeyboardInterrupt``, a cancelled
-    task); other HTTP statuses (400, 401, 403, 404, 422, 501…); errors named like them
-    (``AuthenticationError``, ``PermissionDeniedError``, ``BadRequestError``,
-    ``NotFoundError``, ``InvalidRequestError``, ``UnprocessableEntityError``); programming
-    errors (``TypeError``, ``AttributeError``, ``KeyError``, ``NotImplementedError``,
-    ``ValueError``). The Cohere reranker retries by this rule too.
+    :class:`UnusableReply` whose ``retry`` is true; any other ``Exception`` not ruled out.
+    No: what is not an ``Exception`` (a kill, a cancelled task); other HTTP statuses; errors
+    named like them (``AuthenticationError``, ``BadRequestError``, ...); ``TypeError``,
+    ``AttributeError``, ``KeyError``, ``NotImplementedError`` and ``ValueError``.
     """
     if not isinstance(error, Exception):
         return False
@@ -165,9 +151,7 @@ class RetryPolicy:
         return delay * random.uniform(0.5, 1.0)
 
 
-# --------------------------------------------------------------------------------------
-# The driver
-# --------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- the driver
 
 
 class CallJob(ABC):
@@ -190,44 +174,35 @@ class CallJob(ABC):
         """Called once per request with its reply or its exception (for accounting)."""
 
 
+@dataclass
 class ModelCalls:
     """Runs :class:`CallJob` s: cache lookup, bounded concurrency, retries, write-through.
 
-    Requests per key: at most ``retry.max_retries + 1`` (each a single HTTP request when
-    ``model`` comes from :func:`without_model_retries`). If ``model_retries`` (retries the
-    model still makes by itself) is not 0, the attempts are cut to
-    ``max(1, (retry.max_retries + 1) // (model_retries + 1))``, so the total stays within
-    ``max(retry.max_retries, model_retries) + 1``.
+    Requests per key: at most ``retry.max_retries + 1``, cut to
+    ``max(1, (retry.max_retries + 1) // (model_retries + 1))`` when the model still retries
+    by itself ``model_retries`` times.
     """
 
-    def __init__(
-        self,
-        model: Any,
-        cache: BaseStore[str, bytes],
-        retry: RetryPolicy,
-        *,
-        max_concurrency: int,
-        batch_size: int | None = None,
-        model_retries: int = 0,
-        log: logging.Logger = logger,
-        owner: str = "ModelCalls",
-        strict_cache_reads: bool = True,
-    ) -> None:
-        """``model`` is called (``invoke``/``ainvoke``) at most ``max_concurrency`` at a
-        time, ``batch_size`` keys started at a time (default: all); warnings go to ``log``,
-        named ``owner``; ``strict_cache_reads=False`` turns a failed cache read into a
-        warning (every key is then asked for)."""
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        self.model = model
-        self.cache = cache
-        self.retry = retry
-        self.max_concurrency = max_concurrency
-        self.batch_size = batch_size
-        self.attempts = max(1, (retry.max_retries + 1) // (model_retries + 1))
-        self.log = log
-        self.owner = owner
-        self.strict_cache_reads = strict_cache_reads
+    model: Any
+    """Called (``invoke``/``ainvoke``) at most ``max_concurrency`` at a time."""
+    cache: BaseStore[str, bytes]
+    retry: RetryPolicy
+    _: KW_ONLY
+    max_concurrency: int
+    batch_size: int | None = None
+    """Keys started at a time (default: all)."""
+    model_retries: int = 0
+    log: logging.Logger = logger
+    owner: str = "ModelCalls"
+    """The name warnings give."""
+    strict_cache_reads: bool = True
+    """``False``: a failed cache read is a warning (every key is then asked for)."""
+    attempts: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        self.attempts = max(1, (self.retry.max_retries + 1) // (self.model_retries + 1))
 
     # -- sync and async drivers: only the I/O differs ---------------------------------
 
@@ -445,9 +420,7 @@ class CallsModel:
         )
 
 
-# --------------------------------------------------------------------------------------
-# Chat models: their replies, identity, secrets and own retries
-# --------------------------------------------------------------------------------------
+# ---------------------------------------------------------------- chat models
 
 
 def message_text(message: Any) -> str:
@@ -507,14 +480,10 @@ _SDK_DEFAULT_RETRIES = 2
 def without_model_retries(llm: Any) -> tuple[Any, int]:
     """``llm`` with the chat models in it rebuilt with ``max_retries=0``, and the retries left.
 
-    A chat model with a ``max_retries`` field (ChatOpenAI, ChatAnthropic, …; ChatOpenAI's
-    ``None`` means the SDK's default of 2) is rebuilt from its fields with
-    ``max_retries=0``; its SDK clients (``client``, ``root_client``, …) are built again by the
-    model from the other fields, which are kept (key, base URL, ``http_client``, callbacks,
-    rate limiter…). Wrappers are rebuilt around the copies: ``bind``/``with_config``/
-    ``with_retry`` (whose own attempts stay: they are the caller's choice) and
-    ``with_fallbacks`` (primary and fallbacks). A model that cannot be rebuilt is kept, and
-    its retries come back as the second value for the caller to count.
+    A chat model with a ``max_retries`` field (``None``: the SDK's 2) is rebuilt from its
+    other fields (its SDK clients built again from them) with ``max_retries=0``; wrappers
+    (``bind``, ``with_config``, ``with_retry``, ``with_fallbacks``) are rebuilt around the
+    copies. A model that cannot be rebuilt is kept, its retries returned for the caller.
     """
     if isinstance(llm, RunnableBindingBase):
         bound, left = without_model_retries(llm.bound)

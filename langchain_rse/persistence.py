@@ -24,16 +24,13 @@ import logging
 import os
 import re
 import secrets
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from filelock import FileLock
-from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
-from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from langchain_core.vectorstores import VectorStore
 from pydantic import ValidationError
 
 __all__ = [
@@ -43,13 +40,21 @@ __all__ = [
     "MANIFEST",
     "default_vectorstore",
     "read_manifest",
+    "vectorstore_kind",
 ]
 
 from langchain_rse import index_schema
-from langchain_rse.components import describe_component, restore_components
-from langchain_rse.embedding_cache import underlying
-from langchain_rse.indexing.records import local_form, plain_form
+from langchain_rse.embeddings import underlying
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, make_splitter
+from langchain_rse.indexing.records import default_splitter_params, local_form, plain_form
+from langchain_rse.indexing.store import (
+    default_vectorstore,
+    load_vectorstore,
+    save_vectorstore,
+    vectorstore_kind,
+)
 from langchain_rse.lexical import saved_stemmer
+from langchain_rse.segments import RSEParams, preset_for_chunk_size
 
 logger = logging.getLogger(__name__)
 
@@ -68,42 +73,6 @@ _OWN_FILE = re.compile(
 
 class IndexFormatError(ValueError):
     """An index directory that is corrupted, truncated or of an unsupported format."""
-
-
-def _langchain_faiss() -> tuple[Any, Any, Any]:
-    """LangChain's ``FAISS``, its ``InMemoryDocstore`` and ``DistanceStrategy``, quietly
-    (``langchain-community``, which warns on import: ``pip install "langchain-rse[compat]"``)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from langchain_community.docstore.in_memory import InMemoryDocstore
-            from langchain_community.vectorstores import FAISS
-            from langchain_community.vectorstores.utils import DistanceStrategy
-    except ImportError as exc:
-        raise ImportError(
-            "this index was saved from LangChain's FAISS store, which needs "
-            'langchain-community: pip install "langchain-rse[compat]"'
-        ) from exc
-    return FAISS, InMemoryDocstore, DistanceStrategy
-
-
-def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
-    """The default local store: exact cosine search in FAISS
-    (:class:`~langchain_rse.integrations.faiss.FaissStore`), else ``InMemoryVectorStore``, over
-    ``embedding`` (the bundled ``LocalEmbeddings`` when None).
-
-    It keeps the chunks' metadata without their text, which the record store holds."""
-    if embedding is None:
-        from langchain_rse.embeddings import LocalEmbeddings
-
-        embedding = LocalEmbeddings()
-    try:
-        import faiss  # noqa: F401
-    except ImportError:
-        return InMemoryVectorStore(embedding)
-    from langchain_rse.integrations.faiss import FaissStore
-
-    return FaissStore(embedding, keep_text=False)  # the chunk texts are in the record store
 
 
 # ---------------------------------------------------------------- file primitives
@@ -157,6 +126,9 @@ class IndexWriter:
         self.files[role] = {"name": name, "sha256": hashlib.sha256(data).hexdigest()}
         return name
 
+    def add_json(self, role: str, obj: Any) -> str:
+        return self.add_bytes(role, "json", _json_bytes(obj))
+
     def commit(self, manifest: dict[str, Any]) -> None:
         manifest = {
             "format": FORMAT_NAME,
@@ -182,8 +154,7 @@ def _mismatch(what: str, exc: ValidationError) -> IndexFormatError:
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read an index directory's manifest and check it against :class:`~langchain_rse.
-    index_schema.Manifest` (format, version, settings, components, file table)."""
+    """An index directory's manifest, checked against ``index_schema.Manifest``."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(
@@ -277,129 +248,11 @@ class IndexFiles:
             raise _mismatch(f"index file {self.name(role)!r}", exc) from None
 
 
-# ---------------------------------------------------------------- vector stores
-
-
-_OUR_FAISS = {"FaissStore", "LocalFAISS"}
-"""The default store's class names, now and before 0.2 (LangChain's FAISS subclassed)."""
-
-
-def vectorstore_kind(vs: VectorStore) -> str:
-    """``"faiss"``, ``"in_memory"`` or ``"external"`` (saved elsewhere by its owner)."""
-    from langchain_rse.integrations.faiss import FaissStore, is_langchain_faiss
-
-    # ours, or LangChain's FAISS itself (not a user's subclass of it)
-    if isinstance(vs, FaissStore) or (is_langchain_faiss(vs) and type(vs).__name__ == "FAISS"):
-        return "faiss"
-    if isinstance(vs, InMemoryVectorStore):
-        return "in_memory"
-    return "external"
-
-
-def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
-    from langchain_rse.integrations.faiss import FaissStore
-
-    kind = vectorstore_kind(vs)
-    info: dict[str, Any] = {"kind": kind, "class": f"{type(vs).__module__}.{type(vs).__name__}"}
-    if kind == "in_memory":
-        store = vs.store  # type: ignore[attr-defined]
-        writer.add_bytes(
-            "vectors",
-            "json",
-            _json_bytes(
-                [
-                    {
-                        "id": k,
-                        "text": v["text"],
-                        "metadata": v["metadata"],
-                        "vector": [float(x) for x in v["vector"]],
-                    }
-                    for k, v in store.items()
-                ]
-            ),
-        )
-    elif isinstance(vs, FaissStore):
-        if vs.index is None:  # nothing added yet
-            import faiss
-
-            vs.index = faiss.IndexFlatIP(len(vs.embedding.embed_query("dimension probe")))
-        writer.add_bytes("vectors", "json", _json_bytes(vs.to_json()))
-        writer.add_bytes("vectors_index", "faiss", vs.index_bytes())
-    elif kind == "faiss":  # LangChain's FAISS
-        import faiss
-
-        ids = [vs.index_to_docstore_id[i] for i in range(len(vs.index_to_docstore_id))]  # type: ignore[attr-defined]
-        docs = vs.docstore._dict  # type: ignore[attr-defined]
-        documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
-        writer.add_bytes(
-            "vectors",
-            "json",
-            _json_bytes(
-                {
-                    "ids": ids,
-                    "docstore": "in_memory",
-                    "documents": documents,
-                    "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
-                    "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]
-                }
-            ),
-        )
-        raw: Any = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
-        writer.add_bytes("vectors_index", "faiss", memoryview(raw))  # no copy of the vectors
-    return info
-
-
-def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
-    info = files.manifest["vectorstore"]
-    kind = info["kind"]
-    if kind == "in_memory":
-        vs = InMemoryVectorStore(embedding)
-        for rec in files.json("vectors", index_schema.InMemoryVectors).root:
-            vs.store[rec.id] = rec.model_dump()
-        return vs
-    if kind == "faiss":
-        import faiss
-
-        data = files.json("vectors", index_schema.FaissVectors)
-        raw = files.read("vectors_index")
-        name = files.name("vectors_index")
-        try:
-            index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
-        except RuntimeError as exc:
-            raise IndexFormatError(f"the FAISS index file {name!r} cannot be read: {exc}") from None
-        if index.ntotal != len(data.ids):
-            raise IndexFormatError(
-                f"the FAISS index file {name!r} and {files.name('vectors')!r} disagree in size"
-            )
-        ours = str(info.get("class", "")).rsplit(".", 1)[-1] in _OUR_FAISS
-        if ours and data.normalize_L2:  # (before 0.2: LocalFAISS, LangChain's format)
-            from langchain_rse.integrations.faiss import FaissStore
-
-            return FaissStore.from_saved(embedding, data.model_dump(), index)
-        FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()
-        store = InMemoryDocstore({
-            i: Document(page_content=d.text, metadata=d.metadata, id=i)
-            for i, d in zip(data.ids, data.documents)
-        })  # fmt: skip
-        return FAISS(  # type: ignore[no-any-return]
-            embedding,
-            index,
-            store,
-            dict(enumerate(data.ids)),
-            normalize_L2=data.normalize_L2,
-            distance_strategy=DistanceStrategy(data.distance_strategy),
-        )
-    raise ValueError(
-        f"this index uses an external vector store ({info.get('class')}); "
-        "pass it with RSERetriever.load(path, vectorstore=...)"
-    )
-
-
 # ---------------------------------------------------------------- the retriever
 
 SAVED_FIELDS = (
-    "k", "mode", "chunk_size", "chunk_overlap", "strict_rerank", "lexical_stemmer", "fetch_k",
-    "weights", "preset", "max_document_chars", "max_chars",
+    "k", "mode", "chunk_size", "lexical_stemmer", "fetch_k", "weights", "max_document_chars",
+    "max_chars",
 )  # fmt: skip
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
 REMOVED_FIELDS = (
@@ -419,6 +272,38 @@ def _library_version() -> str:
         return "unknown"
 
 
+def overlap_settings(settings: dict[str, Any], overlap: int) -> dict[str, Any]:
+    """``settings`` with the former ``chunk_overlap`` field as the splitter it made, and the
+    preset its chunk size chose (a splitter alone would choose ``"default"``)."""
+    size = settings.get("chunk_size", DEFAULT_CHUNK_SIZE)
+    if settings.get("splitter") is not None:
+        return settings
+    out = {**settings, "splitter": make_splitter(size, overlap)}
+    if out.get("rse_params") is None:
+        out["rse_params"] = preset_for_chunk_size(size)
+    return out
+
+
+def _splitter_config(r: Any) -> dict[str, Any]:
+    """The splitter and RSE parameters as the manifest holds them: a preset by name,
+    explicit parameters as a table, and a splitter that ``make_splitter`` makes as its
+    ``chunk_size`` and ``chunk_overlap`` (then with the preset in force pinned by name)."""
+    from dataclasses import asdict
+
+    params = r.rse_params
+    split = default_splitter_params(r.splitter) if r.splitter is not None else None
+    if split is not None and params is None:
+        params = r.preset_name  # a splitter would choose "default" at load
+    size, overlap = split or (r.chunk_size, 0)
+    return {
+        "chunk_size": size,
+        "chunk_overlap": overlap,
+        "custom_splitter": r.splitter is not None and split is None,
+        "preset": params if isinstance(params, str) else None,
+        "rse_params": asdict(params) if isinstance(params, RSEParams) else None,
+    }
+
+
 def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
     """Write ``retriever``'s own state to ``path`` (see :meth:`RSERetriever.save`);
     returns the number of chunks saved."""
@@ -428,12 +313,11 @@ def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
 
 
 def _save_index(retriever: Any, writer: IndexWriter) -> int:
-    from dataclasses import asdict
 
     from langchain_core.stores import InMemoryByteStore
 
     header, arrays = retriever._lexical.export_state()
-    writer.add_bytes("lexical", "json", _json_bytes(header))
+    writer.add_json("lexical", header)
     writer.add_bytes("lexical_tf", "npz", arrays)
     docstore_kind = "external"
     if isinstance(retriever.docstore, InMemoryByteStore):
@@ -447,7 +331,9 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
         writer.add_bytes("docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
     # A cache wrapper (cached_embeddings) is described by the model it caches.
     embeddings = underlying(getattr(retriever.vectorstore, "embeddings", None))
-    components = {name: describe_component(getattr(retriever, name)) for name in COMPONENTS}
+    components = {
+        name: index_schema.describe_component(getattr(retriever, name)) for name in COMPONENTS
+    }
     router_spec = components["router"]
     if router_spec is not None:
         router_spec["settings"] = retriever.router.settings()
@@ -456,8 +342,7 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
             "library_version": _library_version(),
             "config": {
                 **{name: getattr(retriever, name) for name in SAVED_FIELDS},
-                "rse_params": asdict(retriever.rse_params) if retriever.rse_params else None,
-                "custom_splitter": retriever.splitter is not None,
+                **_splitter_config(retriever),
             },
             "components": components,
             "enricher": {"class": type(retriever.enricher).__name__},
@@ -525,8 +410,6 @@ def _load_index(
     strict: bool,
     kwargs: dict[str, Any],
 ) -> Any:
-    from langchain_rse.segments import RSEParams
-
     config = dict(manifest["config"])
     for legacy in ("route_documents", "route_fetch_k", "route_check_k"):
         config.pop(legacy, None)  # saved by 0.1 (routing is one `router` object now)
@@ -537,8 +420,11 @@ def _load_index(
         config.pop(removed, None)  # saved by 0.2 and before: internal constants now
     if config.pop("custom_splitter", False) and "splitter" not in kwargs:
         raise ValueError("this index was built with a custom splitter; pass splitter=...")
-    params = config.pop("rse_params")
-    config["rse_params"] = RSEParams(**params) if params else None
+    params, preset = config.pop("rse_params"), config.pop("preset", None)
+    config["rse_params"] = RSEParams(**params) if params else preset
+    if (overlap := config.pop("chunk_overlap", 0)) and "splitter" not in kwargs:
+        config = overlap_settings(config, overlap)  # the splitter it made
+    strict_rerank = config.pop("strict_rerank", False)  # older saves: the reranker's now
     config["weights"] = tuple(config["weights"])
     components = manifest.get("components")
     if components is None:  # saved by 0.1: only the enricher's class was recorded
@@ -546,7 +432,10 @@ def _load_index(
         module = "langchain_rse.enrichment" if name in ("NoEnricher", "HeaderEnricher") else ""
         spec = {"class": name, "module": module, "settings": {}}
         manifest["components"] = {"enricher": spec}
-    kwargs = {**kwargs, **restore_components(manifest, kwargs, embedding, strict)}
+    restored = index_schema.restore_components(manifest, kwargs, embedding, strict)
+    if strict_rerank and restored.get("reranker") is not None:
+        restored["reranker"].strict = True
+    kwargs = {**kwargs, **restored}
     lexical_info = manifest.get("lexical") or {"kind": "in_process"}
     if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
         raise ValueError(

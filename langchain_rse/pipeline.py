@@ -5,11 +5,10 @@ a typed request (:class:`Expand`, :class:`Search`, :class:`Focus`, :class:`ReadP
 :class:`ReadBodies`, :class:`Rerank`, :class:`Record`) and receives the answer.
 :func:`drive` answers the requests synchronously and :func:`adrive` awaits them, with the
 handlers :func:`handlers` binds, so the sync and async paths share every line of logic.
-The write path (:mod:`langchain_rse.indexing.writer`) is driven the same way.
+The write path (:mod:`langchain_rse.indexing.steps`) is driven the same way.
 
-One query: expand → search (:mod:`~langchain_rse.search`) → fuse into candidates
-(:mod:`~langchain_rse.fusion`) → read the candidates' records → rerank → relevance →
-segments (:mod:`~langchain_rse.segments`) → exact slices of the source.
+One query: expand → search → fuse → read records → rerank → relevance → segments → exact
+slices of the source (``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -19,9 +18,7 @@ import dataclasses
 import inspect
 import logging
 import re
-from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -29,6 +26,7 @@ from typing import Any, NamedTuple
 from langchain_core.documents import Document
 
 from langchain_rse.enrichment import index_text
+from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import Candidate, Route, candidates, confirmed_route, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
@@ -124,9 +122,12 @@ class Rerank(NamedTuple):
 
 
 class Record(NamedTuple):
-    """What the query saw, for ``explain`` → None."""
+    """What the query saw, for ``explain`` (a :class:`~langchain_rse.explain.Trace`) → None."""
 
-    trace: Trace
+    candidates: list[Candidate]
+    metas: dict[str, DocRecord]
+    selection: list[tuple[str, int, int, float]]
+    bodies: dict[str, Body]
 
 
 Handlers = dict[type, Callable[..., Any]]
@@ -293,39 +294,12 @@ class QuerySettings:
             candidate_pool=CANDIDATE_POOL,
             params=r.params,
             rerank=r.reranker is not None,
-            strict_rerank=r.strict_rerank,
+            strict_rerank=getattr(r.reranker, "strict", False),
             filter=both(parse(r.filter), parse(f) if f else None)
             if r.filter
             else (parse(f) if f else None),
             max_chars=max_chars,
         )
-
-
-@dataclass(frozen=True)
-class Trace:
-    """What one retrieval saw: current candidates with their relevance, the documents'
-    records, the chosen segments and the bodies read (at least those of chosen documents)."""
-
-    candidates: list[Candidate]
-    metas: dict[str, DocRecord]
-    selection: list[tuple[str, int, int, float]]
-    bodies: dict[str, Body]
-
-
-_TRACES: ContextVar[list[Trace] | None] = ContextVar("rse_traces", default=None)
-"""Set while :meth:`RSERetriever.explain` runs: retrievals record their trace there."""
-
-
-@contextmanager
-def tracing() -> Iterator[list[Trace]]:
-    """Within the block, retrievals in this context append their :class:`Trace` to the
-    list yielded."""
-    traces: list[Trace] = []
-    token = _TRACES.set(traces)
-    try:
-        yield traces
-    finally:
-        _TRACES.reset(token)
 
 
 class Replaced(Exception):
@@ -344,8 +318,8 @@ def live_candidates(
     cands: list[Candidate], metas: dict[str, DocRecord], f: Filter | None = None
 ) -> list[Candidate]:
     """Drop candidates of deleted or replaced document versions, and of documents the
-    filter rejects (a store that ignored or mistranslated it costs results, never leaks).
-    The filter sees a document's metadata with its ``doc_id``, as the chunks' do."""
+    filter rejects (checked on their metadata with ``doc_id``: a store that mistranslated
+    it costs results, never leaks)."""
     live = {  # each document's current version and chunk count, if the filter takes it
         d: (m.version, len(m.spans))
         for d, m in metas.items()
@@ -420,9 +394,8 @@ def run_pipeline(
     seen: set[tuple[str, str]] | None = None,
 ) -> Generator[Any, Any, list[Document]]:
     """Records → current candidates → rerank → relevance → selection → documents. With
-    ``seen``, :class:`Replaced` is raised when a document's candidates are all of a version
-    replaced since the search, unless ``seen`` holds them (versions that a search
-    finds again are leftovers that ``vacuum`` removes, not a replace under way)."""
+    ``seen``, :class:`Replaced` when a document's candidates are all of a version replaced
+    since the search and not in ``seen`` (versions found again are leftovers)."""
     if not cands:
         return []
     doc_ids = list(dict.fromkeys([c.doc_id for c in cands]))
@@ -450,7 +423,7 @@ def run_pipeline(
     selection = choose_segments(s, cands, metas, route)
     need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
     bodies.update(zip((m.doc_id for m in need), (yield ReadBodies(need))))
-    yield Record(Trace(cands, metas, selection, bodies))
+    yield Record(cands, metas, selection, bodies)
     return segment_documents(s, cands, metas, bodies, selection, fallback)
 
 
@@ -502,16 +475,10 @@ def retrieve(
     s: QuerySettings, router: DocumentRouter | None
 ) -> Generator[Any, Any, list[Document]]:
     """Search → fuse → :func:`run_pipeline`: one retrieval after its settings are made.
-    :class:`Search` is answered with ``(dense, lexical, routed)``: each query's branch
-    results and the routed documents (``None`` without a route). When a route holds and
-    the router focuses, :class:`Focus` is answered with the query's
-    clauses other than the one naming the document (the focus text) and their dense and
-    lexical results inside the routed documents, or None (see ``DocumentRouter.focus``);
-    a reranker then scores the candidates against the focus text too.
-
-    When a document was replaced between the search and the read of its pointer, so
-    that none of its candidates is current, the query searches again (up to
-    :data:`READ_ATTEMPTS` times): it returns the old or the new version, not nothing."""
+    When a route holds and the router focuses, :class:`Focus` adds the query's other
+    clauses searched inside the routed documents (a reranker scores against them too).
+    When a document was replaced between the search and the read of its pointer, the
+    query searches again (up to :data:`READ_ATTEMPTS` times): old or new, not nothing."""
     seen: set[tuple[str, str]] = set()
     for attempt in range(READ_ATTEMPTS):
         settings, found = yield from _search(s, router)
@@ -543,40 +510,29 @@ def _search(
 
 
 def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
-    """The handlers of one retrieval by retriever ``r``: the searches (child runs under
-    ``callbacks``), expansion, record reads, the reranker (several queries rerank
-    concurrently on the async path) and the ``explain`` trace list (when one is kept)."""
+    """The handlers of one retrieval by retriever ``r``: searches (child runs under
+    ``callbacks``), expansion, record reads, reranking and the ``explain`` trace."""
     branches, router, records = r._search(), r.router, r._records
-    traces = _TRACES.get()
-    record = traces.append if traces is not None else _ignore
-    if asynchronous:
-        out: Handlers = {
-            Search: partial(branches.asearch, router=router, callbacks=callbacks),
-            Focus: partial(branches.afocus, router=router, callbacks=callbacks),
-            ReadPointers: records.apointers,
-            ReadBodies: records.abodies,
-            Record: record,
-        }
-        if r.query_expander is not None:
-            out[Expand] = partial(r.query_expander.aexpand, callbacks=callbacks)
-        if r.reranker is not None:
-            out[Rerank] = partial(_arerank, r.reranker, callbacks)
-        return out
-    out = {
-        Search: partial(branches.search, router=router, callbacks=callbacks),
-        Focus: partial(branches.focus, router=router, callbacks=callbacks),
-        ReadPointers: records.pointers,
-        ReadBodies: records.bodies,
+    traces = TRACES.get()
+    record = (lambda *seen: traces.append(Trace(*seen))) if traces is not None else _ignore
+    a = asynchronous
+    out: Handlers = {
+        Search: partial(branches.asearch if a else branches.search, router=router,
+                        callbacks=callbacks),
+        Focus: partial(branches.afocus if a else branches.focus, router=router,
+                       callbacks=callbacks),
+        ReadPointers: records.apointers if a else records.pointers,
+        ReadBodies: records.abodies if a else records.bodies,
         Record: record,
-    }
-    if r.query_expander is not None:
-        out[Expand] = partial(r.query_expander.expand, callbacks=callbacks)
+    }  # fmt: skip
+    if (expander := r.query_expander) is not None:
+        out[Expand] = partial(expander.aexpand if a else expander.expand, callbacks=callbacks)
     if r.reranker is not None:
-        out[Rerank] = partial(_rerank, r.reranker, callbacks)
+        out[Rerank] = partial(_arerank if a else _rerank, r.reranker, callbacks)
     return out
 
 
-def _ignore(_: Any) -> None:
+def _ignore(*_: Any) -> None:
     """The :class:`Record` handler when no ``explain`` is listening."""
 
 

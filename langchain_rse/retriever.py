@@ -1,11 +1,7 @@
-"""``RSERetriever``: the retriever that wires the stages together.
-
-Index time: :mod:`~langchain_rse.validation` → :mod:`~langchain_rse.indexing.chunking` →
-:mod:`~langchain_rse.enrichment` → :mod:`~langchain_rse.indexing.writer` (the write protocol over
-the vector store, the lexical index and the :mod:`~langchain_rse.indexing.records` store).
-Query time: :mod:`~langchain_rse.validation` → [query expansion] →
-:mod:`~langchain_rse.search` (dense and lexical branches, [routing]) →
-:mod:`~langchain_rse.pipeline` (fusion, rerank, relevance, RSE, exact slices).
+"""``RSERetriever``: its fields and the checks of its settings, add/delete/get/save/load and
+invoke. A write runs :mod:`~langchain_rse.indexing.writer` (documents checked and split by
+:mod:`~langchain_rse.indexing.chunking`, enriched by :mod:`~langchain_rse.enrichment`); a
+query runs the generator of :mod:`~langchain_rse.pipeline` (see ``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -13,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -38,25 +35,26 @@ from pydantic import (
 
 from langchain_rse import pipeline
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
-from langchain_rse.explain import Explanation, build_explanation
-from langchain_rse.filters import Filter, matches, parse
-from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, doc_id_for
+from langchain_rse.explain import Explanation, build_explanation, tracing
+from langchain_rse.filters import Filter, check_filter, matches, parse
+from langchain_rse.index_schema import check_expander, check_settings
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
+from langchain_rse.indexing.steps import check_writable, index_steps
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
-from langchain_rse.indexing.writer import Writer, index_steps
+from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
-from langchain_rse.persistence import default_vectorstore, load_index, save_index
-from langchain_rse.pipeline import adrive, drive, tracing
+from langchain_rse.persistence import (
+    default_vectorstore,
+    load_index,
+    overlap_settings,
+    save_index,
+)
+from langchain_rse.pipeline import adrive, drive
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
 from langchain_rse.search import SearchBranches, is_local, ls_params
 from langchain_rse.segments import RSEParams, get_preset, preset_for_chunk_size
-from langchain_rse.validation import (
-    check_delete_ids,
-    check_expander,
-    check_filter,
-    check_settings,
-)
 
 if TYPE_CHECKING:
     from langchain_core.tools import BaseTool
@@ -64,6 +62,18 @@ if TYPE_CHECKING:
 __all__ = ["RSERetriever"]
 
 logger = logging.getLogger(__name__)
+
+
+def check_delete_ids(ids: Any) -> list[str]:
+    """The document ids of a ``delete`` call: a list, never None (everything) or a string."""
+    if ids is None:
+        raise ValueError(
+            "delete needs a list of document ids (deleting everything is not "
+            "supported; create a new retriever instead)"
+        )
+    if isinstance(ids, str):
+        raise TypeError("delete expects a list of document ids, not a string")
+    return list(ids)
 
 
 class RSERetriever(DocumentIndex):
@@ -87,17 +97,10 @@ class RSERetriever(DocumentIndex):
             Any LangChain vector store; chunks are written to it with their metadata.
         k: int
             Maximum number of segments (or chunks) returned.
-        mode: "segments" | "chunks"
-            Return RSE segments (default) or the plain top-k chunks.
-        enricher: BaseEnricher
-            Index-time context for each chunk (offline ``HeaderEnricher`` by default).
         reranker: BaseReranker | BaseDocumentCompressor | None
             Optional reranker; its calibrated scores become chunk relevance.
-        preset: str | None
-            Named RSE parameters (see ``langchain_rse.segments.PRESETS``); by default the
-            one tuned for ``chunk_size``.
-        router: DocumentRouter | None
-            Optional document routing (see :class:`~langchain_rse.routing.DocumentRouter`).
+        rse_params: RSEParams | str | None
+            RSE parameters or a preset's name; by default the one tuned for ``chunk_size``.
 
     Instantiate:
         .. code-block:: python
@@ -115,17 +118,6 @@ class RSERetriever(DocumentIndex):
             for seg in retriever.invoke("termination for convenience", k=2):
                 meta = seg.metadata
                 print(meta["doc_id"], meta["start_index"], meta["end_index"], meta["score"])
-
-    Use within a chain:
-        .. code-block:: python
-
-            from langchain_core.prompts import ChatPromptTemplate
-            from langchain_core.runnables import RunnablePassthrough
-
-            prompt = ChatPromptTemplate.from_template("Context: {context}\\nQuestion: {question}")
-            context = retriever | (lambda docs: "\\n\\n".join(d.page_content for d in docs))
-            chain = {"context": context, "question": RunnablePassthrough()} | prompt | llm
-            chain.invoke("Can either party terminate for convenience?")
     """
 
     model_config = ConfigDict(
@@ -142,27 +134,23 @@ class RSERetriever(DocumentIndex):
     """Record store: source texts, offsets and contexts as JSON, one record per document."""
     chunk_size: int = DEFAULT_CHUNK_SIZE
     """Chunk size in characters (ignored when ``splitter`` is given)."""
-    chunk_overlap: int = 0
-    """Chunk overlap in characters; segments restore context, so none is needed."""
     splitter: TextSplitter | None = None
-    """A custom LangChain text splitter; its chunks are located by exact offsets."""
+    """A custom LangChain text splitter; its chunks are located by exact offsets. No overlap
+    is needed (segments restore context); for one, pass
+    ``make_splitter(chunk_size, chunk_overlap)`` (``langchain_rse.indexing.chunking``)."""
     enricher: BaseEnricher = Field(default_factory=HeaderEnricher)
     """Writes each chunk's situating context at index time (offline title/section header
     by default; ``ContextualEnricher`` for LLM-written context; ``NoEnricher`` for none)."""
     reranker: Annotated[BaseReranker | None, BeforeValidator(as_reranker)] = None
     """Reranks fused candidates; a ``BaseDocumentCompressor`` is wrapped automatically."""
-    strict_rerank: bool = False
-    """Raise when the reranker fails instead of falling back to the fused ranking."""
     lexical_store: VectorStore | None = Field(default=None, frozen=True)
-    """An external lexical index used instead of the in-process BM25 index, for corpora
-    beyond one machine: any ``VectorStore`` whose search is lexical, e.g.
-    ``ElasticsearchStore(strategy=BM25Strategy())``. Chunks are written to it too."""
+    """Instead of the in-process BM25 index, any ``VectorStore`` whose search is lexical
+    (e.g. ``ElasticsearchStore(strategy=BM25Strategy())``); chunks are written to it too."""
     lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = Field(
         default=DEFAULT_STEMMER, frozen=True
     )
     """Snowball stemmer of the in-process BM25 index (``"english"``, ``"german"``, ... as
-    in ``Stemmer.algorithms()``), or ``None`` to match words as they are. An external
-    ``lexical_store`` analyzes text itself."""
+    in ``Stemmer.algorithms()``), or ``None`` to match words as they are."""
     max_chars: int | None = None
     """The context budget: the most characters of text one call returns, in all (an
     ``invoke(query, max_chars=...)`` argument too). Segments fill it best first and never
@@ -171,50 +159,37 @@ class RSERetriever(DocumentIndex):
     """Candidates fetched from each branch (dense and lexical); the best 50 fused ones
     (:data:`~langchain_rse.pipeline.CANDIDATE_POOL`) go on to reranking and RSE."""
     weights: tuple[float, float] = (2.0, 1.0)
-    """Weights of the (dense, lexical) branches in reciprocal rank fusion: dense 2/3, BM25
-    1/3, chosen on CUAD with BM25 over word stems and focus (Anthropic's cookbook uses
-    0.8 / 0.2). A query that quotes code gives BM25 the dense weight
-    (:data:`~langchain_rse.pipeline.CODE_WEIGHTS_EQUAL`)."""
-    preset: str | None = None
-    """Named RSE parameters; see ``langchain_rse.segments.PRESETS``. ``None`` (the default):
-    the preset tuned for the chunk size, ``"default"`` below 600 characters (and with a
-    ``splitter``), ``"long_chunks"`` from 600 on."""
-    rse_params: RSEParams | None = None
-    """Explicit RSE parameters; override ``preset`` when given."""
+    """Weights of the (dense, lexical) branches in reciprocal rank fusion (chosen on CUAD);
+    a query that quotes code gives BM25 the dense weight."""
+    rse_params: RSEParams | str | None = None
+    """RSE parameters: an ``RSEParams``, or the name of a preset in
+    ``langchain_rse.segments.PRESETS`` (``"reranked"`` with a reranker). ``None`` (the
+    default): the preset tuned for the chunk size, ``"default"`` below 600 characters (and
+    with a ``splitter``), ``"long_chunks"`` from 600 on."""
     router: Annotated[DocumentRouter | None, BeforeValidator(as_router)] = Field(
         default_factory=DocumentRouter.leads
     )
-    """Document-aware retrieval: a :class:`~langchain_rse.routing.DocumentRouter` (or a
-    bare retriever, wrapped in one with its defaults) picks the document a query is about,
-    and its chunks are favoured (``boost``) when the unrouted search agrees. The default
-    searches the retriever's own :class:`~langchain_rse.routing.LeadIndex` (each
-    document's title and opening, kept in step with the index); ``None`` turns it off."""
+    """A :class:`~langchain_rse.routing.DocumentRouter` (or a bare retriever it wraps) picks
+    the document a query names, whose chunks are favoured when the unrouted search agrees;
+    by default over this index's titles and openings (``LeadIndex``). ``None``: off."""
     filter: Annotated[dict[str, Any] | None, AfterValidator(check_filter)] = None
     """A metadata filter every result must pass (a retriever bound to one tenant), in the
-    language of :mod:`langchain_rse.filters`: equality, ``$eq``, ``$ne``, ``$in``, ``$nin``,
-    ``$gt``/``$gte``/``$lt``/``$lte``, ``$and``, ``$or``. Pushed down into both searches and
-    the document route, and checked again on every candidate; ``invoke(query, filter=...)``
-    narrows it further. Nothing of a document it rejects reaches a callback handler or
-    changes a result. It binds the other methods too: :meth:`get` returns, and
-    :meth:`delete` removes, only documents it allows; :meth:`add_documents` refuses a
-    document it rejects, and one whose id is taken by a document it rejects. Index-wide
-    maintenance (:meth:`vacuum`, :meth:`save`) is not filtered. Documents are compared by
-    their metadata with ``doc_id`` added, as the chunks are. (Lexical scores use the
-    statistics of the whole index; one index per tenant keeps even those apart.)"""
+    language of :mod:`langchain_rse.filters` (``$eq``, ``$ne``, ``$in``, ``$nin``, ``$gt``...,
+    ``$and``, ``$or``), on a document's metadata with ``doc_id``. Pushed into both searches
+    and the route and checked on every candidate; ``invoke(filter=...)`` narrows it. It
+    binds :meth:`get`, :meth:`delete` and :meth:`add_documents` too, not :meth:`vacuum` or
+    :meth:`save`. (BM25 statistics are those of the whole index.)"""
     filter_translator: Callable[[Filter], dict[str, Any]] | None = None
-    """For a vector or lexical store :mod:`langchain_rse.filters` cannot translate for: a
-    function from the parsed filter to that store's search keyword arguments (e.g.
-    ``lambda f: {"filter": to_dict(f)}``)."""
+    """For a store :mod:`langchain_rse.filters` cannot translate for: parsed filter → that
+    store's search keyword arguments (e.g. ``lambda f: {"filter": to_dict(f)}``)."""
     query_expander: Annotated[Any, AfterValidator(check_expander)] = None
     """Optional ``QueryExpander``: an LLM rewrites the query into several search queries."""
     max_document_chars: int = 20_000_000
     """Longer documents are rejected with a ``ValueError`` before anything is written."""
     show_progress: bool | None = None
-    """Progress while indexing (enrichment, then embedding + writing, in chunks/s with an
-    ETA): ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a terminal and else a
-    plain line on stderr every 10 seconds, and one after the first batch with the expected
-    time when that is 30 s or more (on the logger ``langchain_rse.progress``, level INFO,
-    instead when the application's logging shows it); no logging set-up is needed."""
+    """Progress while indexing: ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a
+    terminal, else a line every 10 s on stderr (or the ``langchain_rse.progress`` logger
+    when logging shows INFO); see :mod:`langchain_rse.indexing.steps`."""
 
     _lexical: BM25Index = PrivateAttr()
     _records: RecordStore = PrivateAttr()
@@ -222,6 +197,32 @@ class RSERetriever(DocumentIndex):
     _branches: dict[tuple[int, ...], SearchBranches] = PrivateAttr(default_factory=dict)
 
     # ------------------------------------------------------------------ setup
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        """Former fields: ``preset=`` (``rse_params``) and ``chunk_overlap=`` (a
+        ``splitter``) are deprecated aliases; ``strict_rerank`` moved to the reranker."""
+        if isinstance(data, dict) and "strict_rerank" in data:
+            raise ValueError(
+                "strict_rerank is no longer a retriever setting: pass "
+                "strict=True to the reranker, e.g. CohereReranker(strict=True)"
+            )
+        if isinstance(data, dict) and "chunk_overlap" in data:
+            warnings.warn("RSERetriever(chunk_overlap=...) is deprecated; pass "
+                          "splitter=make_splitter(chunk_size, chunk_overlap)",
+                          DeprecationWarning, stacklevel=4)  # fmt: skip
+            data = dict(data)
+            if overlap := data.pop("chunk_overlap"):
+                data = overlap_settings(data, overlap)
+        if isinstance(data, dict) and "preset" in data:
+            warnings.warn("RSERetriever(preset=...) is deprecated; pass the preset's name as "
+                          "rse_params=...", DeprecationWarning, stacklevel=4)  # fmt: skip
+            data = dict(data)
+            preset = data.pop("preset")
+            if preset is not None and not isinstance(data.get("rse_params"), RSEParams):
+                data["rse_params"] = preset  # explicit RSEParams win, as they did
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> RSERetriever:
@@ -281,21 +282,24 @@ class RSERetriever(DocumentIndex):
     @property
     def params(self) -> RSEParams:
         """The RSE parameters in force."""
-        return self.rse_params or get_preset(self.preset_name)
+        if isinstance(self.rse_params, RSEParams):
+            return self.rse_params
+        return get_preset(self.preset_name)
 
     @property
     def preset_name(self) -> str:
-        """The preset in force: ``preset``, or the one tuned for ``chunk_size``."""
-        if self.preset is not None:
-            return self.preset
+        """The preset named by ``rse_params``, or the one tuned for ``chunk_size``."""
+        if isinstance(self.rse_params, str):
+            return self.rse_params
         return preset_for_chunk_size(self.chunk_size if self.splitter is None else 0)
 
     def __repr__(self) -> str:
+        params = self.rse_params if isinstance(self.rse_params, RSEParams) else self.preset_name
         return (
             f"RSERetriever(vectorstore={type(self.vectorstore).__name__}, k={self.k}, "
             f"mode={self.mode!r}, chunks={len(self._lexical)}, enricher={self.enricher!r}, "
             f"reranker={type(self.reranker).__name__ if self.reranker else None}, "
-            f"preset={self.preset_name!r})"
+            f"rse_params={params!r})"
         )
 
     __str__ = __repr__
@@ -331,20 +335,15 @@ class RSERetriever(DocumentIndex):
     ) -> list[str]:
         """Index long source documents; returns their doc ids.
 
-        A document whose id is already indexed is replaced everywhere (an unchanged
-        one is skipped); empty documents are skipped with a warning (and an indexed
-        version of them removed). All documents are validated and split first; then, a
-        group of about ``WRITE_GROUP_CHUNKS`` chunks at a time, enriched and written to
-        the vector store (``INDEX_BATCH_SIZE`` chunks per call), the lexical index and the
-        record store — so contexts, index texts and vectors are held for one group only.
-        Progress is reported per stage (see ``show_progress``).
-
-        With a bound :attr:`filter`, a ``ValueError`` is raised before anything is written
-        when a document does not pass it, or when its id is indexed for a document that
-        does not (another tenant's).
+        A document whose id is indexed is replaced everywhere (an unchanged one is skipped);
+        an empty one is skipped with a warning (its indexed version removed). All are
+        validated and split first, then enriched and written a group of chunks at a time
+        (see :mod:`langchain_rse.indexing.steps`). With a bound :attr:`filter`, a document
+        it rejects, or whose id another tenant's document holds, is a ``ValueError`` before
+        anything is written.
         """
         with self._writer.lock:
-            self._check_writable(documents, ids)
+            check_writable(self, documents, ids)
             return drive(*index_steps(self, documents, ids, False))  # type: ignore[no-any-return]
 
     async def aadd_documents(
@@ -353,38 +352,8 @@ class RSERetriever(DocumentIndex):
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
         (under the same lock as the sync path, re-checking what another writer wrote)."""
         if self.filter:
-            await asyncio.to_thread(self._check_writable, documents, ids)
+            await asyncio.to_thread(check_writable, self, documents, ids)
         return await adrive(*index_steps(self, documents, ids, True))  # type: ignore[no-any-return]
-
-    def _check_writable(self, documents: Sequence[Document], ids: Sequence[str] | None) -> None:
-        """With a bound :attr:`filter`: a ``ValueError`` naming the first document it
-        rejects, or whose id an indexed document it rejects holds (nothing is written)."""
-        f = parse(self.filter) if self.filter else None
-        if f is None:
-            return
-        if ids is not None and len(ids) != len(documents):
-            return  # add_documents' own validation says so
-        named = [
-            (str(ids[n]) if ids is not None else doc_id_for(doc), doc)
-            for n, doc in enumerate(documents)
-            if isinstance(doc, Document)  # anything else: the validation's error
-        ]
-        for doc_id, doc in named:
-            if not matches(f, {**doc.metadata, "doc_id": doc_id}):
-                raise ValueError(
-                    f"document {doc_id!r} does not pass this retriever's filter "
-                    f"{self.filter!r}; a retriever bound to a filter writes only documents "
-                    "that pass it"
-                )
-        if not named:
-            return
-        held = self._records.pointers([doc_id for doc_id, _ in named])
-        for (doc_id, _), record in zip(named, held):
-            if record is not None and not self._allows(f, record.doc_id, record.metadata):
-                raise ValueError(
-                    f"document id {doc_id!r} is indexed for a document outside this "
-                    "retriever's filter; it cannot be replaced from here (use another id)"
-                )
 
     @staticmethod
     def _allows(f: Filter | None, doc_id: str, metadata: dict[str, Any]) -> bool:
@@ -412,14 +381,10 @@ class RSERetriever(DocumentIndex):
         return await asyncio.to_thread(self.delete, ids)
 
     def vacuum(self, min_age_s: float = 0.0) -> int:
-        """Remove chunks of document versions that are not current: what a writer killed
-        half-way, or one that lost a race to another worker, left in the shared stores;
-        and documents whose pointer names a version whose records are gone (a broken
-        index; add them again). A version that cannot be removed is logged and left for
-        the next vacuum. Returns the number of versions removed. Run it when no writer is
-        active, or pass ``min_age_s`` longer than any write takes so versions being written
-        are spared. Index-wide maintenance: a bound :attr:`filter` does not limit it (it
-        never removes a current version, and returns only a count)."""
+        """Remove what killed or losing writers left (chunks of versions that are not
+        current) and documents whose version's records are gone (add them again); returns
+        the number of versions removed. Run it with no writer active, or with ``min_age_s``
+        longer than any write. Not limited by a bound :attr:`filter`."""
         return self._writer.vacuum(min_age_s, self.router)
 
     async def avacuum(self, min_age_s: float = 0.0) -> int:
@@ -453,17 +418,11 @@ class RSERetriever(DocumentIndex):
     # ------------------------------------------------------------------ persistence
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Save the index to a directory: settings, BM25 index, record store, local vectors.
-
-        JSON and FAISS files only, no pickle. Writes are atomic: a process killed during
-        ``save`` leaves the previous save loadable, and saves to one directory from several
-        processes run one after another (a lock file, ``.rse_index.lock``). Files are
-        created ``0o666`` less the umask. A vector store other than FAISS or
-        ``InMemoryVectorStore``, and a record store other than the in-memory default,
-        persist themselves and are passed again to :meth:`load`. Components are saved as
-        their class and non-secret settings (never keys). Index-wide: a bound :attr:`filter`
-        does not limit what is saved (and is not saved).
-        """
+        """Save the index to a directory (JSON and FAISS files, no pickle; atomic, one save
+        at a time per directory; see :mod:`langchain_rse.persistence`). External vector and
+        record stores persist themselves and are passed again to :meth:`load`; components
+        are saved as their class and non-secret settings. A bound :attr:`filter` is not
+        saved and does not limit what is."""
         with self._writer.lock:
             n = save_index(self, path)
         logger.info("saved index with %d chunks to %s", n, path)
@@ -481,16 +440,13 @@ class RSERetriever(DocumentIndex):
     ) -> RSERetriever:
         """Load a directory written by :meth:`save`.
 
-        ``embedding`` is needed for a saved local vector store (the bundled
-        ``LocalEmbeddings`` is used when the index was built with it). Pass
-        ``vectorstore`` / ``docstore`` when they were external. The offline enrichers, a
-        ``CohereReranker`` (key and endpoint from the environment, never from the index: one
-        saved with another endpoint is not rebuilt) and an ``EmbeddingReranker`` over the
-        same embedding are rebuilt from their saved settings; any other component the index
-        was saved with (an LLM enricher, a compressor, a router, a query expander) must be
-        passed again: it is named in a warning, or a ``ValueError`` with ``strict=True``.
-        Other keyword arguments override saved settings. A corrupted, truncated, tampered or
-        newer-format index raises ``IndexFormatError`` naming the file.
+        ``embedding`` is needed for a saved local vector store (unless it was the bundled
+        ``LocalEmbeddings``); pass ``vectorstore`` / ``docstore`` when they were external.
+        The offline enrichers, a ``CohereReranker`` (key and endpoint from the environment,
+        never the index) and an ``EmbeddingReranker`` over the same embedding are rebuilt;
+        other components must be passed again (a warning names them, a ``ValueError`` with
+        ``strict=True``). Keyword arguments override saved settings. A corrupted, tampered
+        or newer-format index raises ``IndexFormatError`` naming the file.
         """
         return load_index(cls, path, embedding, vectorstore, docstore, strict, kwargs)  # type: ignore[no-any-return]
 
@@ -531,12 +487,9 @@ class RSERetriever(DocumentIndex):
     ) -> BaseTool:
         """A tool for agents: numbered sources with their exact text, and the segments.
 
-        The model reads ``[n] title (source), pages, characters start–end`` and the exact
-        text of each source; the ``ToolMessage`` artifact is the segment ``Document``s
-        (``[n]`` is ``artifact[n - 1]``). The model may pass ``query``, extra ``queries``
-        and ``k``, and a ``filter`` only with ``allow_filter=True`` (it narrows this
-        retriever's ``filter``, never widens it). See
-        :func:`~langchain_rse.tool.create_search_tool`.
+        The ``ToolMessage`` artifact is the segment ``Document``s (``[n]`` is
+        ``artifact[n - 1]``); the model may pass a ``filter`` only with ``allow_filter=True``
+        (it narrows the bound one). See :func:`~langchain_rse.agents.create_search_tool`.
 
         Example:
             .. code-block:: python
@@ -545,7 +498,7 @@ class RSERetriever(DocumentIndex):
 
                 agent = create_agent(llm, tools=[retriever.as_tool(name="search_contracts")])
         """
-        from langchain_rse.tool import create_search_tool
+        from langchain_rse.agents import create_search_tool
 
         return create_search_tool(self, name=name, description=description,
                                   allow_filter=allow_filter)  # fmt: skip
@@ -553,10 +506,9 @@ class RSERetriever(DocumentIndex):
     # ------------------------------------------------------------------ explaining
 
     def explain(self, query: str, **kwargs: Any) -> Explanation:
-        """Retrieve as :meth:`invoke` does (same keyword arguments) and explain the result:
-        the relevance of every candidate chunk along its document and the segments chosen
-        (see :class:`~langchain_rse.explain.Explanation`; ``to_text()`` for a terminal,
-        ``to_html()`` for a page with the segments highlighted in their documents)."""
+        """Retrieve as :meth:`invoke` does and explain the result: every candidate chunk's
+        relevance along its document and the segments chosen
+        (:class:`~langchain_rse.explain.Explanation`: ``to_text()``, ``to_html()``)."""
         with tracing() as traces:
             results = self.invoke(query, **kwargs)
         return build_explanation(query, results, traces[-1] if traces else None)

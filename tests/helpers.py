@@ -80,7 +80,7 @@ def count_words(text: str) -> int:
 
 def cached_vectors(index: Path) -> int:
     """Vectors in an index folder's embedding cache (finished files only)."""
-    from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR
+    from langchain_rse.embeddings import EMBEDDING_CACHE_DIR
 
     folder = index / EMBEDDING_CACHE_DIR
     return sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))

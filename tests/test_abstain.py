@@ -37,7 +37,9 @@ def e5_retriever() -> RSERetriever:
     from langchain_rse.embeddings import LocalEmbeddings
 
     retriever = RSERetriever(
-        vectorstore=InMemoryVectorStore(LocalEmbeddings()), preset="reranked", show_progress=False
+        vectorstore=InMemoryVectorStore(LocalEmbeddings()),
+        rse_params="reranked",
+        show_progress=False,
     )
     retriever.add_documents(corpus())
     return retriever

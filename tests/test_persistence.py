@@ -259,7 +259,7 @@ def test_load_restores_or_names_every_component(tmp_path, caplog) -> None:
     r = RSERetriever.from_documents(
         corpus_documents(),
         embedding=emb,
-        preset="reranked",
+        rse_params="reranked",
         reranker=EmbeddingReranker(embeddings=emb, rank_decay=7.0),
     )
     r.save(tmp_path / "rerank")

@@ -82,8 +82,8 @@ from langchain_rse import RSERetriever
 worker, target, rounds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 docs = [Document(make_contract(f"w{worker}d{i}", ["payment", "termination"], 6 + worker),
                  id=f"w{worker}-{i}") for i in range(4 + worker)]
-from langchain_rse.indexing import writer
-writer.INDEX_BATCH_SIZE = 8
+from langchain_rse.indexing import steps
+steps.INDEX_BATCH_SIZE = 8
 r = RSERetriever.from_documents(docs, embedding=HashingEmbeddings())
 print("ready", flush=True)
 sys.stdin.readline()  # all workers start saving together

@@ -89,7 +89,7 @@ async def test_offline_pipeline_with_the_embedding_reranker() -> None:
     embeddings = HashingEmbeddings()
     reranker = EmbeddingReranker(embeddings=embeddings, calibration="identity", rank_decay=None)
     retriever = RSERetriever(
-        vectorstore=InMemoryVectorStore(embeddings), reranker=reranker, k=3, preset="unrouted"
+        vectorstore=InMemoryVectorStore(embeddings), reranker=reranker, k=3, rse_params="unrouted"
     )
     retriever.add_documents(docs)
     query = "termination provisions of the agreement"

@@ -14,8 +14,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
 from langchain_rse.enrichment import ChunkContext, HeaderEnricher
-from langchain_rse.indexing import progress
-from langchain_rse.indexing import writer as indexing_module
+from langchain_rse.indexing import steps
 from langchain_rse.indexing.chunking import Chunk
 
 TOPICS = ["termination", "payment", "warranty", "liability", "confidentiality"]
@@ -49,8 +48,8 @@ class RecordingEnricher(HeaderEnricher):
 
 
 def test_log_lines_when_not_on_a_terminal(caplog, monkeypatch) -> None:
-    monkeypatch.setattr(progress, "LOG_INTERVAL_S", 0.0)  # a line for every batch
-    monkeypatch.setattr(indexing_module, "INDEX_BATCH_SIZE", 8)
+    monkeypatch.setattr(steps, "LOG_INTERVAL_S", 0.0)  # a line for every batch
+    monkeypatch.setattr(steps, "INDEX_BATCH_SIZE", 8)
     r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200)
     with caplog.at_level(logging.INFO, logger="langchain_rse.progress"):
         r.add_documents(corpus(3))  # pytest's stderr is not a terminal: log lines
@@ -77,16 +76,16 @@ def test_bar_and_silence(capsys, caplog) -> None:
 
 
 def test_progress_line_figures() -> None:
-    p = progress.Progress("embedding", 200, show=False)
+    p = steps.Progress("embedding", 200, show=False)
     p.done = 50
     assert p.line().startswith("embedding: 50/200 chunks (25%), ")
-    assert progress.Progress("x", 0, show=True).mode == "off"  # nothing to show
+    assert steps.Progress("x", 0, show=True).mode == "off"  # nothing to show
 
 
 @pytest.mark.parametrize("use_async", [False, True])
 async def test_documents_are_enriched_and_written_in_groups(monkeypatch, use_async) -> None:
-    monkeypatch.setattr(indexing_module, "WRITE_GROUP_CHUNKS", 10)
-    monkeypatch.setattr(indexing_module, "INDEX_BATCH_SIZE", 4)
+    monkeypatch.setattr(steps, "WRITE_GROUP_CHUNKS", 10)
+    monkeypatch.setattr(steps, "INDEX_BATCH_SIZE", 4)
     events: list[tuple[str, Any]] = []
     RecordingEnricher.events = events
     grouped = RSERetriever(vectorstore=RecordingStore(events), enricher=RecordingEnricher(),

@@ -260,7 +260,7 @@ def test_reranker_failure_falls_back_or_raises(docs, embeddings, caplog) -> None
         out = r.invoke(QUERY)
     assert out and all(d.metadata["rerank_fallback"] for d in out)
     assert "reranker failed" in caplog.text
-    r.strict_rerank = True
+    r.reranker.strict = True
     with pytest.raises(RerankError):
         r.invoke(QUERY)
 
@@ -270,7 +270,7 @@ def test_reranker_failure_falls_back_or_raises(docs, embeddings, caplog) -> None
     [
         {"chunk_size": 0},
         {"chunk_overlap": 700},
-        {"preset": "nope"},
+        {"rse_params": "nope"},
         {"weights": (0.0, 0.0)},
         {"fetch_k": 0},
     ],

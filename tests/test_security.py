@@ -262,7 +262,7 @@ def test_api_keys_never_leak(
         assert retriever.invoke(QUERIES[0])  # reranked
         cohere_server.enqueue(*[Reply(500, {"message": "internal error"})] * 2)
         assert retriever.invoke(QUERIES[1])[0].metadata["rerank_fallback"] is True
-        retriever.strict_rerank = True
+        retriever.reranker.strict = True
         for status in (401, 500):
             cohere_server.enqueue(*[Reply(status, {"message": "invalid api token"})] * 2)
             with pytest.raises(RerankError) as raised:

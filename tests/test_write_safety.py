@@ -228,7 +228,7 @@ def flaky_store(fault: str) -> tuple[Any, Callable[[int], None]]:
 @pytest.fixture(autouse=True)
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Writes of 4 chunks per vector-store call, so a document takes several."""
-    import langchain_rse.indexing.writer as indexing_module
+    import langchain_rse.indexing.steps as indexing_module
 
     monkeypatch.setattr(indexing_module, "INDEX_BATCH_SIZE", 4)
 

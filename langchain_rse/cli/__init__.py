@@ -14,7 +14,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import codecs
 import contextlib
 import io
 import json
@@ -22,40 +21,40 @@ import logging
 import os
 import re
 import signal
-import stat
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.cli.loaders import SUFFIXES, file_document, folder_files, read_file
-from langchain_rse.indexing import writer as indexing
+from langchain_rse.cli.loaders import (
+    FILES_RECORD,
+    SUFFIXES,
+    CLIError,
+    changed_files,
+    list_files,
+    load_files_record,
+    positive_int,
+    text_encoding,
+)
+from langchain_rse.indexing import steps as indexing
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.segments import PRESETS
 
 __all__ = ["main"]
 
-FILES_RECORD = "cli_files.json"
-"""Per-file size and modification time, so re-indexing reads only new or changed files."""
-
 logger = logging.getLogger("langchain_rse.cli")
-
-
-class CLIError(Exception):
-    """A user-facing error: printed without a traceback, exit status 2."""
 
 
 class Interrupted(Exception):
     """Ctrl-C: the message says what was kept; exit status 130, no traceback."""
 
 
-# ---------------------------------------------------------------- reading files
+# ---------------------------------------------------------------- output
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -74,64 +73,6 @@ def _json(obj: Any) -> str:
     are written as ``\\u00XX`` escapes so that printing it cannot drive a terminal."""
     text = json.dumps(obj, ensure_ascii=False, indent=2)
     return re.sub(r"[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", text)
-
-
-_FILE_TYPES = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
-               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}  # fmt: skip
-
-
-@dataclass
-class Listing:
-    """What ``index`` was given: the files to read and what it left out, and why."""
-
-    files: dict[Path, Path | None] = field(default_factory=dict)
-    """Each file to read (resolved: its key in the index), with the link inside a given
-    folder it was reached through when it lies outside that folder."""
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-def list_files(paths: Sequence[str], index_dir: Path, follow_links: bool = False) -> Listing:
-    """Files under ``paths`` (files or folders, recursively; hidden files and folders inside
-    a folder and the index's own folder are left out), sorted, unique — supported or not:
-    the caller reports the ones it cannot read. Links inside a folder to files or folders
-    outside it are followed only with ``follow_links``."""
-    listing = Listing()
-    own = index_dir.resolve()
-    for raw in paths:
-        path = Path(raw)
-        if not path.exists():
-            raise CLIError(f"no such file or folder: {raw}")
-        if not path.is_dir():
-            listing.files.setdefault(path.resolve(), None)  # a named file: even a link
-            continue
-        root = path.resolve()
-        if own.is_relative_to(root) and own.is_dir():
-            listing.notes.append(f"left out {index_dir}: the index's own folder")
-        for p in folder_files(path, follow_links, leave_out=own):
-            resolved = p.resolve()
-            if resolved.is_relative_to(own) or (p.is_dir() and resolved.is_relative_to(root)):
-                continue  # the index itself; a link to a folder inside (its files are listed)
-            if resolved.is_relative_to(root):
-                listing.files.setdefault(resolved, None)
-            elif not follow_links:
-                kind = "folder" if p.is_dir() else "file"
-                listing.skipped.append((p, f"a link to a {kind} outside {raw} (not followed; "
-                                           "--follow-links indexes it)"))  # fmt: skip
-            else:
-                listing.files.setdefault(resolved, root / p.relative_to(path))
-    return listing
-
-
-def positive_int(value: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
 
 
 # ---------------------------------------------------------------- building pieces
@@ -181,28 +122,17 @@ def _open_index(index_dir: Path, **kwargs: Any) -> Any:
     return RSERetriever.load(index_dir, **kwargs)
 
 
-def _load_files_record(index_dir: Path) -> dict[str, dict[str, Any]]:
-    path = index_dir / FILES_RECORD
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        logger.warning("%s is unreadable; every file will be re-read", path)
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-# ---------------------------------------------------------------- commands
-
-
 def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
     """The bundled model, its document vectors cached in the index directory (so a run
     killed half-way resumes without embedding the finished chunks again), and a function
     counting the vectors in that cache."""
-    from langchain_rse.byte_store import FileByteStore
-    from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR, cache_size, cached_embeddings
-    from langchain_rse.embeddings import LocalEmbeddings
+    from langchain_rse.embeddings import (
+        EMBEDDING_CACHE_DIR,
+        LocalEmbeddings,
+        cache_size,
+        cached_embeddings,
+    )
+    from langchain_rse.indexing.store import FileByteStore
 
     model, store = LocalEmbeddings(), FileByteStore(index_dir / EMBEDDING_CACHE_DIR)
     return cached_embeddings(model, store), lambda: cache_size(store, model)
@@ -217,7 +147,7 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
         if read_manifest(index_dir)["embedding"]["class"] != "LocalEmbeddings":
             raise CLIError(f"{index_dir} was not built with the bundled embedding model; "
                            "update it from Python with its own embedding")  # fmt: skip
-        preset = {"preset": args.preset} if getattr(args, "preset", None) else {}
+        preset = {"rse_params": args.preset} if getattr(args, "preset", None) else {}
         retriever = RSERetriever.load(index_dir, embedding=embedding, enricher=enricher,
                                       max_document_chars=args.max_document_chars,
                                       **preset)  # fmt: skip
@@ -226,42 +156,13 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
             vectorstore=default_vectorstore(embedding),
             enricher=enricher,
             chunk_size=args.chunk_size,
-            preset=getattr(args, "preset", None),  # None: the one tuned for the chunk size
+            rse_params=getattr(args, "preset", None),  # None: the one tuned for the chunk size
             max_document_chars=args.max_document_chars,
         )
     indexing.INDEX_BATCH_SIZE = 64  # progress (and the embedding cache) move in small steps
     if args.no_progress:
         retriever.show_progress = False
     return retriever, cached
-
-
-def _read_document(
-    path: Path, max_chars: int, encoding: str | None = None
-) -> tuple[Document, list[str]]:
-    """The file as a source document, and notes for the user; ``ValueError`` with the
-    reason when it cannot be indexed (unreadable, unsupported, too long, binary)."""
-    from langchain_rse.validation import validate_documents
-
-    loaded = read_file(path, encoding)
-    doc = file_document(path, loaded)  # as loaders.load_documents makes it for Python
-    if len(doc.page_content) > max_chars:
-        raise ValueError(f"{len(doc.page_content):,} characters, over --max-document-chars "
-                         f"{max_chars:,}")  # fmt: skip
-    try:
-        validate_documents([doc], None, max_chars)
-    except TypeError as exc:
-        raise ValueError(str(exc)) from None
-    return doc, loaded.notes
-
-
-def _regular_file(path: Path) -> os.stat_result:
-    """``path``'s status; ``ValueError`` for what is not a regular file (a named pipe
-    would block the read for ever), without opening it."""
-    status = path.stat()
-    if not stat.S_ISREG(status.st_mode):
-        kind = _FILE_TYPES.get(stat.S_IFMT(status.st_mode), "a special file")
-        raise ValueError(f"not a regular file ({kind})")
-    return status
 
 
 @contextlib.contextmanager
@@ -282,7 +183,7 @@ def _finish_before_interrupt() -> Iterator[None]:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from langchain_rse.embedding_cache import EMBEDDING_CACHE_DIR
+    from langchain_rse.embeddings import EMBEDDING_CACHE_DIR
     from langchain_rse.persistence import MANIFEST, atomic_write
 
     index_dir = Path(args.index)
@@ -294,45 +195,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise CLIError(f"no files under {' '.join(args.paths)}")
     encoding = getattr(args, "encoding", None)
     enricher = _make_enricher(args.llm, index_dir)  # a bad --llm fails before any reading
-    record = _load_files_record(index_dir)
-    todo: list[Document] = []
-    unchanged = 0
-    gone: list[str] = []
-    for path, link in listing.files.items():
-        key = str(path)
-        previous = record.get(key, {})
-        try:
-            status = _regular_file(path)
-            stamp = {"size": status.st_size, "mtime_ns": status.st_mtime_ns}
-            if (previous.get("stamp") == stamp and not previous.get("fallbacks")
-                    and previous.get("encoding") == encoding):  # fmt: skip
-                unchanged += 1
-                continue
-            doc, notes = _read_document(path, args.max_document_chars, encoding)
-        except (OSError, ValueError) as exc:
-            if key in record:  # emptied, made binary or unreadable: redacted, not kept
-                print(screen(f"removed {link or path} from the index: {exc}"), file=sys.stderr)
-                gone.append(key)
-            else:
-                skipped.append((link or path, str(exc)))
-            continue
-        for note in notes:
-            print(screen(f"note: {path}: {note}"), file=sys.stderr)
-        todo.append(doc)
-        record[key] = {"stamp": stamp}
-        if encoding:
-            record[key]["encoding"] = encoding
-        if link:
-            record[key]["link"] = str(link)
-    # Files under the given paths (or reached through a link there) that were not listed
-    # now (deleted, a link removed or no longer followed) are removed from the index.
-    roots = [Path(p).resolve() for p in args.paths]
-    gone += [
-        key
-        for key, entry in record.items()
-        if Path(key) not in listing.files
-        and any(Path(entry.get("link") or key).is_relative_to(r) for r in roots)
-    ]
+    record = load_files_record(index_dir)
+    todo, unchanged, gone, notes = changed_files(listing, record, args.paths, encoding,
+                                                 args.max_document_chars)  # fmt: skip
+    for note in notes:
+        print(screen(note), file=sys.stderr)
     for path, reason in skipped:
         print(screen(f"skipped {path}: {reason}"), file=sys.stderr)
     if not todo and not unchanged and not gone:
@@ -416,7 +283,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     # Reranked only with --reranker: not by a network service the index names.
     kwargs: dict[str, Any] = {"mode": args.mode, "reranker": _make_reranker(args.reranker)}
     if getattr(args, "preset", None) or args.reranker:
-        kwargs["preset"] = getattr(args, "preset", None) or "reranked"
+        kwargs["rse_params"] = getattr(args, "preset", None) or "reranked"
     retriever = _open_index(Path(args.index), **kwargs)
     if args.reranker == "embedding":
         from langchain_rse.rerank import EmbeddingReranker
@@ -453,7 +320,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         manifest = read_manifest(index_dir)
     except FileNotFoundError as exc:
         raise CLIError(str(exc)) from None
-    record = _load_files_record(index_dir)
+    record = load_files_record(index_dir)
     files = [
         {"file": key, "chunks": entry.get("chunks"), "indexed_at": entry.get("indexed_at")}
         for key, entry in sorted(record.items())
@@ -489,7 +356,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     try:
-        from langchain_rse.mcp_server import serve
+        from langchain_rse.agents import serve
     except ImportError as exc:
         raise CLIError(f'the MCP server needs `pip install "langchain-rse[mcp]"` ({exc})') from None
     serve(_open_index(Path(args.index)), http_port=args.http)
@@ -616,17 +483,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=positive_int, default=2)
     p.set_defaults(func=cmd_demo)
     return parser
-
-
-def text_encoding(value: str) -> str:
-    """An argparse type: a text encoding Python knows (its canonical name)."""
-    try:
-        info = codecs.lookup(value)
-    except LookupError:
-        raise argparse.ArgumentTypeError(f"unknown encoding {value!r}") from None
-    if not getattr(info, "_is_text_encoding", True):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a text encoding")
-    return info.name
 
 
 def _describe_component(spec: dict[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""Reading files into text for the ``langchain-rse`` command: .txt/.md, .pdf, .html, .docx.
+"""Reading files into text for the ``langchain-rse`` command: .txt/.md, .pdf, .html, .docx;
+listing the files it is given, and its record of the files an index holds.
 
 :func:`load_documents` gives Python the documents the command indexes (same ids, metadata
 and chunk texts), so both can share one embedding cache.
@@ -11,26 +12,43 @@ encoding guessed for a file that is not UTF-8). A file that cannot be used raise
 
 from __future__ import annotations
 
+import argparse
+import codecs
+import json
+import logging
 import os
+import stat
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from langchain_core.documents import Document
 
-from langchain_rse.indexing.chunking import PAGE_OFFSETS, join_pages
+from langchain_rse.indexing.chunking import PAGE_OFFSETS, join_pages, validate_documents
 
 __all__ = [
+    "FILES_RECORD",
     "SUFFIXES",
+    "CLIError",
+    "Listing",
     "LoadedText",
+    "changed_files",
     "decode_text",
     "file_document",
     "folder_files",
+    "list_files",
     "load_documents",
+    "load_files_record",
+    "positive_int",
+    "read_document",
     "read_file",
+    "regular_file",
+    "text_encoding",
 ]
+
+logger = logging.getLogger("langchain_rse.cli")
 
 _LOCAL_HINT = 'pip install "langchain-rse[local]"'
 
@@ -218,3 +236,175 @@ def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[Document]:
             except (OSError, ValueError) as exc:
                 warnings.warn(f"skipped {file}: {exc}", stacklevel=2)
     return docs
+
+
+# ---------------------------------------------------------------- the command's files
+
+
+FILES_RECORD = "cli_files.json"
+"""Per-file size and modification time, so re-indexing reads only new or changed files."""
+
+
+def load_files_record(index_dir: Path) -> dict[str, dict[str, Any]]:
+    """The index's record of the files it holds (empty when missing or unreadable)."""
+    path = index_dir / FILES_RECORD
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        logger.warning("%s is unreadable; every file will be re-read", path)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class CLIError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+_FILE_TYPES = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
+               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}  # fmt: skip
+
+
+@dataclass
+class Listing:
+    """What ``index`` was given: the files to read and what it left out, and why."""
+
+    files: dict[Path, Path | None] = field(default_factory=dict)
+    """Each file to read (resolved: its key in the index), with the link inside a given
+    folder it was reached through when it lies outside that folder."""
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def list_files(paths: Sequence[str], index_dir: Path, follow_links: bool = False) -> Listing:
+    """Files under ``paths`` (files or folders, recursively; hidden files and folders inside
+    a folder and the index's own folder are left out), sorted, unique — supported or not:
+    the caller reports the ones it cannot read. Links inside a folder to files or folders
+    outside it are followed only with ``follow_links``."""
+    listing = Listing()
+    own = index_dir.resolve()
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise CLIError(f"no such file or folder: {raw}")
+        if not path.is_dir():
+            listing.files.setdefault(path.resolve(), None)  # a named file: even a link
+            continue
+        root = path.resolve()
+        if own.is_relative_to(root) and own.is_dir():
+            listing.notes.append(f"left out {index_dir}: the index's own folder")
+        for p in folder_files(path, follow_links, leave_out=own):
+            resolved = p.resolve()
+            if resolved.is_relative_to(own) or (p.is_dir() and resolved.is_relative_to(root)):
+                continue  # the index itself; a link to a folder inside (its files are listed)
+            if resolved.is_relative_to(root):
+                listing.files.setdefault(resolved, None)
+            elif not follow_links:
+                kind = "folder" if p.is_dir() else "file"
+                listing.skipped.append((p, f"a link to a {kind} outside {raw} (not followed; "
+                                           "--follow-links indexes it)"))  # fmt: skip
+            else:
+                listing.files.setdefault(resolved, root / p.relative_to(path))
+    return listing
+
+
+def read_document(
+    path: Path, max_chars: int, encoding: str | None = None
+) -> tuple[Document, list[str]]:
+    """The file as a source document, and notes for the user; ``ValueError`` with the
+    reason when it cannot be indexed (unreadable, unsupported, too long, binary)."""
+    loaded = read_file(path, encoding)
+    doc = file_document(path, loaded)  # as loaders.load_documents makes it for Python
+    if len(doc.page_content) > max_chars:
+        raise ValueError(f"{len(doc.page_content):,} characters, over --max-document-chars "
+                         f"{max_chars:,}")  # fmt: skip
+    try:
+        validate_documents([doc], None, max_chars)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    return doc, loaded.notes
+
+
+def regular_file(path: Path) -> os.stat_result:
+    """``path``'s status; ``ValueError`` for what is not a regular file (a named pipe
+    would block the read for ever), without opening it."""
+    status = path.stat()
+    if not stat.S_ISREG(status.st_mode):
+        kind = _FILE_TYPES.get(stat.S_IFMT(status.st_mode), "a special file")
+        raise ValueError(f"not a regular file ({kind})")
+    return status
+
+
+def positive_int(value: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def text_encoding(value: str) -> str:
+    """An argparse type: a text encoding Python knows (its canonical name)."""
+    try:
+        info = codecs.lookup(value)
+    except LookupError:
+        raise argparse.ArgumentTypeError(f"unknown encoding {value!r}") from None
+    if not getattr(info, "_is_text_encoding", True):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a text encoding")
+    return info.name
+
+
+def changed_files(
+    listing: Listing,
+    record: dict[str, dict[str, Any]],
+    paths: Sequence[str],
+    encoding: str | None,
+    max_chars: int,
+) -> tuple[list[Document], int, list[str], list[str]]:
+    """What ``index`` must do: the documents of new or changed files (their ``record``
+    entries updated), how many are unchanged, the keys of indexed files that are gone or
+    can no longer be read, and notes for the user; unreadable new files go to
+    ``listing.skipped``."""
+    todo: list[Document] = []
+    unchanged = 0
+    gone: list[str] = []
+    notes: list[str] = []
+    for path, link in listing.files.items():
+        key = str(path)
+        previous = record.get(key, {})
+        try:
+            status = regular_file(path)
+            stamp = {"size": status.st_size, "mtime_ns": status.st_mtime_ns}
+            if (previous.get("stamp") == stamp and not previous.get("fallbacks")
+                    and previous.get("encoding") == encoding):  # fmt: skip
+                unchanged += 1
+                continue
+            doc, read_notes = read_document(path, max_chars, encoding)
+        except (OSError, ValueError) as exc:
+            if key in record:  # emptied, made binary or unreadable: redacted, not kept
+                notes.append(f"removed {link or path} from the index: {exc}")
+                gone.append(key)
+            else:
+                listing.skipped.append((link or path, str(exc)))
+            continue
+        notes += [f"note: {path}: {note}" for note in read_notes]
+        todo.append(doc)
+        record[key] = {"stamp": stamp}
+        if encoding:
+            record[key]["encoding"] = encoding
+        if link:
+            record[key]["link"] = str(link)
+    # Files under the given paths (or reached through a link there) that were not listed
+    # now (deleted, a link removed or no longer followed) are removed from the index.
+    roots = [Path(p).resolve() for p in paths]
+    gone += [
+        key
+        for key, entry in record.items()
+        if Path(key) not in listing.files
+        and any(Path(entry.get("link") or key).is_relative_to(r) for r in roots)
+    ]
+    return todo, unchanged, gone, notes

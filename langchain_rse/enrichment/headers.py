@@ -1,12 +1,10 @@
 """The offline enricher: the document title and the section-heading path of each chunk.
 
-Headings are found in one linear pass (Markdown ``#`` headings outside code blocks, or, in
-plain text, numbered clauses, ``ARTICLE``/``Section``/``Item`` headings and ALL-CAPS lines),
-so this is fine on 50 MB documents. In plain text, table cells are kept out of the outline:
-an ALL-CAPS line or a bare number followed on its row by a number cell (``REVENUES   2019``,
-``4.30   12.5``) is a table row, a bare number that ends a row (``Net sales   4.30``) its
-last cell, and a number without a title is a heading only where it continues the numbering
-of the clauses before it (``4.29`` -> ``4.30``, ``4.2`` -> ``4.2.1``).
+Headings are found in one linear pass: Markdown ``#`` headings outside code blocks, or in
+plain text numbered clauses, ``ARTICLE``/``Section``/``Item`` headings and ALL-CAPS lines,
+less table cells (a line followed on its row by a number cell, ``REVENUES   2019``, is a
+table row; a bare number ending a row, its last cell); an untitled number is a heading only
+where it continues the clause numbering (``4.29`` -> ``4.30``, ``4.2`` -> ``4.2.1``).
 """
 
 from __future__ import annotations
@@ -18,36 +16,32 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from langchain_rse.enrichment.base import BaseEnricher, ChunkContext, clip, collapse
+from langchain_rse.enrichment import BaseEnricher, ChunkContext, clip, collapse
 from langchain_rse.indexing.chunking import Chunk
 
 __all__ = ["HEADER_VERSION", "HeaderEnricher", "HeaderOutline"]
 
 HEADER_VERSION = "header-v2"
-"""Part of :meth:`HeaderEnricher.fingerprint`: bump it whenever heading detection or the
-header's wording changes, so that indexes built with the old header are re-enriched."""
+"""Part of :meth:`HeaderEnricher.fingerprint`: bumped when heading detection or wording
+changes, so indexes built with the old header are re-enriched."""
 
-# Python's ``re`` is slow at ``^`` in MULTILINE mode (it tries every position), so every
-# line-anchored pattern here starts with a literal (a newline, three spaces) that its
-# engine can search for quickly; the first line of the text is matched separately.
-# The title runs to the line end; its closing ``#``\ s are cut in Python (``_md_title``): a
-# lazy title before an optional closing sequence backtracks quadratically on long blanks.
+# ``^`` in MULTILINE mode is slow (tried at every position): line-anchored patterns start
+# with a literal newline instead, and the text's first line is matched separately. Closing
+# ``#``\ s are cut in Python (``_md_title``): a lazy title would backtrack quadratically.
 _MD_HEADING_BODY = r"(?P<h> {0,3}(?P<hashes>#{1,6})[ \t]+(?P<title>\S.*)$)"
 _MD_HEADING = (re.compile(r"\n" + _MD_HEADING_BODY, re.M), re.compile(_MD_HEADING_BODY, re.M))
 _MD_FENCE_BODY = r"(?P<h> {0,3}(?P<fence>`{3,}|~{3,}))"
 _MD_FENCE = (re.compile(r"\n" + _MD_FENCE_BODY), re.compile(_MD_FENCE_BODY))
 
-# A "logical line" starts at a real line start (up to 3 spaces of indentation) or after a
-# run of 3+ spaces: text extracted from PDFs (CUAD, EDGAR) often puts several headings
-# and paragraphs on one physical line, separated by long runs of spaces.
+# A "logical line" starts at a line start (up to 3 spaces in) or after 3+ spaces: PDF text
+# (CUAD, EDGAR) often puts several headings and paragraphs on one physical line.
 _NEWLINE_START = re.compile(r"\n[ \t]{0,3}(?=[A-Z0-9])")
 _SOFT_BREAK_START = re.compile(r"   +(?=[A-Z0-9])")
 _TEXT_START = re.compile(r"[ \t]{0,3}(?=[A-Z0-9])")
 _WORDS = r"\S+(?:[ \t]{1,2}\S+){0,15}"  # up to 16 words, stopping at a 3+ space run
 _CLAUSE = r"\d{1,3}(?:\.\d{1,3}){0,7}"
-"""A clause number of up to 8 parts (``12.3.1``). Clause numbers here are bounded so that
-a run of ``1.1.1...`` costs a constant at a line start, not its length (a heading of
-150,000 parts made the outline quadratic in time and memory)."""
+"""A clause number of up to 8 parts (``12.3.1``): bounded, so a run of ``1.1.1...`` costs a
+constant at a line start (150,000 parts made the outline quadratic)."""
 _KEYWORDS = (
     "ARTICLE|Article|SECTION|Section|PART|Part|CHAPTER|Chapter|SCHEDULE|Schedule|"
     "EXHIBIT|Exhibit|ANNEX|Annex|APPENDIX|Appendix|ITEM|Item"
@@ -76,8 +70,7 @@ _ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100, "D": 500, "M": 1000}
 _LOOKBACK = 5000
 """How far back the clause before an untitled clause number is looked for in the text."""
 _MAX_LABEL_HITS = 16
-"""How many occurrences of that clause's number are looked at (the nearest): a bound, so
-that text made of one number costs a constant per candidate, not :data:`_LOOKBACK`."""
+"""How many (nearest) occurrences of that clause's number are looked at: a bound."""
 _CLAUSE_TEXT = re.compile(r"\.?[ \t]+[A-Z\"“(]")
 _MAX_SKIPPED, _MAX_SKIPPED_TOP = 3, 10
 """Untitled ``4.30`` continues after ``4.27``-``4.29``; top-level ``12.`` after ``2.``-``11.``."""
@@ -422,14 +415,9 @@ class HeaderEnricher(BaseEnricher):
 
     The title is ``metadata["title"]``, else the first Markdown heading, else (plain text)
     the first ALL-CAPS heading line in the first 3,000 characters, else the first non-empty
-    line, else the base name of ``metadata["source"]``. Headings are Markdown
-    ``#`` headings when the document has any (code blocks excluded); otherwise numbered
-    clauses (``12.3 Term``), ``ARTICLE IV`` / ``Section 5.`` / ``Item 7.`` headings and
-    ALL-CAPS lines, less what looks like table cells and rows in PDF-extracted text (see
-    the module docstring).
-    They are found in one pass over the document; each chunk then takes, by bisection, the
-    path of the headings that start before the end of its first line. Linear in the
-    document length, so it is fine on 50 MB documents.
+    line, else the base name of ``metadata["source"]``. Headings are those of the module
+    docstring; each chunk takes the path of the headings that start before the end of its
+    first line.
 
     Example context::
 
@@ -440,14 +428,9 @@ class HeaderEnricher(BaseEnricher):
     def __init__(
         self, *, max_title_chars: int = 100, max_depth: int = 4, first_line_chars: int = 200
     ) -> None:
-        """Configure the header.
-
-        Args:
-            max_title_chars: The title is trimmed to this many characters.
-            max_depth: At most this many innermost headings are shown in the path.
-            first_line_chars: A heading this close to a chunk's start, on its first
-                line, belongs to the chunk.
-        """
+        """``max_title_chars``: the title's length limit; ``max_depth``: the most innermost
+        headings shown; ``first_line_chars``: a heading this close to a chunk's start, on its
+        first line, belongs to the chunk."""
         self.max_title_chars = max_title_chars
         self.max_depth = max_depth
         self.first_line_chars = first_line_chars

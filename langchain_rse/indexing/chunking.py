@@ -1,4 +1,5 @@
-"""Splitting source documents into chunks that remember their exact offsets.
+"""Checking source documents (:func:`validate_documents`) and splitting them into chunks
+that remember their exact offsets.
 
 Every chunk satisfies ``source_text[chunk.start_index:chunk.end_index] == chunk.text``
 whatever the overlap, repeated passages, unicode or line endings of the source.
@@ -7,6 +8,8 @@ whatever the overlap, repeated passages, unicode or line endings of the source.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
@@ -25,9 +28,11 @@ __all__ = [
     "doc_id_for",
     "document_leads",
     "join_pages",
+    "looks_binary",
     "make_splitter",
     "page_range",
     "split_text",
+    "validate_documents",
 ]
 
 DEFAULT_CHUNK_SIZE = 300
@@ -233,3 +238,100 @@ def page_range(offsets: Sequence[int], start: int, end: int) -> tuple[int, int]:
     first = bisect_right(offsets, start)
     last = bisect_right(offsets, max(start, end - 1))
     return first, last
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def looks_binary(text: str) -> bool:
+    """NUL characters, or over 10% control/replacement characters in the first 100k."""
+    if "\x00" in text:
+        return True
+    head = text[:100_000]
+    odd = len(_CONTROL.findall(head)) + head.count("\ufffd")
+    return odd > 0.1 * max(len(head), 1)
+
+
+_SURROGATE = (
+    "contains a lone surrogate (e.g. from json.loads('\"\\ud800\"')), which is not valid "
+    "UTF-8 and cannot be stored; replace it first (s.encode('utf-8', 'replace').decode())"
+)
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_problem(value: Any) -> str | None:
+    """What keeps a JSON-serialisable value from being stored and filtered exactly: a lone
+    surrogate in a string, or NaN / infinity (JSON has neither; they came back as ``null``)."""
+    if isinstance(value, str):
+        return None if _is_utf8(value) else _SURROGATE
+    if isinstance(value, float) and not math.isfinite(value):
+        return (
+            f"contains {value!r}: NaN and infinity are not JSON numbers, so they could be "
+            "neither stored nor filtered on (use None or a finite number)"
+        )
+    if isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return None
+    return next((p for p in map(_json_problem, items) if p), None)
+
+
+def validate_documents(
+    documents: Sequence[Document], ids: Sequence[str] | None, max_document_chars: int
+) -> list[str]:
+    """The doc id of each document; raises before anything is written if one is invalid
+    (not a ``Document``, binary, too long, metadata that is not JSON, a lone surrogate in
+    the id, text or metadata, NaN or infinity in metadata, duplicate ids)."""
+    if isinstance(documents, (str, Document)):
+        raise TypeError("add_documents expects a list of Documents")
+    if ids is not None and len(ids) != len(documents):
+        raise ValueError(f"got {len(ids)} ids for {len(documents)} documents")
+    doc_ids: list[str] = []
+    for n, doc in enumerate(documents):
+        if not isinstance(doc, Document):
+            raise TypeError(f"documents[{n}] is {type(doc).__name__}, not a Document")
+        if not isinstance(doc.page_content, str):
+            raise TypeError(f"documents[{n}].page_content is not a string")
+        doc_id = str(ids[n]) if ids is not None else doc_id_for(doc)
+        if len(doc.page_content) > max_document_chars:
+            raise ValueError(
+                f"document {doc_id!r} has {len(doc.page_content):,} characters; the limit "
+                f"is max_document_chars={max_document_chars:,} (split it, or raise the limit)"
+            )
+        if looks_binary(doc.page_content):
+            raise ValueError(
+                f"document {doc_id!r} looks like binary data decoded as text (NUL or "
+                "many control characters); extract its text first"
+            )
+        if not _is_utf8(doc_id):
+            raise ValueError(f"document id {doc_id!r} {_SURROGATE}")
+        if not _is_utf8(doc.page_content):
+            raise ValueError(f"the text of document {doc_id!r} {_SURROGATE}")
+        for key, value in doc.metadata.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"metadata[{key!r}] of document {doc_id!r} is not JSON-serialisable "
+                    f"({type(value).__name__}); convert it to a string or number first"
+                ) from exc
+            problem = _json_problem(key) or _json_problem(value)
+            if problem:
+                raise ValueError(f"metadata[{key!r}] of document {doc_id!r} {problem}")
+        if PAGE_OFFSETS in doc.metadata:
+            check_page_offsets(doc.metadata[PAGE_OFFSETS], len(doc.page_content), doc_id)
+        doc_ids.append(doc_id)
+    if len(set(doc_ids)) != len(doc_ids):
+        dup = next(d for d in doc_ids if doc_ids.count(d) > 1)
+        raise ValueError(f"duplicate document id {dup!r} in one add_documents call")
+    return doc_ids

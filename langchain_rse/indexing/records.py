@@ -38,6 +38,8 @@ from pydantic import (
     field_validator,
 )
 
+from langchain_rse.indexing.chunking import make_splitter
+
 __all__ = [
     "BODY_PREFIX",
     "RECORD_FORMAT",
@@ -65,6 +67,7 @@ __all__ = [
     "plain_form",
     "pointer_key",
     "read_body",
+    "default_splitter_params",
     "splitter_fingerprint",
     "version_key",
 ]
@@ -256,16 +259,35 @@ def _describe(value: Any) -> Any:
     return {"object": f"{cls.__module__}.{cls.__qualname__}"}
 
 
-def splitter_fingerprint(splitter: TextSplitter | None, chunk_size: int, overlap: int) -> str:
-    """What decides where chunks fall: the default splitter's size and overlap, or a custom
-    splitter's class and its parameters (a length function by its qualified name)."""
-    if splitter is None:
-        return f"default:{chunk_size}/{overlap}"
+def _described(splitter: TextSplitter) -> str:
     cls = type(splitter)
     params = {k: _describe(v) for k, v in vars(splitter).items()}
     return json.dumps(
         {"class": f"{cls.__module__}.{cls.__qualname__}", "params": params}, sort_keys=True
     )
+
+
+def default_splitter_params(splitter: TextSplitter) -> tuple[int, int] | None:
+    """``(chunk_size, chunk_overlap)`` when ``splitter`` splits as ``make_splitter`` with
+    them does (the default splitter, as the former ``chunk_overlap`` made it), else None."""
+    size, overlap = (
+        getattr(splitter, "_chunk_size", None),
+        getattr(splitter, "_chunk_overlap", None),
+    )
+    if not (isinstance(size, int) and isinstance(overlap, int) and 0 <= overlap < size):
+        return None
+    same = _described(splitter) == _described(make_splitter(size, overlap))
+    return (size, overlap) if same else None
+
+
+def splitter_fingerprint(splitter: TextSplitter | None, chunk_size: int) -> str:
+    """What decides where chunks fall: the default splitter's size and overlap, or a custom
+    splitter's class and its parameters (a length function by its qualified name)."""
+    if splitter is None:
+        return f"default:{chunk_size}/0"
+    if (params := default_splitter_params(splitter)) is not None:
+        return "default:{}/{}".format(*params)
+    return _described(splitter)
 
 
 def document_version(text: str, metadata: dict[str, Any], splitter: str, enricher: str) -> str:

@@ -1,16 +1,29 @@
 """Typed access to the records of one index (:mod:`langchain_rse.indexing.records`) in a
 ``BaseStore[str, bytes]``, sync and async, with the decoded pointers and bodies cached;
 and the writer-preferring readers-writer lock of in-process stores (FAISS, in-memory), which
-are not safe to search while they are being modified."""
+are not safe to search while they are being modified; and :class:`FileByteStore`, the
+file-backed byte store of the LLM and embedding caches; and the default local vector store
+(FAISS, else in memory), saved in and loaded from an index directory
+(:mod:`~langchain_rse.persistence`)."""
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from cachetools import LRUCache
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
 from langchain_core.stores import BaseStore
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from langchain_rse.indexing.records import (
     Body,
@@ -25,10 +38,19 @@ from langchain_rse.indexing.records import (
     version_key,
 )
 
+if TYPE_CHECKING:
+    from langchain_rse.persistence import IndexFiles, IndexWriter
+
 __all__ = [
     "BODY_CACHE_CHARS",
+    "FileByteStore",
     "ReadWriteLock",
     "RecordStore",
+    "default_vectorstore",
+    "file_store",
+    "load_vectorstore",
+    "save_vectorstore",
+    "vectorstore_kind",
 ]
 
 _POINTER_CACHE_SIZE = 4096
@@ -192,3 +214,209 @@ class _Reading:
             lock._readers -= 1
             if not lock._readers and lock._writers_waiting:  # only writers wait for readers
                 lock._cond.notify_all()
+
+
+class FileByteStore(BaseStore[str, bytes]):
+    """A small file-backed byte store: one file per key, written atomically.
+
+    Used for ``ContextualEnricher(cache_dir=...)`` and the embedding cache. Keys may
+    contain ``[A-Za-z0-9_.-/]``; the files are laid out as ``langchain_classic``'s
+    ``LocalFileStore`` lays them out (one file per key, at the key's path), so a cache
+    written by either is read by the other.
+    """
+
+    _KEY = re.compile(r"^[A-Za-z0-9_.\-/]+$")
+
+    def __init__(self, root_path: str | os.PathLike[str]) -> None:
+        """Store files under ``root_path`` (created when missing)."""
+        self.root_path = Path(root_path)
+        self.root_path.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if not self._KEY.match(key) or ".." in key.split("/") or key.startswith("/"):
+            raise ValueError(f"invalid key for FileByteStore: {key!r}")
+        return self.root_path / key
+
+    def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Values of ``keys`` (``None`` where missing)."""
+        values: list[bytes | None] = []
+        for key in keys:
+            path = self._path(key)
+            try:
+                values.append(path.read_bytes())
+            except FileNotFoundError:
+                values.append(None)
+        return values
+
+    def mset(self, key_value_pairs: Sequence[tuple[str, bytes]]) -> None:
+        """Write each value to a temporary file, then rename it into place."""
+        for key, value in key_value_pairs:
+            path = self._path(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(value)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+    def mdelete(self, keys: Sequence[str]) -> None:
+        """Delete ``keys`` (missing ones are ignored)."""
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+    def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
+        """All keys, or those starting with ``prefix``."""
+        for path in sorted(self.root_path.rglob("*")):
+            if path.is_file() and not path.name.startswith(".tmp-"):
+                key = path.relative_to(self.root_path).as_posix()
+                if prefix is None or key.startswith(prefix):
+                    yield key
+
+
+def file_store(cache_dir: str | os.PathLike[str]) -> BaseStore[str, bytes]:
+    """A :class:`FileByteStore` at ``cache_dir``."""
+    return FileByteStore(cache_dir)
+
+
+# ---------------------------------------------------------------- the local vector store
+
+
+def _langchain_faiss() -> tuple[Any, Any, Any]:
+    """LangChain's ``FAISS``, its ``InMemoryDocstore`` and ``DistanceStrategy``, quietly
+    (``langchain-community``, which warns on import: ``pip install "langchain-rse[compat]"``)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from langchain_community.docstore.in_memory import InMemoryDocstore
+            from langchain_community.vectorstores import FAISS
+            from langchain_community.vectorstores.utils import DistanceStrategy
+    except ImportError as exc:
+        raise ImportError(
+            "this index was saved from LangChain's FAISS store, which needs "
+            'langchain-community: pip install "langchain-rse[compat]"'
+        ) from exc
+    return FAISS, InMemoryDocstore, DistanceStrategy
+
+
+def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
+    """The default local store: exact cosine search in FAISS
+    (:class:`~langchain_rse.integrations.faiss.FaissStore`), else ``InMemoryVectorStore``, over
+    ``embedding`` (the bundled ``LocalEmbeddings`` when None).
+
+    It keeps the chunks' metadata without their text, which the record store holds."""
+    if embedding is None:
+        from langchain_rse.embeddings import LocalEmbeddings
+
+        embedding = LocalEmbeddings()
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return InMemoryVectorStore(embedding)
+    from langchain_rse.integrations.faiss import FaissStore
+
+    return FaissStore(embedding, keep_text=False)  # the chunk texts are in the record store
+
+
+_OUR_FAISS = {"FaissStore", "LocalFAISS"}
+"""The default store's class names, now and before 0.2 (LangChain's FAISS subclassed)."""
+
+
+def vectorstore_kind(vs: VectorStore) -> str:
+    """``"faiss"``, ``"in_memory"`` or ``"external"`` (saved elsewhere by its owner)."""
+    from langchain_rse.integrations.faiss import FaissStore, is_langchain_faiss
+
+    # ours, or LangChain's FAISS itself (not a user's subclass of it)
+    if isinstance(vs, FaissStore) or (is_langchain_faiss(vs) and type(vs).__name__ == "FAISS"):
+        return "faiss"
+    if isinstance(vs, InMemoryVectorStore):
+        return "in_memory"
+    return "external"
+
+
+def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
+    """Write a local vector store's files with ``writer``; its manifest entry."""
+    from langchain_rse.integrations.faiss import FaissStore
+
+    kind = vectorstore_kind(vs)
+    info: dict[str, Any] = {"kind": kind, "class": f"{type(vs).__module__}.{type(vs).__name__}"}
+    if kind == "in_memory":
+        store = vs.store  # type: ignore[attr-defined]
+        writer.add_json("vectors", [
+            {"id": k, "text": v["text"], "metadata": v["metadata"],
+             "vector": [float(x) for x in v["vector"]]}
+            for k, v in store.items()
+        ])  # fmt: skip
+    elif isinstance(vs, FaissStore):
+        if vs.index is None:  # nothing added yet
+            import faiss
+
+            vs.index = faiss.IndexFlatIP(len(vs.embedding.embed_query("dimension probe")))
+        writer.add_json("vectors", vs.to_json())
+        writer.add_bytes("vectors_index", "faiss", vs.index_bytes())
+    elif kind == "faiss":  # LangChain's FAISS
+        import faiss
+
+        ids = [vs.index_to_docstore_id[i] for i in range(len(vs.index_to_docstore_id))]  # type: ignore[attr-defined]
+        docs = vs.docstore._dict  # type: ignore[attr-defined]
+        documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
+        writer.add_json("vectors", {
+            "ids": ids, "docstore": "in_memory", "documents": documents,
+            "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
+            "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]
+        })  # fmt: skip
+        raw: Any = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
+        writer.add_bytes("vectors_index", "faiss", memoryview(raw))  # no copy of the vectors
+    return info
+
+
+def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
+    """The local vector store saved in ``files`` (``ValueError`` for an external one)."""
+    from langchain_rse import index_schema
+    from langchain_rse.persistence import IndexFormatError
+
+    info = files.manifest["vectorstore"]
+    kind = info["kind"]
+    if kind == "in_memory":
+        vs = InMemoryVectorStore(embedding)
+        for rec in files.json("vectors", index_schema.InMemoryVectors).root:
+            vs.store[rec.id] = rec.model_dump()
+        return vs
+    if kind == "faiss":
+        import faiss
+
+        data = files.json("vectors", index_schema.FaissVectors)
+        raw = files.read("vectors_index")
+        name = files.name("vectors_index")
+        try:
+            index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
+        except RuntimeError as exc:
+            raise IndexFormatError(f"the FAISS index file {name!r} cannot be read: {exc}") from None
+        if index.ntotal != len(data.ids):
+            raise IndexFormatError(
+                f"the FAISS index file {name!r} and {files.name('vectors')!r} disagree in size"
+            )
+        ours = str(info.get("class", "")).rsplit(".", 1)[-1] in _OUR_FAISS
+        if ours and data.normalize_L2:  # (before 0.2: LocalFAISS, LangChain's format)
+            from langchain_rse.integrations.faiss import FaissStore
+
+            return FaissStore.from_saved(embedding, data.model_dump(), index)
+        FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()
+        store = InMemoryDocstore({
+            i: Document(page_content=d.text, metadata=d.metadata, id=i)
+            for i, d in zip(data.ids, data.documents)
+        })  # fmt: skip
+        return FAISS(  # type: ignore[no-any-return]
+            embedding,
+            index,
+            store,
+            dict(enumerate(data.ids)),
+            normalize_L2=data.normalize_L2,
+            distance_strategy=DistanceStrategy(data.distance_strategy),
+        )
+    raise ValueError(
+        f"this index uses an external vector store ({info.get('class')}); "
+        "pass it with RSERetriever.load(path, vectorstore=...)"
+    )

@@ -24,28 +24,24 @@ writes it again).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 
-from langchain_rse.enrichment import ChunkContext, index_text
-from langchain_rse.indexing.chunking import Chunk, make_splitter, split_text
-from langchain_rse.indexing.progress import Progress
+from langchain_rse.enrichment import index_text
+from langchain_rse.indexing.chunking import split_text, validate_documents
 from langchain_rse.indexing.records import (
-    Contexts,
     DocBody,
     DocRecord,
-    Spans,
     VersionRecord,
     body_key,
     chunk_key,
@@ -53,197 +49,20 @@ from langchain_rse.indexing.records import (
     document_version,
     is_version_of,
     pointer_key,
-    splitter_fingerprint,
     version_key,
 )
+from langchain_rse.indexing.steps import Plan, Prepared, Todo
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index, group_of
-from langchain_rse.pipeline import Handlers
 from langchain_rse.routing import DocumentRouter, LeadIndex
-from langchain_rse.validation import validate_documents
 
-__all__ = [
-    "INDEX_BATCH_SIZE",
-    "WRITE_GROUP_CHUNKS",
-    "Plan",
-    "Prepared",
-    "Todo",
-    "Writer",
-    "index_steps",
-    "indexing",
-]
+__all__ = ["Writer", "delete_held"]
 
 logger = logging.getLogger(__name__)
 
 _SCALAR = (str, int, float, bool)
 GENERATION_KEY = "meta/generation"
 """Record-store key of the token every write replaces (shared record stores only)."""
-
-
-@dataclass
-class Todo:
-    """A document to (re)index, split, before enrichment."""
-
-    doc: Document
-    doc_id: str
-    version: str
-    chunks: list[Chunk]
-    replaces: str | None = None
-    """The version the plan found current (None: the document was not indexed)."""
-
-    @property
-    def enrich_args(self) -> tuple[str, str, dict[str, Any], list[Chunk]]:
-        """The arguments of ``BaseEnricher.enrich`` / ``aenrich`` for this document."""
-        return self.doc_id, self.doc.page_content, self.doc.metadata, self.chunks
-
-
-@dataclass
-class Plan:
-    doc_ids: list[str]
-    """Every document's id, in input order (what ``add_documents`` returns)."""
-    todo: list[Todo] = field(default_factory=list)
-    removals: list[str] = field(default_factory=list)
-    """Documents that became empty: their indexed version is removed."""
-
-    @property
-    def chunks(self) -> int:
-        """Chunks to enrich and write."""
-        return sum(len(t.chunks) for t in self.todo)
-
-    def groups(self, max_chunks: int) -> Iterator[list[Todo]]:
-        """The documents to do in groups of about ``max_chunks`` chunks (whole documents;
-        at least one group, possibly empty), so only one group's contexts, index texts and
-        vectors are in memory at a time."""
-        group: list[Todo] = []
-        size = 0
-        for todo in self.todo:
-            if group and size + len(todo.chunks) > max_chunks:
-                yield group
-                group, size = [], 0
-            group.append(todo)
-            size += len(todo.chunks)
-        if group or not self.todo:
-            yield group
-
-
-@dataclass
-class Prepared:
-    """A new document version, ready to write."""
-
-    record: DocRecord
-    body: DocBody
-    chunks: list[Chunk]
-    replaces: str | None = None
-    """The version the plan found current."""
-
-    @classmethod
-    def of(cls, todo: Todo, contexts: list[ChunkContext] | None, enricher: Any) -> Prepared:
-        chunks = todo.chunks
-        contexts = contexts if contexts is not None else [ChunkContext("", "none")] * len(chunks)
-        if len(contexts) != len(chunks):
-            raise RuntimeError(
-                f"{enricher!r} returned {len(contexts)} contexts for {len(chunks)} chunks"
-            )
-        record = DocRecord(
-            doc_id=todo.doc_id,
-            version=todo.version,
-            metadata=dict(todo.doc.metadata),
-            spans=Spans((c.start_index, c.end_index) for c in chunks),
-            fallbacks=sum(ctx.method == "fallback" for ctx in contexts),
-        )
-        body = DocBody(text=todo.doc.page_content, contexts=Contexts(contexts))
-        return cls(record, body, chunks, todo.replaces)
-
-    def written_meanwhile(self, now: DocRecord | None) -> bool:
-        """Whether ``now`` (the pointer when the write starts) is another writer's version
-        of the same content, written since the plan."""
-        base = self.record.version.split(".")[0]
-        return now is not None and now.version != self.replaces and is_version_of(now.version, base)
-
-
-class MakePlan(NamedTuple):
-    """Validate and split the documents → the :class:`Plan`."""
-
-
-class Enrich(NamedTuple):
-    """One document's chunk contexts → ``list[ChunkContext]``."""
-
-    todo: Todo
-
-
-class WriteGroup(NamedTuple):
-    """Write a group of prepared documents (and the removals, with the first) → None."""
-
-    prepared: list[Prepared]
-    removals: list[str]
-    progress: Callable[[int], None]
-
-
-def indexing(
-    group_chunks: int, show_progress: bool | None, enricher: Any
-) -> Generator[Any, Any, list[str]]:
-    """``add_documents`` as a sans-I/O generator (driven by
-    :func:`~langchain_rse.pipeline.drive`): :class:`MakePlan`, then per document
-    :class:`Enrich`, per group :class:`WriteGroup`. Documents go in groups of about
-    ``group_chunks`` chunks, enriched then written, so memory holds one group's contexts,
-    index texts and vectors; progress is reported per stage. Returns every document's id.
-    """
-    plan: Plan = yield MakePlan()
-    enriching = Progress("enriching", plan.chunks, show=show_progress)
-    writing = Progress("embedding + writing", plan.chunks, show=show_progress)
-    with enriching, writing:
-        for n, group in enumerate(plan.groups(group_chunks)):
-            prepared = []
-            for todo in group:
-                prepared.append(Prepared.of(todo, (yield Enrich(todo)), enricher))
-                enriching.update(len(todo.chunks))
-            yield WriteGroup(prepared, plan.removals if n == 0 else [], writing.update)
-    return plan.doc_ids
-
-
-WRITE_GROUP_CHUNKS = 2048
-"""Chunks enriched and written together by ``add_documents`` (memory: one group at a time)."""
-INDEX_BATCH_SIZE = 256
-"""Chunks written to the vector store per call."""
-
-
-def index_steps(
-    r: Any, documents: Sequence[Document], ids: Sequence[str] | None, asynchronous: bool
-) -> tuple[Generator[Any, Any, list[str]], Handlers]:
-    """:func:`indexing` of ``documents`` by retriever ``r``, and its handlers: plan (with
-    ``r``'s splitter and fingerprints), enrich (natively async on the async path) and write
-    (in a thread there, under the writer's lock, re-checking what another writer wrote)."""
-    steps = indexing(max(WRITE_GROUP_CHUNKS, INDEX_BATCH_SIZE), r.show_progress, r.enricher)
-    writer, enricher = r._writer, r.enricher
-
-    def plan() -> Plan:
-        splitter = r.splitter or make_splitter(r.chunk_size, r.chunk_overlap)
-        fingerprints = (
-            splitter_fingerprint(r.splitter, r.chunk_size, r.chunk_overlap),
-            enricher.fingerprint(),
-        )
-        return writer.plan(documents, ids, splitter=splitter, fingerprints=fingerprints,
-                           max_document_chars=r.max_document_chars)  # fmt: skip
-
-    def write(prepared: list[Prepared], removals: list[str], progress: Callable[[int], None]
-              ) -> None:  # fmt: skip
-        writer.write(prepared, removals, r.router, INDEX_BATCH_SIZE, progress)
-
-    def enrich(todo: Todo) -> Any:
-        return enricher.enrich(*todo.enrich_args)
-
-    def aenrich(todo: Todo) -> Any:
-        return enricher.aenrich(*todo.enrich_args)
-
-    async def aplan() -> Plan:
-        return await asyncio.to_thread(plan)
-
-    async def awrite(*args: Any) -> None:
-        await asyncio.to_thread(write, *args)
-
-    if not asynchronous:
-        return steps, {MakePlan: plan, Enrich: enrich, WriteGroup: write}
-    return steps, {MakePlan: aplan, Enrich: aenrich, WriteGroup: awrite}
 
 
 @dataclass

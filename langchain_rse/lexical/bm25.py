@@ -1,23 +1,17 @@
 """Incremental BM25: exact global statistics after every change, at a cost proportional to it.
 
-The index is a list of immutable *segments* (Lucene's design): each holds the postings of a
-contiguous range of document numbers as a term-major ``scipy.sparse.csr_array`` of term
-frequencies (row = term id, column = document number). An addition writes one new small
-segment; a deletion only clears the document's ``alive`` flag (a tombstone) and takes its
-terms out of the global statistics. The statistics — live documents ``N``, total length
-(for ``avgdl``) and the document frequency of every term — are kept global and exact, so a
-query scores every segment with the same IDF and length normalisation: the scores equal
-those of an index built from scratch, and a write is visible to the very next query.
+The index is a list of immutable *segments* (Lucene's design), each a term-major
+``scipy.sparse.csr_array`` of term frequencies over a contiguous range of document numbers.
+An addition writes one new segment; a deletion clears the document's ``alive`` flag and
+takes its terms out of the global statistics (live documents, total length, document
+frequencies), which stay exact: scores equal those of an index built from scratch, and a
+write is visible to the very next query.
 
 Segments are merged like a counter (the newest ``merge_factor`` adjacent segments whose size
-classes differ by at most one become one); a merge drops the postings of deleted documents.
-Small merges run in the writing call, large ones on a background thread (searches go on
-meanwhile: a merge changes how postings are stored, never a score). When deleted document
-numbers outnumber live ones, the whole index is renumbered (:meth:`IncrementalBM25.compact`),
-so the per-document arrays stay proportional to the live corpus.
-
-This class is not thread-safe; :class:`langchain_rse.lexical.BM25Index` wraps it in a
-readers-writer lock.
+classes differ by at most one become one, dropping deleted documents); large merges run on a
+background thread. When deleted document numbers outnumber live ones the index is
+renumbered (:meth:`IncrementalBM25.compact`). Not thread-safe:
+:class:`langchain_rse.lexical.BM25Index` wraps it in a readers-writer lock.
 """
 
 from __future__ import annotations

@@ -8,20 +8,18 @@ offline); :func:`as_reranker` accepts any of them, a compressor, or ``None``.
 from langchain_rse.rerank.base import (
     BaseReranker,
     CalibratedReranker,
+    CalibrationMethod,
+    CompressorReranker,
+    EmbeddingReranker,
     RerankError,
     RerankResult,
-    as_reranker,
-)
-from langchain_rse.rerank.calibration import (
-    CalibrationMethod,
     apply_rank_decay,
+    as_reranker,
     beta_cdf,
     calibrate,
     default_calibration,
 )
 from langchain_rse.rerank.cohere import CohereReranker
-from langchain_rse.rerank.compressor import CompressorReranker
-from langchain_rse.rerank.embedding import EmbeddingReranker
 
 __all__ = [
     "BaseReranker",

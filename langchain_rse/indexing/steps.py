@@ -1,0 +1,367 @@
+"""``add_documents`` as a sans-I/O generator (:func:`indexing`, driven like the query path
+by :func:`~langchain_rse.pipeline.drive`), its handlers (:func:`index_steps`) and the
+progress of each stage.
+
+The generator asks for a :class:`Plan` (documents checked, split and versioned by
+:meth:`~langchain_rse.indexing.writer.Writer.plan`), then each document's contexts
+(:class:`Enrich`), then each group of about :data:`WRITE_GROUP_CHUNKS` chunks is written
+(:class:`WriteGroup`, by :meth:`~langchain_rse.indexing.writer.Writer.write`).
+
+**Progress.** Progress of the long indexing stages: a tqdm bar on a terminal, plain lines elsewhere.
+
+``show=True`` draws a tqdm bar on stderr; ``show=None`` (the retriever's default) draws one
+when stderr is a terminal and otherwise writes a line every ``interval`` seconds with the
+same figures — done, total, rate, ETA — so a job log shows that indexing is alive; work
+expected to take :data:`LONG_WORK_S` or more is announced after its first batch with the
+time it will take at that rate. The lines go to stderr, or to the ``langchain_rse.progress``
+logger (level INFO) when the application has set up logging that shows it (a handler, INFO
+enabled), so they need no configuration. ``show=False`` reports nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from langchain_core.documents import Document
+from tqdm.auto import tqdm
+
+from langchain_rse.enrichment import ChunkContext
+from langchain_rse.filters import matches, parse
+from langchain_rse.indexing.chunking import Chunk, doc_id_for, make_splitter
+from langchain_rse.indexing.records import (
+    Contexts,
+    DocBody,
+    DocRecord,
+    Spans,
+    is_version_of,
+    splitter_fingerprint,
+)
+
+if TYPE_CHECKING:
+    from langchain_rse.pipeline import Handlers
+
+__all__ = [
+    "INDEX_BATCH_SIZE",
+    "WRITE_GROUP_CHUNKS",
+    "check_writable",
+    "Plan",
+    "Prepared",
+    "Progress",
+    "Todo",
+    "index_steps",
+    "indexing",
+    "progress_mode",
+]
+
+
+def check_writable(r: Any, documents: Sequence[Document], ids: Sequence[str] | None) -> None:
+    """With retriever ``r``'s bound ``filter``: a ``ValueError`` naming the first document
+    it rejects, or whose id an indexed document it rejects holds (nothing is written)."""
+    f = parse(r.filter) if r.filter else None
+    if f is None:
+        return
+    if ids is not None and len(ids) != len(documents):
+        return  # add_documents' own validation says so
+    named = [
+        (str(ids[n]) if ids is not None else doc_id_for(doc), doc)
+        for n, doc in enumerate(documents)
+        if isinstance(doc, Document)  # anything else: the validation's error
+    ]
+    for doc_id, doc in named:
+        if not matches(f, {**doc.metadata, "doc_id": doc_id}):
+            raise ValueError(
+                f"document {doc_id!r} does not pass this retriever's filter "
+                f"{r.filter!r}; a retriever bound to a filter writes only documents "
+                "that pass it"
+            )
+    if not named:
+        return
+    held = r._records.pointers([doc_id for doc_id, _ in named])
+    for (doc_id, _), record in zip(named, held):
+        if record is not None and not matches(f, {**record.metadata, "doc_id": record.doc_id}):
+            raise ValueError(
+                f"document id {doc_id!r} is indexed for a document outside this "
+                "retriever's filter; it cannot be replaced from here (use another id)"
+            )
+
+
+@dataclass
+class Todo:
+    """A document to (re)index, split, before enrichment."""
+
+    doc: Document
+    doc_id: str
+    version: str
+    chunks: list[Chunk]
+    replaces: str | None = None
+    """The version the plan found current (None: the document was not indexed)."""
+
+    @property
+    def enrich_args(self) -> tuple[str, str, dict[str, Any], list[Chunk]]:
+        """The arguments of ``BaseEnricher.enrich`` / ``aenrich`` for this document."""
+        return self.doc_id, self.doc.page_content, self.doc.metadata, self.chunks
+
+
+@dataclass
+class Plan:
+    doc_ids: list[str]
+    """Every document's id, in input order (what ``add_documents`` returns)."""
+    todo: list[Todo] = field(default_factory=list)
+    removals: list[str] = field(default_factory=list)
+    """Documents that became empty: their indexed version is removed."""
+
+    @property
+    def chunks(self) -> int:
+        """Chunks to enrich and write."""
+        return sum(len(t.chunks) for t in self.todo)
+
+    def groups(self, max_chunks: int) -> Iterator[list[Todo]]:
+        """The documents to do in groups of about ``max_chunks`` chunks (whole documents;
+        at least one group, possibly empty), so only one group's contexts, index texts and
+        vectors are in memory at a time."""
+        group: list[Todo] = []
+        size = 0
+        for todo in self.todo:
+            if group and size + len(todo.chunks) > max_chunks:
+                yield group
+                group, size = [], 0
+            group.append(todo)
+            size += len(todo.chunks)
+        if group or not self.todo:
+            yield group
+
+
+@dataclass
+class Prepared:
+    """A new document version, ready to write."""
+
+    record: DocRecord
+    body: DocBody
+    chunks: list[Chunk]
+    replaces: str | None = None
+    """The version the plan found current."""
+
+    @classmethod
+    def of(cls, todo: Todo, contexts: list[ChunkContext] | None, enricher: Any) -> Prepared:
+        chunks = todo.chunks
+        contexts = contexts if contexts is not None else [ChunkContext("", "none")] * len(chunks)
+        if len(contexts) != len(chunks):
+            raise RuntimeError(
+                f"{enricher!r} returned {len(contexts)} contexts for {len(chunks)} chunks"
+            )
+        record = DocRecord(
+            doc_id=todo.doc_id,
+            version=todo.version,
+            metadata=dict(todo.doc.metadata),
+            spans=Spans((c.start_index, c.end_index) for c in chunks),
+            fallbacks=sum(ctx.method == "fallback" for ctx in contexts),
+        )
+        body = DocBody(text=todo.doc.page_content, contexts=Contexts(contexts))
+        return cls(record, body, chunks, todo.replaces)
+
+    def written_meanwhile(self, now: DocRecord | None) -> bool:
+        """Whether ``now`` (the pointer when the write starts) is another writer's version
+        of the same content, written since the plan."""
+        base = self.record.version.split(".")[0]
+        return now is not None and now.version != self.replaces and is_version_of(now.version, base)
+
+
+class MakePlan(NamedTuple):
+    """Validate and split the documents → the :class:`Plan`."""
+
+
+class Enrich(NamedTuple):
+    """One document's chunk contexts → ``list[ChunkContext]``."""
+
+    todo: Todo
+
+
+class WriteGroup(NamedTuple):
+    """Write a group of prepared documents (and the removals, with the first) → None."""
+
+    prepared: list[Prepared]
+    removals: list[str]
+    progress: Callable[[int], None]
+
+
+def indexing(
+    group_chunks: int, show_progress: bool | None, enricher: Any
+) -> Generator[Any, Any, list[str]]:
+    """``add_documents`` as a sans-I/O generator (driven by
+    :func:`~langchain_rse.pipeline.drive`): :class:`MakePlan`, then per document
+    :class:`Enrich`, per group :class:`WriteGroup`. Documents go in groups of about
+    ``group_chunks`` chunks, enriched then written, so memory holds one group's contexts,
+    index texts and vectors; progress is reported per stage. Returns every document's id.
+    """
+    plan: Plan = yield MakePlan()
+    enriching = Progress("enriching", plan.chunks, show=show_progress)
+    writing = Progress("embedding + writing", plan.chunks, show=show_progress)
+    with enriching, writing:
+        for n, group in enumerate(plan.groups(group_chunks)):
+            prepared = []
+            for todo in group:
+                prepared.append(Prepared.of(todo, (yield Enrich(todo)), enricher))
+                enriching.update(len(todo.chunks))
+            yield WriteGroup(prepared, plan.removals if n == 0 else [], writing.update)
+    return plan.doc_ids
+
+
+WRITE_GROUP_CHUNKS = 2048
+"""Chunks enriched and written together by ``add_documents`` (memory: one group at a time)."""
+INDEX_BATCH_SIZE = 256
+"""Chunks written to the vector store per call."""
+
+
+def index_steps(
+    r: Any, documents: Sequence[Document], ids: Sequence[str] | None, asynchronous: bool
+) -> tuple[Generator[Any, Any, list[str]], Handlers]:
+    """:func:`indexing` of ``documents`` by retriever ``r``, and its handlers: plan (with
+    ``r``'s splitter and fingerprints), enrich (natively async on the async path) and write
+    (in a thread there, under the writer's lock, re-checking what another writer wrote)."""
+    steps = indexing(max(WRITE_GROUP_CHUNKS, INDEX_BATCH_SIZE), r.show_progress, r.enricher)
+    writer, enricher = r._writer, r.enricher
+
+    def plan() -> Plan:
+        splitter = r.splitter or make_splitter(r.chunk_size)
+        fingerprints = (splitter_fingerprint(r.splitter, r.chunk_size), enricher.fingerprint())
+        return writer.plan(documents, ids, splitter=splitter, fingerprints=fingerprints,
+                           max_document_chars=r.max_document_chars)  # fmt: skip
+
+    def write(prepared: list[Prepared], removals: list[str], progress: Callable[[int], None]
+              ) -> None:  # fmt: skip
+        writer.write(prepared, removals, r.router, INDEX_BATCH_SIZE, progress)
+
+    def enrich(todo: Todo) -> Any:
+        return enricher.enrich(*todo.enrich_args)
+
+    def aenrich(todo: Todo) -> Any:
+        return enricher.aenrich(*todo.enrich_args)
+
+    async def aplan() -> Plan:
+        return await asyncio.to_thread(plan)
+
+    async def awrite(*args: Any) -> None:
+        await asyncio.to_thread(write, *args)
+
+    if not asynchronous:
+        return steps, {MakePlan: plan, Enrich: enrich, WriteGroup: write}
+    return steps, {MakePlan: aplan, Enrich: aenrich, WriteGroup: awrite}
+
+
+# ---------------------------------------------------------------- progress
+
+logger = logging.getLogger("langchain_rse.progress")  # the documented name, kept
+
+LOG_INTERVAL_S = 10.0
+"""Seconds between two progress lines when stderr is not a terminal."""
+LONG_WORK_S = 30.0
+"""Work expected to take this long or longer is announced with its expected time."""
+
+
+def progress_mode(show: bool | None) -> str:
+    """``"bar"``, ``"log"`` or ``"off"`` for a ``show_progress`` setting."""
+    if show is None:
+        return "bar" if sys.stderr.isatty() else "log"
+    return "bar" if show else "off"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _about(seconds: float) -> str:
+    """A rough duration for people: ``about 40 s``, ``about 12 min``, ``about 2 h 5 min``."""
+    if seconds < 90:
+        return f"about {int(round(seconds))} s"
+    minutes = int(round(seconds / 60))
+    if minutes < 90:
+        return f"about {minutes} min"
+    return f"about {minutes // 60} h {minutes % 60} min"
+
+
+def _emit(text: str) -> None:
+    """One progress line: on the logger when logging shows it, else on stderr."""
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info("%s", text)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """One stage's progress, counted in ``unit`` (e.g. chunks) out of ``total``."""
+
+    def __init__(
+        self,
+        desc: str,
+        total: int,
+        unit: str = "chunk",
+        show: bool | None = None,
+        interval: float | None = None,
+    ) -> None:
+        self.desc, self.total, self.unit = desc, total, unit
+        self.interval = LOG_INTERVAL_S if interval is None else interval
+        self.mode = progress_mode(show) if total > 0 else "off"
+        self.done = 0
+        self._started = self._last_log = time.monotonic()
+        self._bar = (
+            tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True)
+            if self.mode == "bar"
+            else None
+        )
+
+    def line(self) -> str:
+        """The figures as one line: ``embedding: 120/480 chunks, 6.1 chunks/s, ETA 0:59``."""
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        rate = self.done / elapsed
+        eta = f"ETA {_duration((self.total - self.done) / rate)}" if rate > 0 else "ETA ?"
+        return (
+            f"{self.desc}: {self.done}/{self.total} {self.unit}s ({self.done / self.total:.0%}),"
+            f" {rate:.1f} {self.unit}s/s, elapsed {_duration(elapsed)}, {eta}"
+        )
+
+    def update(self, n: int) -> None:
+        """Count ``n`` more units done."""
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.mode == "log":
+            now = time.monotonic()
+            if self.done == n and n < self.total:  # the first batch gives the rate
+                expected = self.total * (now - self._started) / n
+                if expected >= LONG_WORK_S:
+                    rate = f"{n / (now - self._started):.1f} {self.unit}s/s"
+                    _emit(f"{self.desc}: {self.total:,} {self.unit}s, {_about(expected)} at the "
+                          f"measured rate of {rate}")  # fmt: skip
+            if now - self._last_log >= self.interval:
+                self._last_log = now
+                _emit(self.line())
+
+    def close(self, finished: bool = True) -> None:
+        """End the stage: close the bar, or log the final figures (``(done)`` only when
+        the stage ``finished``; a stage cut short by an error or Ctrl-C logs nothing more)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        elif self.mode == "log" and self.done and finished:
+            _emit(f"{self.line()} (done)")
+        self.mode = "off"
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(finished=exc_type is None)
