@@ -38,7 +38,7 @@ Usage::
     python benchmarks/bench_quality.py --corpus cuad --half a --peers dense \
         --set weights=(1.0,1.0) --set fetch_k=100
     python benchmarks/bench_quality.py --corpus cuad --offtopic --peers dense \
-        --set reranker=embedding,preset=reranked
+        --set reranker=embedding,rse_params='reranked'
     python benchmarks/bench_quality.py --quick                 # smoke run: 3 docs, 10 questions
 
 Tables go to stdout and ``benchmarks/results/quality_<corpus>[_<half>].md`` (a ``--quick``
@@ -217,7 +217,8 @@ def build_default(
 
     ``reranker="embedding"`` is the offline ``EmbeddingReranker`` over ``embeddings``;
     ``router.NAME=value`` sets a field of the default ``DocumentRouter.leads()`` and
-    ``rse.NAME=value`` one of the preset's ``RSEParams``."""
+    ``rse.NAME=value`` one of the preset's ``RSEParams`` (``rse_params='name'`` picks the
+    preset)."""
     if settings.get("reranker") == "embedding":
         from langchain_rse.rerank import EmbeddingReranker
 
@@ -231,7 +232,7 @@ def build_default(
     if rse:
         from langchain_rse.segments import get_preset
 
-        preset = settings.get("preset") or "default"
+        preset = settings.get("rse_params") or "default"  # a preset's name
         settings["rse_params"] = get_preset(preset).with_overrides(**rse)
     retriever = RSERetriever(
         vectorstore=InMemoryVectorStore(embeddings), show_progress=False, **settings
