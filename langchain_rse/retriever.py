@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import langchain_core
+import pydantic
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
@@ -76,6 +79,19 @@ def check_delete_ids(ids: Any) -> list[str]:
     return list(ids)
 
 
+_LIBRARIES = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (pydantic, langchain_core))
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` that points a warning at the user's line: the first frame outside
+    pydantic, langchain_core and this package (past ``__init__``, ``from_documents``...)."""
+    libraries = (*_LIBRARIES, os.path.dirname(__file__) + os.sep)
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(libraries):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class RSERetriever(DocumentIndex):
     """Hybrid (BM25 + vector) retriever that returns Relevant Segment Extraction segments.
 
@@ -112,12 +128,30 @@ class RSERetriever(DocumentIndex):
             retriever.add_documents(docs)
             # or: RSERetriever.from_documents(docs, embedding=embeddings)
 
-    Usage:
+    Invoke:
         .. code-block:: python
 
             for seg in retriever.invoke("termination for convenience", k=2):
                 meta = seg.metadata
                 print(meta["doc_id"], meta["start_index"], meta["end_index"], meta["score"])
+
+    Use within a chain:
+        .. code-block:: python
+
+            from langchain_core.prompts import ChatPromptTemplate
+            from langchain_core.runnables import RunnablePassthrough
+
+            prompt = ChatPromptTemplate.from_template("Context: {context}\nQuestion: {question}")
+
+            def format_docs(docs):
+                return "\n\n".join(d.page_content for d in docs)
+
+            chain = (
+                {"context": retriever | format_docs, "question": RunnablePassthrough()}
+                | prompt
+                | llm
+            )
+            chain.invoke("Can either party terminate for convenience?")
     """
 
     model_config = ConfigDict(
@@ -211,13 +245,13 @@ class RSERetriever(DocumentIndex):
         if isinstance(data, dict) and "chunk_overlap" in data:
             warnings.warn("RSERetriever(chunk_overlap=...) is deprecated; pass "
                           "splitter=make_splitter(chunk_size, chunk_overlap)",
-                          DeprecationWarning, stacklevel=4)  # fmt: skip
+                          DeprecationWarning, _callers_level())  # fmt: skip
             data = dict(data)
             if overlap := data.pop("chunk_overlap"):
                 data = overlap_settings(data, overlap)
         if isinstance(data, dict) and "preset" in data:
-            warnings.warn("RSERetriever(preset=...) is deprecated; pass the preset's name as "
-                          "rse_params=...", DeprecationWarning, stacklevel=4)  # fmt: skip
+            warnings.warn("RSERetriever(preset=...) is deprecated; pass the preset's name "
+                          "as rse_params=...", DeprecationWarning, _callers_level())  # fmt: skip
             data = dict(data)
             preset = data.pop("preset")
             if preset is not None and not isinstance(data.get("rse_params"), RSEParams):
