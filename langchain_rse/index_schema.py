@@ -44,6 +44,7 @@ __all__ = [
     "Lexical",
     "Manifest",
     "VectorRecord",
+    "check_delete_ids",
     "check_expander",
     "check_settings",
     "describe_component",
@@ -75,6 +76,18 @@ def check_settings(r: Any) -> None:
         raise ValueError(f"weights must be two non-negative numbers, not both 0, got {w}")
     if isinstance(r.rse_params, str):
         get_preset(r.rse_params)
+
+
+def check_delete_ids(ids: Any) -> list[str]:
+    """The document ids of a ``delete`` call: a list, never None (everything) or a string."""
+    if ids is None:
+        raise ValueError(
+            "delete needs a list of document ids (deleting everything is not "
+            "supported; create a new retriever instead)"
+        )
+    if isinstance(ids, str):
+        raise TypeError("delete expects a list of document ids, not a string")
+    return list(ids)
 
 
 def check_expander(value: Any) -> Any:
