@@ -56,8 +56,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# ---------------------------------------------------------------- errors worth another request
-
 _RETRY_STATUSES = frozenset({408, 409, 425, 429})
 _PERMANENT_NAME = re.compile(
     "Authentication|PermissionDenied|BadRequest|NotFound|InvalidRequest|UnprocessableEntity"
@@ -149,9 +147,6 @@ class RetryPolicy:
             return min(self.max_delay, asked)
         delay = min(self.max_delay, self.base_delay * 2.0 ** min(retry - 1, 64))
         return delay * random.uniform(0.5, 1.0)
-
-
-# ---------------------------------------------------------------- the driver
 
 
 class CallJob(ABC):
@@ -418,9 +413,6 @@ class CallsModel:
             model_retries=left,
             **options,
         )
-
-
-# ---------------------------------------------------------------- chat models
 
 
 def message_text(message: Any) -> str:

@@ -40,19 +40,19 @@ from langchain_rse import pipeline
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation, tracing
 from langchain_rse.filters import Filter, check_filter, matches, parse
-from langchain_rse.index_schema import check_delete_ids, check_expander, check_settings
+from langchain_rse.index_schema import (
+    check_delete_ids,
+    check_expander,
+    check_settings,
+    overlap_settings,
+)
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.indexing.steps import check_writable, index_steps
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
-from langchain_rse.persistence import (
-    default_vectorstore,
-    load_index,
-    overlap_settings,
-    save_index,
-)
+from langchain_rse.persistence import default_vectorstore, load_index, save_index
 from langchain_rse.pipeline import adrive, drive
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router

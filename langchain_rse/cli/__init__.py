@@ -54,9 +54,6 @@ class Interrupted(Exception):
     """Ctrl-C: the message says what was kept; exit status 130, no traceback."""
 
 
-# ---------------------------------------------------------------- output
-
-
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """Control characters other than tab and newline (escape sequences start with them)."""
 
@@ -73,9 +70,6 @@ def _json(obj: Any) -> str:
     are written as ``\\u00XX`` escapes so that printing it cannot drive a terminal."""
     text = json.dumps(obj, ensure_ascii=False, indent=2)
     return re.sub(r"[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", text)
-
-
-# ---------------------------------------------------------------- building pieces
 
 
 def _make_enricher(llm: str | None, index_dir: Path) -> Any:
