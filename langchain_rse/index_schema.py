@@ -31,9 +31,9 @@ from pydantic import (
     validate_call,
 )
 
-from langchain_rse.indexing.chunking import make_splitter
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, make_splitter
 from langchain_rse.lexical.tokenizer import check_stemmer
-from langchain_rse.segments import RSEParams, get_preset
+from langchain_rse.segments import RSEParams, get_preset, preset_for_chunk_size
 
 __all__ = [
     "EXTENSIONS",
@@ -44,8 +44,10 @@ __all__ = [
     "Lexical",
     "Manifest",
     "VectorRecord",
+    "check_delete_ids",
     "check_expander",
     "check_settings",
+    "overlap_settings",
     "describe_component",
     "restore_components",
 ]
@@ -75,6 +77,30 @@ def check_settings(r: Any) -> None:
         raise ValueError(f"weights must be two non-negative numbers, not both 0, got {w}")
     if isinstance(r.rse_params, str):
         get_preset(r.rse_params)
+
+
+def check_delete_ids(ids: Any) -> list[str]:
+    """The document ids of a ``delete`` call: a list, never None (everything) or a string."""
+    if ids is None:
+        raise ValueError(
+            "delete needs a list of document ids (deleting everything is not "
+            "supported; create a new retriever instead)"
+        )
+    if isinstance(ids, str):
+        raise TypeError("delete expects a list of document ids, not a string")
+    return list(ids)
+
+
+def overlap_settings(settings: dict[str, Any], overlap: int) -> dict[str, Any]:
+    """``settings`` with the former ``chunk_overlap`` field as the splitter it made, and the
+    preset its chunk size chose (a splitter alone would choose ``"default"``)."""
+    size = settings.get("chunk_size", DEFAULT_CHUNK_SIZE)
+    if settings.get("splitter") is not None:
+        return settings
+    out = {**settings, "splitter": make_splitter(size, overlap)}
+    if out.get("rse_params") is None:
+        out["rse_params"] = preset_for_chunk_size(size)
+    return out
 
 
 def check_expander(value: Any) -> Any:

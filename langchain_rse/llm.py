@@ -56,8 +56,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# ---------------------------------------------------------------- errors worth another request
-
 _RETRY_STATUSES = frozenset({408, 409, 425, 429})
 _PERMANENT_NAME = re.compile(
     "Authentication|PermissionDenied|BadRequest|NotFound|InvalidRequest|UnprocessableEntity"
@@ -151,9 +149,6 @@ class RetryPolicy:
         return delay * random.uniform(0.5, 1.0)
 
 
-# ---------------------------------------------------------------- the driver
-
-
 class CallJob(ABC):
     """One batch of keyed requests, as its owner sees it (methods run in worker threads)."""
 
@@ -167,8 +162,7 @@ class CallJob(ABC):
 
     @abstractmethod
     def answered(self, key: str, reply: Any) -> bytes:
-        """Take a reply: return the bytes to cache, or raise (e.g. :class:`UnusableReply`)
-        to fail this attempt."""
+        """Take a reply: the bytes to cache, or raise (:class:`UnusableReply`) to fail it."""
 
     def attempted(self, reply: Any) -> None:  # noqa: B027 - an optional hook
         """Called once per request with its reply or its exception (for accounting)."""
@@ -178,9 +172,8 @@ class CallJob(ABC):
 class ModelCalls:
     """Runs :class:`CallJob` s: cache lookup, bounded concurrency, retries, write-through.
 
-    Requests per key: at most ``retry.max_retries + 1``, cut to
-    ``max(1, (retry.max_retries + 1) // (model_retries + 1))`` when the model still retries
-    by itself ``model_retries`` times.
+    Requests per key: at most ``max(1, (retry.max_retries + 1) // (model_retries + 1))``
+    (``model_retries``: the retries the model still makes by itself).
     """
 
     model: Any
@@ -203,8 +196,6 @@ class ModelCalls:
         if self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         self.attempts = max(1, (self.retry.max_retries + 1) // (self.model_retries + 1))
-
-    # -- sync and async drivers: only the I/O differs ---------------------------------
 
     def run(
         self, job: CallJob, keys: Sequence[str], config: RunnableConfig | None = None
@@ -273,9 +264,8 @@ class ModelCalls:
         self._store([(key, encoded)])
         return None
 
-    async def _afetch(
-        self, job: CallJob, key: str, config: RunnableConfig | None
-    ) -> BaseException | None:
+    async def _afetch(self, job: CallJob, key: str,
+                      config: RunnableConfig | None) -> BaseException | None:  # fmt: skip
         async def attempt() -> bytes:
             prompt = job.prompt(key)
             try:
@@ -300,11 +290,8 @@ class ModelCalls:
         except Exception as error:  # never lose paid-for work over a cache problem
             self._write_failed(error)
 
-    # -- the logic both share ---------------------------------------------------------
-
-    def _uncached(
-        self, job: CallJob, keys: Sequence[str], raws: Sequence[bytes | None]
-    ) -> list[str]:
+    def _uncached(self, job: CallJob, keys: Sequence[str],
+                  raws: Sequence[bytes | None]) -> list[str]:  # fmt: skip
         return [key for key, raw in zip(keys, raws) if raw is None or not job.cached(key, raw)]
 
     def _batches(self, keys: list[str]) -> Iterator[list[str]]:
@@ -333,13 +320,9 @@ class ModelCalls:
 
     def _log_retry(self, state: RetryCallState) -> None:
         error = _error_of(state)
-        self.log.debug(
-            "%s: attempt %d failed (%s); retrying in %.2fs",
-            self.owner,
-            state.attempt_number,
-            type(error).__name__,
-            state.upcoming_sleep,
-        )
+        self.log.debug("%s: attempt %d failed (%s); retrying in %.2fs", self.owner,
+                       state.attempt_number, type(error).__name__,
+                       state.upcoming_sleep)  # fmt: skip
 
     def _read_failed(self, error: Exception, keys: Sequence[str]) -> list[bytes | None]:
         if self.strict_cache_reads:
@@ -356,9 +339,8 @@ def _error_of(state: RetryCallState) -> BaseException | None:
 
 
 class CallsModel:
-    """Mixin of a class that calls ``llm`` through :class:`ModelCalls` (its attributes
-    ``llm``, ``cache``, ``max_concurrency``, ``max_retries``, ``retry_base_delay`` and
-    ``retry_max_delay`` are read at each call, so changing them takes effect)."""
+    """Mixin of a class that calls ``llm`` through :class:`ModelCalls` (the attributes below
+    are read at each call, so changing them takes effect)."""
 
     llm: Any
     cache: BaseStore[str, bytes]
@@ -376,15 +358,13 @@ class CallsModel:
     def _init_calls(
         self, llm: Any, cache: BaseStore[str, bytes], max_concurrency: int, retry: RetryPolicy
     ) -> None:
-        """Check and set the attributes above, :attr:`model_identity` and a lock; warn now
-        if the model's own retries cannot be turned off."""
+        """Check and set the attributes above; warn if the model's retries stay on."""
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.llm, self.cache, self.max_concurrency = llm, cache, max_concurrency
         self.max_retries = retry.max_retries
         self.retry_base_delay, self.retry_max_delay = retry.base_delay, retry.max_delay
-        self.model_identity = model_identity(llm)
-        """``"<ChatModelClass>:<model name>"``, part of the cache key."""
+        self.model_identity = model_identity(llm)  # part of the cache key
         self._lock = threading.Lock()
         self.retry_free_model()
 
@@ -410,17 +390,8 @@ class CallsModel:
         model, left = self.retry_free_model()
         retry = RetryPolicy(self.max_retries, self.retry_base_delay, self.retry_max_delay)
         options.setdefault("owner", type(self).__name__)
-        return ModelCalls(
-            model,
-            self.cache,
-            retry,
-            max_concurrency=self.max_concurrency,
-            model_retries=left,
-            **options,
-        )
-
-
-# ---------------------------------------------------------------- chat models
+        return ModelCalls(model, self.cache, retry, max_concurrency=self.max_concurrency,
+                          model_retries=left, **options)  # fmt: skip
 
 
 def message_text(message: Any) -> str:
@@ -439,8 +410,7 @@ def message_text(message: Any) -> str:
 
 
 def underlying_model(llm: Any) -> Any:
-    """The chat model inside LangChain wrappers: ``bind``/``with_config``/``with_retry``
-    (``RunnableBindingBase``: ``.bound``) and ``with_fallbacks`` (``.runnable``, the primary)."""
+    """The chat model inside LangChain wrappers (``bind``, ``with_fallbacks``: the primary)."""
     while isinstance(llm, (RunnableBindingBase, RunnableWithFallbacks)):
         llm = llm.bound if isinstance(llm, RunnableBindingBase) else llm.runnable
     return llm
@@ -481,9 +451,8 @@ def without_model_retries(llm: Any) -> tuple[Any, int]:
     """``llm`` with the chat models in it rebuilt with ``max_retries=0``, and the retries left.
 
     A chat model with a ``max_retries`` field (``None``: the SDK's 2) is rebuilt from its
-    other fields (its SDK clients built again from them) with ``max_retries=0``; wrappers
-    (``bind``, ``with_config``, ``with_retry``, ``with_fallbacks``) are rebuilt around the
-    copies. A model that cannot be rebuilt is kept, its retries returned for the caller.
+    other fields (SDK clients anew) with ``max_retries=0``, wrappers around the copies. A
+    model that cannot be rebuilt is kept, its retries returned for the caller.
     """
     if isinstance(llm, RunnableBindingBase):
         bound, left = without_model_retries(llm.bound)
@@ -516,14 +485,9 @@ def _model_without_retries(model: Any) -> tuple[Any, int]:
         if copy.max_retries != 0 or model_identity(copy) != model_identity(model):
             raise ValueError("the copy differs from the model")
     except Exception as error:
-        logger.warning(
-            "could not turn off the own retries of %s (%s: %s); its %d retries are counted "
-            "against the caller's",
-            type(model).__name__,
-            type(error).__name__,
-            str(error)[:200],
-            own,
-        )
+        logger.warning("could not turn off the own retries of %s (%s: %s); its %d retries are "
+                       "counted against the caller's", type(model).__name__,
+                       type(error).__name__, str(error)[:200], own)  # fmt: skip
         return model, own
     return copy, 0
 

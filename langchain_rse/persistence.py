@@ -45,7 +45,6 @@ __all__ = [
 
 from langchain_rse import index_schema
 from langchain_rse.embeddings import underlying
-from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, make_splitter
 from langchain_rse.indexing.records import default_splitter_params, local_form, plain_form
 from langchain_rse.indexing.store import (
     default_vectorstore,
@@ -54,7 +53,7 @@ from langchain_rse.indexing.store import (
     vectorstore_kind,
 )
 from langchain_rse.lexical import saved_stemmer
-from langchain_rse.segments import RSEParams, preset_for_chunk_size
+from langchain_rse.segments import RSEParams
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +61,7 @@ FORMAT_NAME = "langchain-rse-index"
 FORMAT_VERSION = 1
 MANIFEST = "rse_index.json"
 LOCK_FILE = ".rse_index.lock"
-"""Held by :func:`save_index` for a whole save, so that saves to one directory (from
-several processes) run one after another. Loading does not take it."""
+"""Held by :func:`save_index` for a whole save (one at a time per directory); not by loads."""
 _OWN_FILE = re.compile(
     r"^(\.?(lexical|lexical_tf|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..+\.tmp)?"
     r"|\.rse_index\.json\..+\.tmp)$"
@@ -75,15 +73,10 @@ class IndexFormatError(ValueError):
     """An index directory that is corrupted, truncated or of an unsupported format."""
 
 
-# ---------------------------------------------------------------- file primitives
-
-
 def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and rename.
-
-    The file gets the permissions of any new file (``0o666`` less the umask), not the
-    owner-only ``0o600`` of :func:`tempfile.mkstemp`: an index or page written for another
-    user or a service account is readable by it under the usual umask."""
+    """Write ``data`` to ``path`` through a temporary file, fsync and rename. The file gets
+    a new file's permissions (``0o666`` less the umask), not :func:`tempfile.mkstemp`'s
+    ``0o600``: an index written for a service account is readable by it."""
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
@@ -98,9 +91,8 @@ def atomic_write(path: Path, data: bytes | memoryview) -> None:
 
 
 def _json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode(
-        "utf-8", "surrogatepass"
-    )
+    compact = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return compact.encode("utf-8", "surrogatepass")
 
 
 def _parse_json(data: bytes, what: str) -> Any:
@@ -248,8 +240,6 @@ class IndexFiles:
             raise _mismatch(f"index file {self.name(role)!r}", exc) from None
 
 
-# ---------------------------------------------------------------- the retriever
-
 SAVED_FIELDS = (
     "k", "mode", "chunk_size", "lexical_stemmer", "fetch_k", "weights", "max_document_chars",
     "max_chars",
@@ -270,18 +260,6 @@ def _library_version() -> str:
         return version("langchain-rse")
     except PackageNotFoundError:  # pragma: no cover - running from a source tree
         return "unknown"
-
-
-def overlap_settings(settings: dict[str, Any], overlap: int) -> dict[str, Any]:
-    """``settings`` with the former ``chunk_overlap`` field as the splitter it made, and the
-    preset its chunk size chose (a splitter alone would choose ``"default"``)."""
-    size = settings.get("chunk_size", DEFAULT_CHUNK_SIZE)
-    if settings.get("splitter") is not None:
-        return settings
-    out = {**settings, "splitter": make_splitter(size, overlap)}
-    if out.get("rse_params") is None:
-        out["rse_params"] = preset_for_chunk_size(size)
-    return out
 
 
 def _splitter_config(r: Any) -> dict[str, Any]:
@@ -423,7 +401,7 @@ def _load_index(
     params, preset = config.pop("rse_params"), config.pop("preset", None)
     config["rse_params"] = RSEParams(**params) if params else preset
     if (overlap := config.pop("chunk_overlap", 0)) and "splitter" not in kwargs:
-        config = overlap_settings(config, overlap)  # the splitter it made
+        config = index_schema.overlap_settings(config, overlap)  # the splitter it made
     strict_rerank = config.pop("strict_rerank", False)  # older saves: the reranker's now
     config["weights"] = tuple(config["weights"])
     components = manifest.get("components")

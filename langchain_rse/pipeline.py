@@ -69,13 +69,9 @@ MAX_QUERIES = 6
 MAX_QUERY_CHARS = 8192
 """Longer queries are rejected with a ``ValueError`` (``max_query_chars``)."""
 CODE_WEIGHTS_EQUAL = True
-"""A query that quotes code (:func:`~langchain_rse.fusion.quotes_code`) gives the lexical
-branch the dense branch's weight: BM25 finds exact identifiers that embeddings blur."""
+"""A query that quotes code gives BM25 (exact identifiers) the dense branch's weight."""
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-# ---------------------------------------------------------------- requests
 
 
 class Expand(NamedTuple):
@@ -85,16 +81,14 @@ class Expand(NamedTuple):
 
 
 class Search(NamedTuple):
-    """Both branches for every query, and the route of the first → ``(dense, lexical,
-    routed)`` (see :meth:`~langchain_rse.search.SearchBranches.search`)."""
+    """Both branches for every query, the route of the first → ``(dense, lexical, routed)``."""
 
     queries: list[str]
     filter: Filter | None
 
 
 class Focus(NamedTuple):
-    """The focus search inside the ``routed`` documents → ``(text, dense, lexical)`` or
-    None (see :meth:`~langchain_rse.search.SearchBranches.focus`)."""
+    """The focus search inside the ``routed`` documents → ``(text, dense, lexical)`` or None."""
 
     query: str
     routed: set[str]
@@ -114,8 +108,7 @@ class ReadBodies(NamedTuple):
 
 
 class Rerank(NamedTuple):
-    """Rerank ``documents`` against each query → ``list[RerankResult]`` (or
-    :class:`RerankError`)."""
+    """Rerank ``documents`` against each query → ``list[RerankResult]`` (or RerankError)."""
 
     queries: list[str]
     documents: list[Document]
@@ -132,19 +125,16 @@ class Record(NamedTuple):
 
 Handlers = dict[type, Callable[..., Any]]
 """A handler per request type, called with the request's fields."""
+Steps = Generator[Any, Any, list[Document]]
+"""A retrieval generator: it yields requests and returns the documents."""
 
 THROWN = (RerankError, StaleRead)
-"""Handler errors raised inside the generator, which recovers from them (a failed rerank
-falls back to the fused ranking; a stale read reads again)."""
-
-
-# ---------------------------------------------------------------- drivers
+"""Handler errors raised inside the generator (failed rerank: fused ranking; stale: re-read)."""
 
 
 async def _run(gen: Generator[Any, Any, Any], handlers: Handlers, awaiting: bool) -> Any:
-    """The one driver loop: answer each request with its handler (awaited if it returns
-    an awaitable and ``awaiting``); a handler's exception of a :data:`THROWN` type is
-    raised inside the generator, where the stage decides what it means."""
+    """The one driver loop: answer each request with its handler (awaited if ``awaiting``);
+    a handler's :data:`THROWN` exception is raised inside the generator."""
     reply, error = None, None
     while True:
         try:
@@ -161,8 +151,7 @@ async def _run(gen: Generator[Any, Any, Any], handlers: Handlers, awaiting: bool
 
 
 def drive(gen: Generator[Any, Any, Any], handlers: Handlers) -> Any:
-    """Run ``gen`` to its return value, answering its requests with the synchronous
-    ``handlers`` (the driver coroutine never suspends, so it finishes in one step)."""
+    """Run ``gen`` to its return value with the synchronous ``handlers`` (one step)."""
     coro = _run(gen, handlers, False)
     try:
         coro.send(None)
@@ -175,9 +164,6 @@ def drive(gen: Generator[Any, Any, Any], handlers: Handlers) -> Any:
 async def adrive(gen: Generator[Any, Any, Any], handlers: Handlers) -> Any:
     """Run ``gen`` to its return value, awaiting the asynchronous ``handlers``."""
     return await _run(gen, handlers, True)
-
-
-# ---------------------------------------------------------------- a call's settings
 
 
 def clean_query(query: Any, max_chars: int = MAX_QUERY_CHARS) -> str:
@@ -272,20 +258,18 @@ class QuerySettings:
     filter: Filter | None = None
     """Checked on every candidate's document metadata, whatever the stores returned."""
     max_chars: int | None = None
-    """Most characters of text returned in all (the context budget); None: the preset's
-    chunk budget alone."""
+    """Most characters returned in all (the context budget); None: the preset's chunk budget."""
     rerank_queries: list[str] | None = None
-    """What the reranker scores against, when not ``queries`` (with focus: also the focus
-    text)."""
+    """What the reranker scores against, when not ``queries`` (with focus: the focus text too)."""
 
     @classmethod
     def of(cls, r: Any, query: str, k: int, mode: Any, queries: Any, expansions: list[str],
            f: Any, max_chars: int | None = None) -> QuerySettings:  # fmt: skip
-        """The settings of one call of retriever ``r`` (its fields, narrowed by the call's
-        ``mode``, extra ``queries`` and ``filter``)."""
+        """The settings of one call of retriever ``r`` (its fields, narrowed by the call's)."""
         mode = r.mode if mode is None else mode
         if mode not in ("segments", "chunks"):
             raise ValueError(f"mode must be 'segments' or 'chunks', got {mode!r}")
+        call_filter = parse(f) if f else None
         return cls(
             k=k,
             mode=mode,
@@ -295,9 +279,7 @@ class QuerySettings:
             params=r.params,
             rerank=r.reranker is not None,
             strict_rerank=getattr(r.reranker, "strict", False),
-            filter=both(parse(r.filter), parse(f) if f else None)
-            if r.filter
-            else (parse(f) if f else None),
+            filter=both(parse(r.filter), call_filter) if r.filter else call_filter,
             max_chars=max_chars,
         )
 
@@ -311,15 +293,11 @@ class Replaced(Exception):
         self.versions = versions
 
 
-# ---------------------------------------------------------------- stages (pure)
-
-
 def live_candidates(
     cands: list[Candidate], metas: dict[str, DocRecord], f: Filter | None = None
 ) -> list[Candidate]:
     """Drop candidates of deleted or replaced document versions, and of documents the
-    filter rejects (checked on their metadata with ``doc_id``: a store that mistranslated
-    it costs results, never leaks)."""
+    filter rejects (a store that mistranslated it costs results, never leaks)."""
     live = {  # each document's current version and chunk count, if the filter takes it
         d: (m.version, len(m.spans))
         for d, m in metas.items()
@@ -369,14 +347,11 @@ def apply_relevance(
     return sorted(kept.values(), key=lambda c: -c.relevance)
 
 
-# ---------------------------------------------------------------- the generator
-
-
 def replaced(
     before: list[Candidate], after: list[Candidate], metas: dict[str, DocRecord]
 ) -> set[tuple[str, str]]:
-    """``(doc_id, version)`` of the candidates of documents that kept none of their
-    candidates (``after``: the current ones) because the document has another version now."""
+    """``(doc_id, version)`` of candidates whose documents kept none in ``after`` (the current
+    ones) because they have another version now."""
     kept = {c.doc_id for c in after}
     return {
         (c.doc_id, c.version)
@@ -387,12 +362,8 @@ def replaced(
     }
 
 
-def run_pipeline(
-    s: QuerySettings,
-    cands: list[Candidate],
-    route: Route | None = None,
-    seen: set[tuple[str, str]] | None = None,
-) -> Generator[Any, Any, list[Document]]:
+def run_pipeline(s: QuerySettings, cands: list[Candidate], route: Route | None = None,
+                 seen: set[tuple[str, str]] | None = None) -> Steps:  # fmt: skip
     """Records → current candidates → rerank → relevance → selection → documents. With
     ``seen``, :class:`Replaced` when a document's candidates are all of a version replaced
     since the search and not in ``seen`` (versions found again are leftovers)."""
@@ -427,12 +398,8 @@ def run_pipeline(
     return segment_documents(s, cands, metas, bodies, selection, fallback)
 
 
-def _retrying(
-    s: QuerySettings,
-    cands: list[Candidate],
-    route: Route | None,
-    seen: set[tuple[str, str]] | None = None,
-) -> Generator[Any, Any, list[Document]]:
+def _retrying(s: QuerySettings, cands: list[Candidate], route: Route | None,
+              seen: set[tuple[str, str]] | None = None) -> Steps:  # fmt: skip
     """:func:`run_pipeline`, started again when a document changed under it."""
     for _ in range(READ_ATTEMPTS):
         try:
@@ -445,23 +412,15 @@ def _retrying(
     )
 
 
-def retrieval(
-    r: Any,
-    query: Any,
-    k: Any,
-    mode: Any,
-    queries: Any,
-    filter: Any,
-    max_chars: Any,
-    unknown: dict[str, Any],
-) -> Generator[Any, Any, list[Document]]:
+def retrieval(r: Any, query: Any, k: Any, mode: Any, queries: Any, filter: Any, max_chars: Any,
+              unknown: dict[str, Any]) -> Steps:  # fmt: skip
     """Check one call of retriever ``r`` (at once), and return its retrieval: an
     :class:`Expand` when a query expander is set, then :func:`retrieve`."""
     check_invoke_args(unknown)
     query, k = clean_query(query), check_k(r.k if k is None else k)
     max_chars = check_max_chars(r.max_chars if max_chars is None else max_chars)
 
-    def steps() -> Generator[Any, Any, list[Document]]:
+    def steps() -> Steps:
         if k == 0:
             return []
         expansions = (yield Expand(query)) if r.query_expander is not None else []
@@ -471,14 +430,11 @@ def retrieval(
     return steps()
 
 
-def retrieve(
-    s: QuerySettings, router: DocumentRouter | None
-) -> Generator[Any, Any, list[Document]]:
-    """Search → fuse → :func:`run_pipeline`: one retrieval after its settings are made.
-    When a route holds and the router focuses, :class:`Focus` adds the query's other
-    clauses searched inside the routed documents (a reranker scores against them too).
-    When a document was replaced between the search and the read of its pointer, the
-    query searches again (up to :data:`READ_ATTEMPTS` times): old or new, not nothing."""
+def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
+    """Search → fuse → :func:`run_pipeline`. When a route holds and the router focuses,
+    :class:`Focus` adds the query's other clauses searched inside the routed documents. A
+    document replaced between the search and the read of its pointer: the query searches
+    again (up to :data:`READ_ATTEMPTS` times): old or new, not nothing."""
     seen: set[tuple[str, str]] = set()
     for attempt in range(READ_ATTEMPTS):
         settings, found = yield from _search(s, router)
@@ -510,11 +466,12 @@ def _search(
 
 
 def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
-    """The handlers of one retrieval by retriever ``r``: searches (child runs under
-    ``callbacks``), expansion, record reads, reranking and the ``explain`` trace."""
+    """The handlers of one retrieval by retriever ``r`` (child runs under ``callbacks``)."""
     branches, router, records = r._search(), r.router, r._records
     traces = TRACES.get()
-    record = (lambda *seen: traces.append(Trace(*seen))) if traces is not None else _ignore
+    record = (
+        (lambda *seen: traces.append(Trace(*seen))) if traces is not None else (lambda *_: None)
+    )
     a = asynchronous
     out: Handlers = {
         Search: partial(branches.asearch if a else branches.search, router=router,
@@ -530,10 +487,6 @@ def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
     if r.reranker is not None:
         out[Rerank] = partial(_arerank if a else _rerank, r.reranker, callbacks)
     return out
-
-
-def _ignore(*_: Any) -> None:
-    """The :class:`Record` handler when no ``explain`` is listening."""
 
 
 def _rerank(reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]

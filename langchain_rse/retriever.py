@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import langchain_core
+import pydantic
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
@@ -37,19 +40,19 @@ from langchain_rse import pipeline
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation, tracing
 from langchain_rse.filters import Filter, check_filter, matches, parse
-from langchain_rse.index_schema import check_expander, check_settings
+from langchain_rse.index_schema import (
+    check_delete_ids,
+    check_expander,
+    check_settings,
+    overlap_settings,
+)
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.indexing.steps import check_writable, index_steps
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
-from langchain_rse.persistence import (
-    default_vectorstore,
-    load_index,
-    overlap_settings,
-    save_index,
-)
+from langchain_rse.persistence import default_vectorstore, load_index, save_index
 from langchain_rse.pipeline import adrive, drive
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
@@ -62,18 +65,16 @@ if TYPE_CHECKING:
 __all__ = ["RSERetriever"]
 
 logger = logging.getLogger(__name__)
+_LIBRARIES = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (pydantic, langchain_core))
 
 
-def check_delete_ids(ids: Any) -> list[str]:
-    """The document ids of a ``delete`` call: a list, never None (everything) or a string."""
-    if ids is None:
-        raise ValueError(
-            "delete needs a list of document ids (deleting everything is not "
-            "supported; create a new retriever instead)"
-        )
-    if isinstance(ids, str):
-        raise TypeError("delete expects a list of document ids, not a string")
-    return list(ids)
+def _callers_level() -> int:
+    """The ``stacklevel`` that points a warning at the user's line: the first frame outside
+    pydantic, langchain_core and this package (past ``__init__``, ``from_documents``...)."""
+    libraries, frame, level = (*_LIBRARIES, os.path.dirname(__file__) + os.sep), sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(libraries):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class RSERetriever(DocumentIndex):
@@ -112,12 +113,30 @@ class RSERetriever(DocumentIndex):
             retriever.add_documents(docs)
             # or: RSERetriever.from_documents(docs, embedding=embeddings)
 
-    Usage:
+    Invoke:
         .. code-block:: python
 
             for seg in retriever.invoke("termination for convenience", k=2):
                 meta = seg.metadata
                 print(meta["doc_id"], meta["start_index"], meta["end_index"], meta["score"])
+
+    Use within a chain:
+        .. code-block:: python
+
+            from langchain_core.prompts import ChatPromptTemplate
+            from langchain_core.runnables import RunnablePassthrough
+
+            prompt = ChatPromptTemplate.from_template("Context: {context}\nQuestion: {question}")
+
+            def format_docs(docs):
+                return "\n\n".join(d.page_content for d in docs)
+
+            chain = (
+                {"context": retriever | format_docs, "question": RunnablePassthrough()}
+                | prompt
+                | llm
+            )
+            chain.invoke("Can either party terminate for convenience?")
     """
 
     model_config = ConfigDict(
@@ -135,9 +154,8 @@ class RSERetriever(DocumentIndex):
     chunk_size: int = DEFAULT_CHUNK_SIZE
     """Chunk size in characters (ignored when ``splitter`` is given)."""
     splitter: TextSplitter | None = None
-    """A custom LangChain text splitter; its chunks are located by exact offsets. No overlap
-    is needed (segments restore context); for one, pass
-    ``make_splitter(chunk_size, chunk_overlap)`` (``langchain_rse.indexing.chunking``)."""
+    """A custom LangChain text splitter (chunks located by exact offsets). For an overlap:
+    ``make_splitter(chunk_size, chunk_overlap)`` from ``langchain_rse.indexing.chunking``."""
     enricher: BaseEnricher = Field(default_factory=HeaderEnricher)
     """Writes each chunk's situating context at index time (offline title/section header
     by default; ``ContextualEnricher`` for LLM-written context; ``NoEnricher`` for none)."""
@@ -152,9 +170,8 @@ class RSERetriever(DocumentIndex):
     """Snowball stemmer of the in-process BM25 index (``"english"``, ``"german"``, ... as
     in ``Stemmer.algorithms()``), or ``None`` to match words as they are."""
     max_chars: int | None = None
-    """The context budget: the most characters of text one call returns, in all (an
-    ``invoke(query, max_chars=...)`` argument too). Segments fill it best first and never
-    exceed it; ``k`` still bounds how many come back. ``None``: the preset's chunk budget."""
+    """The most characters one call returns in all (also ``invoke(query, max_chars=...)``),
+    filled best first, never exceeded; ``k`` still bounds the count. ``None``: the preset's."""
     fetch_k: int = 50
     """Candidates fetched from each branch (dense and lexical); the best 50 fused ones
     (:data:`~langchain_rse.pipeline.CANDIDATE_POOL`) go on to reranking and RSE."""
@@ -162,10 +179,9 @@ class RSERetriever(DocumentIndex):
     """Weights of the (dense, lexical) branches in reciprocal rank fusion (chosen on CUAD);
     a query that quotes code gives BM25 the dense weight."""
     rse_params: RSEParams | str | None = None
-    """RSE parameters: an ``RSEParams``, or the name of a preset in
-    ``langchain_rse.segments.PRESETS`` (``"reranked"`` with a reranker). ``None`` (the
-    default): the preset tuned for the chunk size, ``"default"`` below 600 characters (and
-    with a ``splitter``), ``"long_chunks"`` from 600 on."""
+    """An ``RSEParams`` or a preset's name in ``langchain_rse.segments.PRESETS`` (``"reranked"``
+    with a reranker). ``None``: the preset tuned for the chunk size, ``"default"`` below 600
+    characters (and with a ``splitter``), ``"long_chunks"`` from 600 on."""
     router: Annotated[DocumentRouter | None, BeforeValidator(as_router)] = Field(
         default_factory=DocumentRouter.leads
     )
@@ -173,12 +189,10 @@ class RSERetriever(DocumentIndex):
     the document a query names, whose chunks are favoured when the unrouted search agrees;
     by default over this index's titles and openings (``LeadIndex``). ``None``: off."""
     filter: Annotated[dict[str, Any] | None, AfterValidator(check_filter)] = None
-    """A metadata filter every result must pass (a retriever bound to one tenant), in the
-    language of :mod:`langchain_rse.filters` (``$eq``, ``$ne``, ``$in``, ``$nin``, ``$gt``...,
-    ``$and``, ``$or``), on a document's metadata with ``doc_id``. Pushed into both searches
-    and the route and checked on every candidate; ``invoke(filter=...)`` narrows it. It
-    binds :meth:`get`, :meth:`delete` and :meth:`add_documents` too, not :meth:`vacuum` or
-    :meth:`save`. (BM25 statistics are those of the whole index.)"""
+    """A metadata filter every result must pass (one tenant), in :mod:`langchain_rse.filters`'
+    language, on a document's metadata with ``doc_id``: pushed into both searches and the
+    route, checked on every candidate; ``invoke(filter=...)`` narrows it. It binds :meth:`get`,
+    :meth:`delete` and :meth:`add_documents`, not :meth:`vacuum` or :meth:`save`."""
     filter_translator: Callable[[Filter], dict[str, Any]] | None = None
     """For a store :mod:`langchain_rse.filters` cannot translate for: parsed filter → that
     store's search keyword arguments (e.g. ``lambda f: {"filter": to_dict(f)}``)."""
@@ -188,37 +202,35 @@ class RSERetriever(DocumentIndex):
     """Longer documents are rejected with a ``ValueError`` before anything is written."""
     show_progress: bool | None = None
     """Progress while indexing: ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a
-    terminal, else a line every 10 s on stderr (or the ``langchain_rse.progress`` logger
-    when logging shows INFO); see :mod:`langchain_rse.indexing.steps`."""
+    terminal, else lines on stderr (see :mod:`langchain_rse.indexing.steps`)."""
 
     _lexical: BM25Index = PrivateAttr()
     _records: RecordStore = PrivateAttr()
     _writer: Writer = PrivateAttr()
     _branches: dict[tuple[int, ...], SearchBranches] = PrivateAttr(default_factory=dict)
 
-    # ------------------------------------------------------------------ setup
-
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
         """Former fields: ``preset=`` (``rse_params``) and ``chunk_overlap=`` (a
         ``splitter``) are deprecated aliases; ``strict_rerank`` moved to the reranker."""
-        if isinstance(data, dict) and "strict_rerank" in data:
+        if not isinstance(data, dict):
+            return data
+        if "strict_rerank" in data:
             raise ValueError(
                 "strict_rerank is no longer a retriever setting: pass "
                 "strict=True to the reranker, e.g. CohereReranker(strict=True)"
             )
-        if isinstance(data, dict) and "chunk_overlap" in data:
+        data = dict(data)
+        if "chunk_overlap" in data:
             warnings.warn("RSERetriever(chunk_overlap=...) is deprecated; pass "
                           "splitter=make_splitter(chunk_size, chunk_overlap)",
-                          DeprecationWarning, stacklevel=4)  # fmt: skip
-            data = dict(data)
+                          DeprecationWarning, _callers_level())  # fmt: skip
             if overlap := data.pop("chunk_overlap"):
                 data = overlap_settings(data, overlap)
-        if isinstance(data, dict) and "preset" in data:
-            warnings.warn("RSERetriever(preset=...) is deprecated; pass the preset's name as "
-                          "rse_params=...", DeprecationWarning, stacklevel=4)  # fmt: skip
-            data = dict(data)
+        if "preset" in data:
+            warnings.warn("RSERetriever(preset=...) is deprecated; pass the preset's name "
+                          "as rse_params=...", DeprecationWarning, _callers_level())  # fmt: skip
             preset = data.pop("preset")
             if preset is not None and not isinstance(data.get("rse_params"), RSEParams):
                 data["rse_params"] = preset  # explicit RSEParams win, as they did
@@ -230,8 +242,7 @@ class RSERetriever(DocumentIndex):
         return self
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # validate_assignment stores the value before the model validator runs: put the
-        # old one back when the new one is rejected, so a failed assignment changes nothing.
+        # validate_assignment stores the value first: a rejected one puts the old one back.
         old = self.__dict__.get(name)
         try:
             super().__setattr__(name, value)
@@ -263,8 +274,7 @@ class RSERetriever(DocumentIndex):
         self._writer.attach_leads(leads)
 
     def _sync_local(self) -> Callable[[], None] | None:
-        """What runs before a search of an in-process index (BM25, leads): the shared record
-        store's generation check; nothing when the record store is this process's own."""
+        """Before an in-process search (BM25, leads): a shared record store's generation check."""
         return self._writer.sync_local if self._writer.shared else None
 
     def _search(self) -> SearchBranches:
@@ -316,31 +326,25 @@ class RSERetriever(DocumentIndex):
         vectorstore: VectorStore | None = None,
         **kwargs: Any,
     ) -> RSERetriever:
-        """Build a retriever over ``documents`` with a local vector store.
-
-        The store is FAISS (exact cosine search) when ``faiss-cpu`` is installed, else
-        ``InMemoryVectorStore``; both save without pickle. Without ``embedding`` the
-        bundled offline model (``LocalEmbeddings``) is used.
-        """
+        """Build a retriever over ``documents`` with a local vector store: FAISS (exact
+        cosine) with ``faiss-cpu`` installed, else ``InMemoryVectorStore``; both save without
+        pickle. Without ``embedding``: the bundled offline ``LocalEmbeddings``."""
         if vectorstore is None:
             vectorstore = default_vectorstore(embedding)
         retriever = cls(vectorstore=vectorstore, **kwargs)
         retriever.add_documents(list(documents))
         return retriever
 
-    # ------------------------------------------------------------------ indexing
-
     def add_documents(
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
     ) -> list[str]:
         """Index long source documents; returns their doc ids.
 
-        A document whose id is indexed is replaced everywhere (an unchanged one is skipped);
-        an empty one is skipped with a warning (its indexed version removed). All are
-        validated and split first, then enriched and written a group of chunks at a time
-        (see :mod:`langchain_rse.indexing.steps`). With a bound :attr:`filter`, a document
-        it rejects, or whose id another tenant's document holds, is a ``ValueError`` before
-        anything is written.
+        An indexed id is replaced everywhere (unchanged: skipped); an empty document is
+        skipped with a warning (its indexed version removed). All are validated and split
+        first, then enriched and written in groups (:mod:`langchain_rse.indexing.steps`).
+        With a bound :attr:`filter`, a document it rejects, or whose id another tenant's
+        holds, is a ``ValueError`` before anything is written.
         """
         with self._writer.lock:
             check_writable(self, documents, ids)
@@ -381,21 +385,17 @@ class RSERetriever(DocumentIndex):
         return await asyncio.to_thread(self.delete, ids)
 
     def vacuum(self, min_age_s: float = 0.0) -> int:
-        """Remove what killed or losing writers left (chunks of versions that are not
-        current) and documents whose version's records are gone (add them again); returns
-        the number of versions removed. Run it with no writer active, or with ``min_age_s``
-        longer than any write. Not limited by a bound :attr:`filter`."""
+        """Remove what killed or losing writers left (non-current versions' chunks; documents
+        whose records are gone); returns the number of versions removed. Run it with no
+        writer active or ``min_age_s`` longer than any write. Not limited by :attr:`filter`."""
         return self._writer.vacuum(min_age_s, self.router)
 
     async def avacuum(self, min_age_s: float = 0.0) -> int:
         """Async :meth:`vacuum` (runs in a thread)."""
         return await asyncio.to_thread(self.vacuum, min_age_s)
 
-    # DocumentIndex: lets `langchain_core.indexing.index(docs, record_manager, retriever)`
-    # sync a changing source into this retriever.
-
     def upsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
-        """Add or replace documents (``DocumentIndex`` API); same as :meth:`add_documents`."""
+        """``DocumentIndex`` API (``langchain_core.indexing.index``): :meth:`add_documents`."""
         return UpsertResponse(succeeded=self.add_documents(items), failed=[])
 
     async def aupsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
@@ -415,14 +415,11 @@ class RSERetriever(DocumentIndex):
             for r, body in zip(records, self._records.bodies(records))
         ]
 
-    # ------------------------------------------------------------------ persistence
-
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Save the index to a directory (JSON and FAISS files, no pickle; atomic, one save
-        at a time per directory; see :mod:`langchain_rse.persistence`). External vector and
-        record stores persist themselves and are passed again to :meth:`load`; components
-        are saved as their class and non-secret settings. A bound :attr:`filter` is not
-        saved and does not limit what is."""
+        """Save the index to a directory (JSON and FAISS files, no pickle; atomic; see
+        :mod:`langchain_rse.persistence`). External stores persist themselves (pass them to
+        :meth:`load`); components are saved as class and non-secret settings; a bound
+        :attr:`filter` is neither saved nor limits what is."""
         with self._writer.lock:
             n = save_index(self, path)
         logger.info("saved index with %d chunks to %s", n, path)
@@ -440,45 +437,30 @@ class RSERetriever(DocumentIndex):
     ) -> RSERetriever:
         """Load a directory written by :meth:`save`.
 
-        ``embedding`` is needed for a saved local vector store (unless it was the bundled
-        ``LocalEmbeddings``); pass ``vectorstore`` / ``docstore`` when they were external.
-        The offline enrichers, a ``CohereReranker`` (key and endpoint from the environment,
-        never the index) and an ``EmbeddingReranker`` over the same embedding are rebuilt;
-        other components must be passed again (a warning names them, a ``ValueError`` with
-        ``strict=True``). Keyword arguments override saved settings. A corrupted, tampered
-        or newer-format index raises ``IndexFormatError`` naming the file.
+        ``embedding``: for a saved local vector store (unless bundled ``LocalEmbeddings``);
+        ``vectorstore`` / ``docstore``: when they were external. Offline enrichers,
+        ``CohereReranker`` (key from the environment) and ``EmbeddingReranker`` are rebuilt;
+        other components must be passed again (a warning, or ``ValueError`` if ``strict``).
+        Keyword arguments override saved settings. A corrupted, tampered or newer-format
+        index raises ``IndexFormatError`` naming the file.
         """
         return load_index(cls, path, embedding, vectorstore, docstore, strict, kwargs)  # type: ignore[no-any-return]
 
-    # ------------------------------------------------------------------ querying
-
     def _get_relevant_documents(
-        self,
-        query: str,
-        *,
-        run_manager: CallbackManagerForRetrieverRun,
-        k: int | None = None,
-        mode: Literal["segments", "chunks"] | None = None,
-        queries: list[str] | None = None,
-        filter: dict[str, Any] | None = None,
-        max_chars: int | None = None,
-        **kwargs: Any,
-    ) -> list[Document]:
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None, mode: Literal["segments", "chunks"] | None = None,
+        queries: list[str] | None = None, filter: dict[str, Any] | None = None,
+        max_chars: int | None = None, **kwargs: Any,
+    ) -> list[Document]:  # fmt: skip
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
         return drive(steps, pipeline.handlers(self, run_manager.get_child(), False))  # type: ignore[no-any-return]
 
     async def _aget_relevant_documents(
-        self,
-        query: str,
-        *,
-        run_manager: AsyncCallbackManagerForRetrieverRun,
-        k: int | None = None,
-        mode: Literal["segments", "chunks"] | None = None,
-        queries: list[str] | None = None,
-        filter: dict[str, Any] | None = None,
-        max_chars: int | None = None,
-        **kwargs: Any,
-    ) -> list[Document]:
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None, mode: Literal["segments", "chunks"] | None = None,
+        queries: list[str] | None = None, filter: dict[str, Any] | None = None,
+        max_chars: int | None = None, **kwargs: Any,
+    ) -> list[Document]:  # fmt: skip
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
         return await adrive(steps, pipeline.handlers(self, run_manager.get_child(), True))  # type: ignore[no-any-return]
 
@@ -502,8 +484,6 @@ class RSERetriever(DocumentIndex):
 
         return create_search_tool(self, name=name, description=description,
                                   allow_filter=allow_filter)  # fmt: skip
-
-    # ------------------------------------------------------------------ explaining
 
     def explain(self, query: str, **kwargs: Any) -> Explanation:
         """Retrieve as :meth:`invoke` does and explain the result: every candidate chunk's

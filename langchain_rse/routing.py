@@ -1,16 +1,12 @@
 """Document routing: a document-level retriever picks the documents a query is about, and
 the chunk search favours their candidates (or keeps only them) — if the unrouted search
-agrees.
+agrees (:class:`DocumentRouter` decides whether a route holds).
 
-:class:`LeadIndex` is the built-in document-level retriever: one short *lead* per indexed
-document (its title and opening), searched with BM25, so that a query naming its document
-can favour that document's chunks.
-
-Most retrieval errors on long-document corpora are chunks from the wrong document: a
-clause of the right kind from another contract (Reuter et al. 2025, LegalBench-RAG). A
-document's lead — for a contract its name, parties and date; for a report its title and
-abstract — is what such a query matches. The retriever keeps the lead index in step with
-its chunks, and :class:`DocumentRouter` decides whether a route holds.
+Most retrieval errors on long-document corpora are chunks from the wrong document: a clause
+of the right kind from another contract (Reuter et al. 2025, LegalBench-RAG).
+:class:`LeadIndex`, the built-in document-level retriever, holds one short *lead* per
+document — for a contract its name, parties and date; for a report its title and abstract —
+searched with BM25 and kept in step with the chunks by the retriever.
 """
 
 from __future__ import annotations
@@ -47,11 +43,9 @@ __all__ = ["DEFAULT_BOOST", "DocumentRouter", "LeadIndex", "as_router", "query_c
 DEFAULT_MARGIN = 0.25
 """The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
 DEFAULT_MIN_NAMING = 0.5
-"""The share of a clause's weight a lead must hold to route (:attr:`DocumentRouter.min_naming`;
-see ``benchmarks/RESULTS.md``)."""
+"""The share of a clause's weight a lead must hold to route (:attr:`DocumentRouter.min_naming`)."""
 DEFAULT_BOOST = 2.0
-"""The default router's boost (chosen on CUAD dev and the Anthropic code set:
-``benchmarks/RESULTS.md``)."""
+"""The default router's boost (chosen on CUAD dev and the Anthropic code set)."""
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +65,8 @@ class LeadIndex(DocumentIndex):
     """An in-process BM25 index of document leads, as a LangChain ``DocumentIndex``.
 
     It holds one short text per document (:func:`~langchain_rse.indexing.chunking.document_leads`:
-    ``metadata["title"]`` and the first 2,000 characters), so it stays small next to the chunk
-    index (one entry per document, not per chunk) and is rebuilt from the record store
-    when another worker changed it. Results carry ``metadata["doc_id"]`` and
+    ``metadata["title"]`` and the first 2,000 characters) and is rebuilt from the record
+    store when another worker changed it. Results carry ``metadata["doc_id"]`` and
     ``metadata["bm25_score"]``, best first. A search can be given a metadata filter
     (:mod:`langchain_rse.filters`; ``invoke(query, filter=...)``): it is checked against
     each lead's metadata (the document's scalar metadata) before the top ``k`` is cut, so
@@ -92,8 +85,7 @@ class LeadIndex(DocumentIndex):
 
     _bm25: BM25Index = PrivateAttr(default_factory=BM25Index)
     _leads: dict[str, tuple[bytes, dict[str, Any]]] = PrivateAttr(default_factory=dict)
-    """Per doc id, the lead's text (compressed: only ``get`` and ``invoke`` read
-    it) and metadata. For documents shorter than a lead, the lead is the whole text."""
+    """Per doc id, the lead's text (compressed: only ``get`` and ``invoke`` read it), metadata."""
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _before_search: Callable[[], None] | None = PrivateAttr(default=None)
     """Set by the owning retriever: its shared index's generation check."""

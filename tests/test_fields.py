@@ -6,6 +6,7 @@ with the same behaviour."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,18 @@ def test_preset_is_a_deprecated_alias_of_rse_params() -> None:
     custom = RSEParams(3, 60, 0.05, 0.1, 30.0)
     with pytest.warns(DeprecationWarning):  # explicit parameters win, as they did
         assert _retriever(preset="precision", rse_params=custom).params == custom
+
+
+@pytest.mark.parametrize("old", [{"preset": "precision"}, {"chunk_size": 600, "chunk_overlap": 50}])
+def test_deprecation_warnings_point_at_the_callers_line(old: dict[str, object]) -> None:
+    emb = HashingEmbeddings()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        RSERetriever(vectorstore=InMemoryVectorStore(emb), **old)  # type: ignore[arg-type]
+        RSERetriever.from_documents([], embedding=emb, **old)
+    deprecations = [w for w in caught if w.category is DeprecationWarning]
+    assert len(deprecations) == 2
+    assert all(w.filename == __file__ for w in deprecations), deprecations
 
 
 def test_strict_rerank_moved_to_the_reranker() -> None:

@@ -54,9 +54,6 @@ class Interrupted(Exception):
     """Ctrl-C: the message says what was kept; exit status 130, no traceback."""
 
 
-# ---------------------------------------------------------------- output
-
-
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """Control characters other than tab and newline (escape sequences start with them)."""
 
@@ -73,9 +70,6 @@ def _json(obj: Any) -> str:
     are written as ``\\u00XX`` escapes so that printing it cannot drive a terminal."""
     text = json.dumps(obj, ensure_ascii=False, indent=2)
     return re.sub(r"[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", text)
-
-
-# ---------------------------------------------------------------- building pieces
 
 
 def _make_enricher(llm: str | None, index_dir: Path) -> Any:
@@ -152,13 +146,10 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
                                       max_document_chars=args.max_document_chars,
                                       **preset)  # fmt: skip
     else:
-        retriever = RSERetriever(
-            vectorstore=default_vectorstore(embedding),
-            enricher=enricher,
-            chunk_size=args.chunk_size,
-            rse_params=getattr(args, "preset", None),  # None: the one tuned for the chunk size
-            max_document_chars=args.max_document_chars,
-        )
+        retriever = RSERetriever(  # rse_params None: the preset tuned for the chunk size
+            vectorstore=default_vectorstore(embedding), enricher=enricher,
+            chunk_size=args.chunk_size, rse_params=getattr(args, "preset", None),
+            max_document_chars=args.max_document_chars)  # fmt: skip
     indexing.INDEX_BATCH_SIZE = 64  # progress (and the embedding cache) move in small steps
     if args.no_progress:
         retriever.show_progress = False
@@ -364,8 +355,6 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 DEMO_QUESTION = "How much notice does the customer need to terminate for convenience?"
-
-
 DEMO_NEXT = """\
 score: the segment's value in RSE: the summed relevance of its chunks (each between 0
 and 1) minus a penalty per chunk, so a longer run of relevant chunks scores higher. The
@@ -411,10 +400,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="langchain-rse",
-        description="Index documents and retrieve exact relevant segments (offline by default).",
-    )
+    description = "Index documents and retrieve exact relevant segments (offline by default)."
+    parser = argparse.ArgumentParser(prog="langchain-rse", description=description)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     # -v after the subcommand too (SUPPRESS: a subcommand without it keeps the top-level one)
     common = argparse.ArgumentParser(add_help=False)
@@ -428,9 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="files or folders (recursively; hidden files are left out)")  # fmt: skip
     p.add_argument("--index", required=True, metavar="DIR", help="index directory")
     p.add_argument("--llm", metavar="openai:MODEL", help="LLM contextual enrichment (needs key)")
-    p.add_argument(
-        "--chunk-size", type=positive_int, default=DEFAULT_CHUNK_SIZE, help="characters per chunk"
-    )
+    p.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK_SIZE,
+                   help="characters per chunk")  # fmt: skip
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="RSE parameters, saved in the index (default: 'long_chunks' with "
                    "--chunk-size 600 or more, else 'default')")  # fmt: skip
@@ -451,12 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=positive_int, default=4, help="maximum number of results (>= 1)")
     p.add_argument("--json", action="store_true", help="JSON output for scripts")
     p.add_argument("--mode", choices=["segments", "chunks"], default="segments")
-    p.add_argument(
-        "--reranker",
-        choices=["cohere", "embedding"],
-        help="rerank with Cohere (needs COHERE_API_KEY) or offline by embedding similarity; "
-        "either uses the 'reranked' RSE preset",
-    )
+    p.add_argument("--reranker", choices=["cohere", "embedding"],
+                   help="rerank with Cohere (needs COHERE_API_KEY) or offline by embedding "
+                   "similarity; either uses the 'reranked' RSE preset")  # fmt: skip
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="RSE parameters for this query (default: the index's)")  # fmt: skip
     p.add_argument("--explain", action="store_true",
@@ -492,10 +475,8 @@ def _describe_component(spec: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")  # fmt: skip
     if not getattr(args, "no_progress", False):  # progress log lines when not on a terminal
         logging.getLogger("langchain_rse.progress").setLevel(logging.INFO)
     try:
@@ -512,11 +493,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nlangchain-rse: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader left (`| head`): stop quietly, as Unix tools do; what is still
-        # buffered goes nowhere (the recipe in Python's `signal` documentation).
+        # The reader left (`| head`): stop quietly; the rest goes nowhere (`signal` docs).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -33,8 +33,7 @@ _MD_HEADING = (re.compile(r"\n" + _MD_HEADING_BODY, re.M), re.compile(_MD_HEADIN
 _MD_FENCE_BODY = r"(?P<h> {0,3}(?P<fence>`{3,}|~{3,}))"
 _MD_FENCE = (re.compile(r"\n" + _MD_FENCE_BODY), re.compile(_MD_FENCE_BODY))
 
-# A "logical line" starts at a line start (up to 3 spaces in) or after 3+ spaces: PDF text
-# (CUAD, EDGAR) often puts several headings and paragraphs on one physical line.
+# A "logical line" starts at a line start (up to 3 spaces in) or after 3+ spaces (PDF text).
 _NEWLINE_START = re.compile(r"\n[ \t]{0,3}(?=[A-Z0-9])")
 _SOFT_BREAK_START = re.compile(r"   +(?=[A-Z0-9])")
 _TEXT_START = re.compile(r"[ \t]{0,3}(?=[A-Z0-9])")
@@ -327,8 +326,7 @@ def _plain_headings(text: str) -> list[_Heading]:
             and not text[previous.end : match.start()].strip()
             and text.count("\n", previous.end, match.start()) <= 1
         ):
-            # "ARTICLE IV\nTERM AND TERMINATION" or a title in capitals over two lines
-            # (not across a blank line: that separates a title from the first heading).
+            # "ARTICLE IV\nTERM AND TERMINATION", capitals over two lines (no blank between)
             merged = clip(f"{previous.text} {heading.text}", 100)
             headings[-1] = previous._replace(end=heading.end, text=merged, titled=True)
             continue
@@ -438,8 +436,7 @@ class HeaderEnricher(BaseEnricher):
     def outline(self, text: str, metadata: dict[str, Any]) -> HeaderOutline:
         """Title and headings of a document (used once per document)."""
         headings = _markdown_headings(text)
-        # A lone "# of Units" line does not make a contract Markdown: ask for two headings,
-        # or one that is the document's first line.
+        # A lone "# of Units" line is not Markdown: two headings, or one on the first line.
         markdown = len(headings) >= 2 or (
             len(headings) == 1 and not text[: headings[0].start].strip()
         )

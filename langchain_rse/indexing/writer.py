@@ -88,8 +88,6 @@ class Writer:
     _lead_versions: dict[str, str] = field(default_factory=dict, init=False)
     """The document version each reloaded lead reflects."""
 
-    # ------------------------------------------------------------ many workers
-
     def _bump(self) -> None:
         """Leave a new generation token after a write."""
         if not self.shared:
@@ -191,8 +189,6 @@ class Writer:
         raw = self.records.store.mget([body_key(p.doc_id, p.version) for p in pointers])
         return [DocBody.from_bytes(r) if r is not None else None for r in raw]
 
-    # ------------------------------------------------------------ plan
-
     def plan(
         self,
         documents: Sequence[Document],
@@ -241,8 +237,6 @@ class Writer:
         keys = [version_key(p.doc_id, p.version) for p in pointers]
         found = self.records.store.mget(keys) if keys else []
         return {p.version for p, raw in zip(pointers, found) if raw is not None}
-
-    # ------------------------------------------------------------ write
 
     def write(
         self,
@@ -358,8 +352,6 @@ class Writer:
         flush()
         if self.lexical_store is None:
             self.lexical.add(keys, texts, groups)
-
-    # ------------------------------------------------------------ remove
 
     def _remove_versions(self, versions: Sequence[VersionRecord]) -> None:
         """Delete these versions' chunks everywhere, then their bodies and records; the
