@@ -31,6 +31,15 @@ from langchain_rse.indexing.records import chunk_key
 
 __all__ = ["FaissStore", "check_deletes", "kept_ids_ivf", "move_up", "removable", "one_thread"]
 
+HALF_SCAN_FROM = 20_000
+"""From this many vectors, an unfiltered search of an ``IndexFlatIP`` first scans a
+half-precision copy (half the memory read), then scores its best candidates exactly: the
+same results, in about half the time (100k vectors of 384 dimensions: ~4 ms instead of
+~7.5; 1M: see ``benchmarks/RESULTS.md``), for 2 bytes per dimension and vector."""
+HALF_ERROR = 1e-3
+"""More than the most a half-precision copy of a unit vector changes its inner product with
+a unit query (each component rounded by at most 2**-11 of itself: at most 2**-11 in all)."""
+
 MetadataFilter = Mapping[str, Any] | Filter | Callable[[dict[str, Any]], bool] | None
 """A filter in the retriever's language (a dict, or parsed), or a function of the metadata."""
 
@@ -96,6 +105,7 @@ class FaissStore(VectorStore):
         self.texts: list[str] = []
         self._position: dict[str, int] = {}
         self._by_doc: dict[str, np.ndarray] | None = None  # positions by doc id, lazily
+        self._half: Any = None  # the half-precision copy (HALF_SCAN_FROM), made lazily
 
     @property
     def embeddings(self) -> Embeddings:
@@ -151,6 +161,8 @@ class FaissStore(VectorStore):
             )
         self.delete([i for i in names if i in self._position])  # an add replaces
         self.index.add(array)
+        if self._half is not None:
+            self._half.add(array)
         start = len(self.ids)
         self.ids += names
         self.metadatas += [dict(m) for m in metadatas]
@@ -172,6 +184,8 @@ class FaissStore(VectorStore):
         ivf = kept_ids_ivf(self.index)  # (raises, nothing deleted, for lists it cannot move)
         positions = np.asarray(gone, dtype=np.int64)
         self.index.remove_ids(positions)
+        if self._half is not None:
+            self._half.remove_ids(positions)
         if ivf is not None:
             move_up(ivf, positions)
         keep = np.ones(len(self.ids), dtype=bool)
@@ -218,7 +232,11 @@ class FaissStore(VectorStore):
                 params.nprobe = ivf.nprobe
             params.sel = selector = faiss.IDSelectorBatch(allowed)
         with one_thread():
-            found, at = self.index.search(query, min(k, len(self.ids)), params=params)
+            half = None if params is not None else self._half_scan(query, k)
+            if half is not None:
+                found, at = half
+            else:
+                found, at = self.index.search(query, min(k, len(self.ids)), params=params)
         del selector  # (FAISS holds a raw pointer to it: alive until the search returned)
         inside = at[0] >= 0  # -1: fewer hits than asked for
         scores = found[0][inside].astype(np.float64)
@@ -227,6 +245,31 @@ class FaissStore(VectorStore):
         positions = at[0][inside]
         order = np.lexsort((positions, -scores))  # ties: the earlier added first, every time
         return positions[order], scores[order]
+
+    def _half_scan(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The exact top ``k`` of an ``IndexFlatIP`` of at least ``HALF_SCAN_FROM`` vectors,
+        found through the half-precision copy: its best ``2k + 32`` candidates scored
+        exactly. None (search the index itself) when the index is another kind or smaller,
+        or when a vector outside the candidates could still be in the top ``k``: its
+        exact score can exceed its copy's by at most ``HALF_ERROR``."""
+        import faiss
+
+        n = self.index.ntotal
+        if n < HALF_SCAN_FROM or type(self.index) is not faiss.IndexFlatIP:
+            return None
+        if self._half is None or self._half.ntotal != n:
+            half = faiss.IndexScalarQuantizer(
+                self.index.d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
+            )
+            half.add(self.index.reconstruct_n(0, n))
+            self._half = half
+        rough, at = self._half.search(query, min(2 * k + 32, n))
+        at = at[0][at[0] >= 0]
+        exact = self.index.reconstruct_batch(at) @ query[0]
+        best = np.lexsort((at, -exact))[:k]
+        if len(at) < n and exact[best[-1]] <= rough[0][len(at) - 1] + HALF_ERROR:
+            return None
+        return exact[best][None, :], at[best][None, :]
 
     def _allowed(self, filter: MetadataFilter) -> np.ndarray | None:
         """The positions ``filter`` lets through (None: every position)."""
