@@ -77,9 +77,9 @@ class RSEParams:
     stopping where the preset's floor stops a small one (0: the preset's ``decay_rate``
     always)."""
     keep_dense_first: bool = True
-    """Without a reranker, the chunk the dense search ranks first always comes back
-    (:func:`keep_dense_first`): BM25, fusion and segment packing add to the embedding's
-    best answer but never crowd it out."""
+    """Without a reranker and with ``k`` > 1, the chunk the dense search ranks first always
+    comes back (:func:`keep_dense_first`): BM25, fusion and segment packing add to the
+    embedding's best answer but never crowd it out."""
     merge_touching: bool = True
     """Return segments that touch (one ends where another of the same document starts)
     as one: a relevant passage longer than ``max_segment_chunks`` comes back whole when
@@ -356,7 +356,7 @@ def choose_segments(
         bar = route.factor * p.min_segment_value
         segs = [g for g in segs if docs[g.doc] in route.docs or g.value >= bar]
     segs = by_best_chunk(segs, values, offsets)
-    if p.keep_dense_first and not s.rerank:
+    if p.keep_dense_first and not s.rerank and s.k > 1:
         segs = keep_dense_first(s, segs, cands, metas, docs, values, offsets)
     return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
 
@@ -376,7 +376,7 @@ def keep_dense_first(
     but not crowd it out: when no segment holds it, it comes back as a segment of its own
     (if it fits the context budget), and the others follow while they fit ``k`` and the
     budget. (Without a reranker only: a reranker's relevance outranks the dense order,
-    and may return nothing.)"""
+    and may return nothing; and with ``k`` > 1: a single result is RSE's best.)"""
     first = next((c for c in cands if c.ranks[0] == 1), None)
     if first is None:
         return segs

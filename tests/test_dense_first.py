@@ -78,3 +78,10 @@ def test_without_the_rule_the_runs_crowd_it_out() -> None:
     off = _retriever(keep_dense_first=False)
     assert not _holds_kittens(off.invoke(QUERY, max_chars=700))
     assert _holds_kittens(_retriever().invoke(QUERY, max_chars=700))
+
+
+def test_a_single_result_is_rses_best() -> None:
+    """With ``k=1`` there is no room beside RSE's best segment: the rule stands aside."""
+    on, off = _retriever(), _retriever(keep_dense_first=False)
+    assert on.invoke(QUERY, k=1, max_chars=700) == off.invoke(QUERY, k=1, max_chars=700)
+    assert not _holds_kittens(on.invoke(QUERY, k=1, max_chars=700))
