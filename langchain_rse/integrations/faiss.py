@@ -105,7 +105,7 @@ class FaissStore(VectorStore):
         self.texts: list[str] = []
         self._position: dict[str, int] = {}
         self._by_doc: dict[str, np.ndarray] | None = None  # positions by doc id, lazily
-        self._half: Any = None  # the half-precision copy (HALF_SCAN_FROM), made lazily
+        self._half: Any = None  # the half-precision copy (HALF_SCAN_FROM), kept by writes
 
     @property
     def embeddings(self) -> Embeddings:
@@ -163,6 +163,8 @@ class FaissStore(VectorStore):
         self.index.add(array)
         if self._half is not None:
             self._half.add(array)
+        else:
+            self._make_half()
         start = len(self.ids)
         self.ids += names
         self.metadatas += [dict(m) for m in metadatas]
@@ -246,23 +248,27 @@ class FaissStore(VectorStore):
         order = np.lexsort((positions, -scores))  # ties: the earlier added first, every time
         return positions[order], scores[order]
 
-    def _half_scan(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The exact top ``k`` of an ``IndexFlatIP`` of at least ``HALF_SCAN_FROM`` vectors,
-        found through the half-precision copy: its best ``2k + 32`` candidates scored
-        exactly. None (search the index itself) when the index is another kind or smaller,
-        or when a vector outside the candidates could still be in the top ``k``: its
-        exact score can exceed its copy's by at most ``HALF_ERROR``."""
+    def _make_half(self) -> None:
+        """Make the half-precision copy once an ``IndexFlatIP`` holds ``HALF_SCAN_FROM``
+        vectors (on a write or a load, not in a search); writes keep it in step after."""
         import faiss
 
-        n = self.index.ntotal
-        if n < HALF_SCAN_FROM or type(self.index) is not faiss.IndexFlatIP:
-            return None
-        if self._half is None or self._half.ntotal != n:
+        if type(self.index) is faiss.IndexFlatIP and self.index.ntotal >= HALF_SCAN_FROM:
             half = faiss.IndexScalarQuantizer(
                 self.index.d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
             )
-            half.add(self.index.reconstruct_n(0, n))
+            half.add(self.index.reconstruct_n(0, self.index.ntotal))
             self._half = half
+
+    def _half_scan(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The exact top ``k`` of an ``IndexFlatIP`` of at least ``HALF_SCAN_FROM`` vectors,
+        found through the half-precision copy: its best ``2k + 32`` candidates scored
+        exactly. None (search the index itself) when there is no copy (another kind of
+        index, or a smaller one), or when a vector outside the candidates could still be in
+        the top ``k``: its exact score can exceed its copy's by at most ``HALF_ERROR``."""
+        if self._half is None:
+            return None
+        n = self.index.ntotal
         rough, at = self._half.search(query, min(2 * k + 32, n))
         at = at[0][at[0] >= 0]
         exact = self.index.reconstruct_batch(at) @ query[0]
@@ -395,6 +401,7 @@ class FaissStore(VectorStore):
         store.metadatas = [dict(d.get("metadata") or {}) for d in documents]
         store.texts = [(d.get("text") or "") if store.keep_text else "" for d in documents]
         store._position = {name: p for p, name in enumerate(store.ids)}
+        store._make_half()
         return store
 
     def save_local(self, folder: str | os.PathLike[str]) -> None:
