@@ -78,8 +78,12 @@ def start_burners(n: int, seconds: float) -> list[mp.Process]:
     """``n`` single-threaded BLAS matrix-product loops (one per core), for ``seconds``."""
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"  # for the children
     try:
-        procs = [mp.get_context("spawn").Process(target=_burn, args=(time.time() + seconds,),
-                                                 daemon=True) for _ in range(n)]  # fmt: skip
+        procs = [
+            mp.get_context("spawn").Process(
+                target=_burn, args=(time.time() + seconds,), daemon=True
+            )
+            for _ in range(n)
+        ]
         for p in procs:
             p.start()
     finally:
@@ -127,14 +131,22 @@ def build_index(chunks: int) -> Path:
     if (path / MANIFEST).is_file():
         return path
     base = load_sample_documents()
-    per_copy = len(RSERetriever.from_documents(base, embedding=CopyVectors(
-        model("new"), CACHE / "busy_vectors.json"), show_progress=False)._lexical)  # fmt: skip
+    per_copy = len(
+        RSERetriever.from_documents(
+            base,
+            embedding=CopyVectors(model("new"), CACHE / "busy_vectors.json"),
+            show_progress=False,
+        )._lexical
+    )
     docs = [
-        Document(d.page_content, id=f"{d.metadata['source']}#{i}",
-                 metadata={**d.metadata, "title": f"{d.metadata['title']} (copy {i})"})
+        Document(
+            d.page_content,
+            id=f"{d.metadata['source']}#{i}",
+            metadata={**d.metadata, "title": f"{d.metadata['title']} (copy {i})"},
+        )
         for i in range(max(1, round(chunks / per_copy)))
         for d in base
-    ]  # fmt: skip
+    ]
     r = RSERetriever.from_documents(
         docs, embedding=CopyVectors(model("new"), CACHE / "busy_vectors.json"), show_progress=False
     )
@@ -177,8 +189,10 @@ def throughput(path: Path, setting: str, workers: int, seconds: float) -> float:
     """Queries per second of ``workers`` processes invoking the saved index at once."""
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(str(path), setting, start, seconds, out))
-             for _ in range(workers)]  # fmt: skip
+    procs = [
+        ctx.Process(target=_worker, args=(str(path), setting, start, seconds, out))
+        for _ in range(workers)
+    ]
     for p in procs:
         p.start()
     for _ in procs:  # all loaded and warmed up
@@ -207,20 +221,26 @@ def main() -> None:
     settings = args.settings.split(",")
 
     path = build_index(chunks)  # on an idle machine: the burners start after it
-    print(f"{CORES} core(s), {args.burners} burner process(es); settings: new = "
-          f"LocalEmbeddings() (1 thread per query), old = num_threads={CORES}")  # fmt: skip
+    print(
+        f"{CORES} core(s), {args.burners} burner process(es); settings: new = "
+        f"LocalEmbeddings() (1 thread per query), old = num_threads={CORES}"
+    )
     burners = start_burners(args.burners, 3600)  # stopped at the end; an hour at most
     try:
         for setting in settings:
             emb = model(setting)
             r = RSERetriever.load(path, embedding=emb)
             print(f"[{setting}] embed_query       {percentiles(latencies(emb.embed_query, n))}")
-            print(f"[{setting}] invoke ({len(r._lexical):,} chunks) "
-                  f"{percentiles(latencies(r.invoke, n))}")  # fmt: skip
+            print(
+                f"[{setting}] invoke ({len(r._lexical):,} chunks) "
+                f"{percentiles(latencies(r.invoke, n))}"
+            )
             one = throughput(path, setting, 1, seconds)
             four = throughput(path, setting, 4, seconds)
-            print(f"[{setting}] invoke, queries/s: 1 worker {one:7.1f}   4 workers {four:7.1f}"
-                  f"   ratio {four / one:4.2f}x")  # fmt: skip
+            print(
+                f"[{setting}] invoke, queries/s: 1 worker {one:7.1f}   4 workers {four:7.1f}"
+                f"   ratio {four / one:4.2f}x"
+            )
     finally:
         stop(burners)
 

@@ -130,25 +130,44 @@ def run(
     chunks = plan.chunks
     write = total_add - 2 * split - enricher.seconds - timed.seconds
     return {
-        "name": name, "chunks": chunks, "chars": sum(len(d.page_content) for d in docs),
-        "split": split, "enrich": enricher.seconds, "embed": timed.seconds,
-        "write": max(write, 0.0), "save": save, "total": total,
-        "tokens": timed.tokens / max(timed.texts, 1), "flops": timed.flops / max(timed.texts, 1),
+        "name": name,
+        "chunks": chunks,
+        "chars": sum(len(d.page_content) for d in docs),
+        "split": split,
+        "enrich": enricher.seconds,
+        "embed": timed.seconds,
+        "write": max(write, 0.0),
+        "save": save,
+        "total": total,
+        "tokens": timed.tokens / max(timed.texts, 1),
+        "flops": timed.flops / max(timed.texts, 1),
         "embed_gflops": timed.flops / max(timed.seconds, 1e-9) / 1e9,
-    }  # fmt: skip
+    }
 
 
 CONFIGS: dict[str, tuple[dict[str, Any], int, bool, dict[str, str]]] = {
     # name: (LocalEmbeddings settings, index_batch_size, embedding cache, environment)
     "before (0.1 command: batch 32, all threads, 256 chunks per store call, no cache)": (
-        {"batch_size": 32}, 256, False, {}),
+        {"batch_size": 32},
+        256,
+        False,
+        {},
+    ),
     "after (the command now: + embedding cache, 64 chunks per store call)": (
-        {"batch_size": 32}, 64, True, {}),
-    "after, OMP_WAIT_POLICY=PASSIVE": ({"batch_size": 32}, 64, True,
-                                       {"OMP_WAIT_POLICY": "PASSIVE"}),
+        {"batch_size": 32},
+        64,
+        True,
+        {},
+    ),
+    "after, OMP_WAIT_POLICY=PASSIVE": (
+        {"batch_size": 32},
+        64,
+        True,
+        {"OMP_WAIT_POLICY": "PASSIVE"},
+    ),
     "after, 1 engine thread": ({"batch_size": 32, "num_threads": 1}, 64, True, {}),
     "after, batch 128": ({"batch_size": 128}, 64, True, {}),
-}  # fmt: skip
+}
 
 
 def one(name: str, contracts: int) -> dict[str, Any]:
@@ -156,8 +175,14 @@ def one(name: str, contracts: int) -> dict[str, Any]:
     settings, batch, cache, _ = CONFIGS[name]
     root = require_data("cuad", "contracts")
     files = sorted(p for p in root.iterdir() if p.suffix == ".txt")[:contracts]
-    docs = [Document(p.read_text(encoding="utf-8", errors="replace"), id=p.name,
-                     metadata={"source": p.name, "title": p.stem}) for p in files]  # fmt: skip
+    docs = [
+        Document(
+            p.read_text(encoding="utf-8", errors="replace"),
+            id=p.name,
+            metadata={"source": p.name, "title": p.stem},
+        )
+        for p in files
+    ]
     emb = LocalEmbeddings(**settings)
     emb.embed_documents(["warm up the model"])
     cpu = os.times()
@@ -193,23 +218,31 @@ def main() -> None:
         log(f"{name}: {x['chunks'] / x['total']:.2f} chunks/s, CPU {x['cpu']:.0f} s; {x}")
     peaks = {t: matmul_peak(t) for t in (1, os.cpu_count() or 1)}
     x = rows[0]
-    print(f"{args.contracts} CUAD contracts, {x['chars']:,} characters, {x['chunks']} chunks; "
-          f"{os.cpu_count()} CPUs\n")  # fmt: skip
-    print("| configuration | split s | enrich s | embed s | write s | save s | total s "
-          "| chunks/s | CPU s/chunk | embed GFLOP/s |")  # fmt: skip
+    print(
+        f"{args.contracts} CUAD contracts, {x['chars']:,} characters, {x['chunks']} chunks; "
+        f"{os.cpu_count()} CPUs\n"
+    )
+    print(
+        "| configuration | split s | enrich s | embed s | write s | save s | total s "
+        "| chunks/s | CPU s/chunk | embed GFLOP/s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
-        print(f"| {x['name']} | {x['split']:.2f} | {x['enrich']:.2f} | "
-              f"{x['embed']:.1f} | {x['write']:.2f} | {x['save']:.2f} | {x['total']:.1f} | "
-              f"{x['chunks'] / x['total']:.2f} | {x['cpu'] / x['chunks']:.2f} | "
-              f"{x['embed_gflops']:.1f} |")  # fmt: skip
+        print(
+            f"| {x['name']} | {x['split']:.2f} | {x['enrich']:.2f} | "
+            f"{x['embed']:.1f} | {x['write']:.2f} | {x['save']:.2f} | {x['total']:.1f} | "
+            f"{x['chunks'] / x['total']:.2f} | {x['cpu'] / x['chunks']:.2f} | "
+            f"{x['embed_gflops']:.1f} |"
+        )
     x = rows[0]
     print(
         f"\ntokens per chunk (model input): {x['tokens']:.0f}; FLOPs per chunk: "
         f"{x['flops'] / 1e9:.2f} G; characters per chunk: {x['chars'] / x['chunks']:.0f}"
     )
-    print("float32 matmul peak (numpy/OpenBLAS): "
-          + ", ".join(f"{t} thread(s) {g:.1f} GFLOP/s" for t, g in peaks.items()))  # fmt: skip
+    print(
+        "float32 matmul peak (numpy/OpenBLAS): "
+        + ", ".join(f"{t} thread(s) {g:.1f} GFLOP/s" for t, g in peaks.items())
+    )
 
 
 if __name__ == "__main__":

@@ -129,10 +129,22 @@ def load_corpus(n_docs: int, synthetic: bool) -> tuple[list[Document], str]:
     from helpers import make_contract
 
     topics = [
-        "payment terms", "termination", "confidentiality", "indemnity", "warranty",
-        "governing law", "insurance", "licence grant", "royalties", "audit rights",
-        "exclusivity", "non-compete", "assignment", "notices", "force majeure",
-    ]  # fmt: skip
+        "payment terms",
+        "termination",
+        "confidentiality",
+        "indemnity",
+        "warranty",
+        "governing law",
+        "insurance",
+        "licence grant",
+        "royalties",
+        "audit rights",
+        "exclusivity",
+        "non-compete",
+        "assignment",
+        "notices",
+        "force majeure",
+    ]
     docs = [
         Document(
             make_contract(f"contract {i}", [topics[(i + j) % len(topics)] for j in range(6)], 12),
@@ -396,9 +408,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     retriever = RSERetriever.from_documents(docs, embedding=FastHashingEmbeddings(), k=4)
     build_s = time.perf_counter() - t0
     chunks = len(retriever._lexical)
-    print(f"{source}: {len(docs)} documents, {sum(len(d.page_content) for d in docs):,} "
-          f"characters, {chunks:,} chunks; indexed in {build_s:.1f}s "
-          f"({type(retriever.vectorstore).__name__})", file=sys.stderr)  # fmt: skip
+    print(
+        f"{source}: {len(docs)} documents, {sum(len(d.page_content) for d in docs):,} "
+        f"characters, {chunks:,} chunks; indexed in {build_s:.1f}s "
+        f"({type(retriever.vectorstore).__name__})",
+        file=sys.stderr,
+    )
     checker = Checker(docs)
     for query in QUERIES[:3]:  # warm up both paths
         retriever.invoke(query)

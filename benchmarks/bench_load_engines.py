@@ -55,8 +55,9 @@ def build(cfg: dict[str, Any]) -> RSERetriever:
 # ---------------------------------------------------------------- processes
 
 
-def query_worker(cfg: dict[str, Any], docs: list[Document], seconds: float, seed: int,
-                 out: Any) -> None:  # fmt: skip
+def query_worker(
+    cfg: dict[str, Any], docs: list[Document], seconds: float, seed: int, out: Any
+) -> None:
     r = build(cfg)
     checker = Checker(docs)
     latencies: list[float] = []
@@ -91,8 +92,9 @@ def writer_worker(cfg: dict[str, Any], docs: list[Document], seconds: float, out
     out.put({"writes": writes, "errors": errors, "first": first})
 
 
-def run_engine(name: str, docs: list[Document], workers: int, seconds: float,
-               writer: bool = True) -> dict[str, Any]:  # fmt: skip
+def run_engine(
+    name: str, docs: list[Document], workers: int, seconds: float, writer: bool = True
+) -> dict[str, Any]:
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         cfg = new_index(stack.enter_context(servers_for(name, tmp)))
@@ -101,8 +103,10 @@ def run_engine(name: str, docs: list[Document], workers: int, seconds: float,
         index_s = time.perf_counter() - t0
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
-        procs = [ctx.Process(target=query_worker, args=(cfg, docs, seconds, w, out))
-                 for w in range(workers)]  # fmt: skip
+        procs = [
+            ctx.Process(target=query_worker, args=(cfg, docs, seconds, w, out))
+            for w in range(workers)
+        ]
         if writer:
             procs.append(ctx.Process(target=writer_worker, args=(cfg, docs, seconds, out)))
         for p in procs:
@@ -135,14 +139,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--docs", type=int, default=40)
     parser.add_argument("--synthetic", action="store_true")
-    parser.add_argument("--writer", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the writer process (--no-writer: queries only)")  # fmt: skip
+    parser.add_argument(
+        "--writer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the writer process (--no-writer: queries only)",
+    )
     args = parser.parse_args(argv)
     docs, where = load_corpus(args.docs, args.synthetic)
     writer = "1 writer process" if args.writer else "no writer"
     print(f"{where}; {args.workers} query processes + {writer}, {args.seconds:g} s")
-    print("| engine | query processes | queries/s | p50 ms | p95 ms | max ms | writes | errors "
-          "| index s |")  # fmt: skip
+    print(
+        "| engine | query processes | queries/s | p50 ms | p95 ms | max ms | writes | errors "
+        "| index s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     failed = False
     for name in args.engines.split(","):
@@ -155,9 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"| {name} | not run: {exc} | | | | | | | |", flush=True)
             continue
-        print(f"| {name} | {row['workers']} | {row['qps']:.1f} | {row['p50_ms']:.0f} | "
-              f"{row['p95_ms']:.0f} | {row['max_ms']:.0f} | {row['writes']} | {row['errors']} | "
-              f"{row['index_s']:.0f} |", flush=True)  # fmt: skip
+        print(
+            f"| {name} | {row['workers']} | {row['qps']:.1f} | {row['p50_ms']:.0f} | "
+            f"{row['p95_ms']:.0f} | {row['max_ms']:.0f} | {row['writes']} | {row['errors']} | "
+            f"{row['index_s']:.0f} |",
+            flush=True,
+        )
         if row["errors"]:
             failed = True
             print(json.dumps(row)[:2000])

@@ -128,8 +128,11 @@ def load_corpus(
     name: str, contracts: int = DEFAULT_CONTRACTS, wording: str = "consider", untuned: bool = False
 ) -> Corpus | None:
     """``name``'s dev data, or None (with a message) when it is not in ``common.data_dir()``."""
-    path = {"cuad": "cuad/dev.json", "code": "anthropic_codebase/codebase_chunks.json",
-            "covidqa": "covidqa/dev.json"}[name]  # fmt: skip
+    path = {
+        "cuad": "cuad/dev.json",
+        "code": "anthropic_codebase/codebase_chunks.json",
+        "covidqa": "covidqa/dev.json",
+    }[name]
     if not (data_dir() / path).exists():
         log(f"{name}: {data_dir() / path} not found; skipping (see benchmarks/README.md)")
         return None
@@ -366,9 +369,14 @@ def score(
                 docs = {f for f, _, _ in got}
                 wrong = sum(e - s for f, s, e in got if f not in gold_docs)
                 misled = len(docs) == 1 and not docs & gold_docs and dense_first[j]
-                row = {"recall": r, "precision": p, "evidence": float(r >= 0.5),
-                       "wrong_doc": wrong / chars if chars else 0.0, "chars": float(chars),
-                       "misled": float(misled)}  # fmt: skip
+                row = {
+                    "recall": r,
+                    "precision": p,
+                    "evidence": float(r >= 0.5),
+                    "wrong_doc": wrong / chars if chars else 0.0,
+                    "chars": float(chars),
+                    "misled": float(misled),
+                }
                 for key, value in row.items():
                     out[name][b].setdefault(key, []).append(value)
         log(f"{corpus.name} {name}: {(time.perf_counter() - t0) / max(len(idx), 1):.2f}s/query")
@@ -384,11 +392,15 @@ def pass_at_k(
     path = data_dir() / "anthropic_codebase" / "codebase_chunks.json"
     files = json.loads(path.read_text(encoding="utf-8"))
     docs = [
-        Document(page_content=c["content"], id=f"{f['original_uuid']}:{c['original_index']}",
-                 metadata={"source": f["doc_id"]})
-        for f in files if f["original_uuid"] in corpus.documents
+        Document(
+            page_content=c["content"],
+            id=f"{f['original_uuid']}:{c['original_index']}",
+            metadata={"source": f["doc_id"]},
+        )
+        for f in files
+        if f["original_uuid"] in corpus.documents
         for c in f["chunks"]
-    ]  # fmt: skip
+    ]
     span_of = code_spans(files)
     log(f"code: indexing {len(docs)} given chunks for Pass@k")
     settings = {"mode": "chunks", "chunk_size": CODE_CHUNK_SIZE, **settings}
@@ -435,11 +447,21 @@ def report(
     for b in budgets:
         for name, res in results.items():
             v = {key: _mean(values) for key, values in res[b].items()}
-            row = [name, f"{b // 1000}k", *(f"{100 * v[m]:.{2 if m == 'precision' else 1}f}"
-                   for m in ("recall", "precision", "evidence", "wrong_doc"))]  # fmt: skip
+            row = [
+                name,
+                f"{b // 1000}k",
+                *(
+                    f"{100 * v[m]:.{2 if m == 'precision' else 1}f}"
+                    for m in ("recall", "precision", "evidence", "wrong_doc")
+                ),
+            ]
             row += [f"{v['chars']:.0f}", f"{sum(res[b]['misled']):.0f}"]
-            row.append(" / ".join(f"{100 * _mean([res[b]['recall'][j] for j in pos[h]]):.1f}"
-                                  if pos[h] else "-" for h in ("a", "b")))  # fmt: skip
+            row.append(
+                " / ".join(
+                    f"{100 * _mean([res[b]['recall'][j] for j in pos[h]]):.1f}" if pos[h] else "-"
+                    for h in ("a", "b")
+                )
+            )
             rows.append(row)
     lines = [fmt_table(header, rows)]
     target = TARGET_BUDGET if TARGET_BUDGET in budgets else sorted(budgets)[len(budgets) // 2]
@@ -505,9 +527,13 @@ def run_corpus(
         + report(corpus, results, idx, args.budgets)
     )
     if name == "code":
-        rows = [[variant_name(s), *(f"{v:.2f}" for v in pass_at_k(corpus, embeddings, idx,
-                                                                  **s).values())]
-                for s in [{}, *args.set]]  # fmt: skip
+        rows = [
+            [
+                variant_name(s),
+                *(f"{v:.2f}" for v in pass_at_k(corpus, embeddings, idx, **s).values()),
+            ]
+            for s in [{}, *args.set]
+        ]
         rows += [[name, *(f"{v:.2f}" for v in vs)] for name, vs in PUBLISHED.items()]
         text += "\n\n" + fmt_table(
             ["chunks mode, given chunks", *(f"Pass@{k}" for k in PASS_KS)], rows
@@ -532,11 +558,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--half", default="all", choices=("a", "b", "all"))
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
-    ap.add_argument("--contracts", type=int, default=DEFAULT_CONTRACTS,
-                    help="CUAD: seeded dev contracts indexed")  # fmt: skip
+    ap.add_argument(
+        "--contracts",
+        type=int,
+        default=DEFAULT_CONTRACTS,
+        help="CUAD: seeded dev contracts indexed",
+    )
     ap.add_argument("--questions", type=int, default=None, help="a seeded sample of N questions")
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke run: 3 shortest documents per corpus, 10 questions")  # fmt: skip
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 3 shortest documents per corpus, 10 questions",
+    )
     ap.add_argument("--quick-docs", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument(
         "--set",

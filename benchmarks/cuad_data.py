@@ -60,8 +60,10 @@ def halves(data: CuadSubset) -> dict[str, list[int]]:
     name order, ``b`` about the odd ones (all stay indexed). Tune on one, check on the other."""
     names = sorted(data.contracts)
     parts = {"a": set(names[0::2]), "b": set(names[1::2])}
-    return {h: [i for i, q in enumerate(data.queries) if q.gold[0][0] in part]
-            for h, part in parts.items()}  # fmt: skip
+    return {
+        h: [i for i, q in enumerate(data.queries) if q.gold[0][0] in part]
+        for h, part in parts.items()
+    }
 
 
 WORDINGS = ("consider", "asked", "question")

@@ -41,16 +41,22 @@ def main(docs_dir: str, index_dir: str) -> None:
         )
     docs = [
         Document(p.read_text(encoding="utf-8", errors="replace"), metadata={"source": str(p)})
-        for p in sorted(Path(docs_dir).rglob("*")) if p.suffix in (".txt", ".md")
-    ]  # fmt: skip
+        for p in sorted(Path(docs_dir).rglob("*"))
+        if p.suffix in (".txt", ".md")
+    ]
     retriever.add_documents(docs)  # unchanged documents are skipped
     print("enrichment usage:", enricher.usage, "failures:", enricher.failures)
     retriever.save(index_dir)
 
     for seg in retriever.invoke("What are the termination rights?"):
         m = seg.metadata
-        print(m["source"], m["start_index"], m["end_index"], round(m["score"], 3),
-              "(fallback: fused ranking)" if m.get("rerank_fallback") else "")  # fmt: skip
+        print(
+            m["source"],
+            m["start_index"],
+            m["end_index"],
+            round(m["score"], 3),
+            "(fallback: fused ranking)" if m.get("rerank_fallback") else "",
+        )
 
 
 USAGE = """usage: python examples/production.py DOCS_DIR INDEX_DIR

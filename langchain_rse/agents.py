@@ -211,8 +211,10 @@ def create_search_tool(
     schema = FilteredSearchArgs if allow_filter else SearchArgs
 
     def options(args: dict[str, Any], callbacks: Callbacks) -> dict[str, Any]:
-        return {"config": {"callbacks": callbacks},
-                **{key: value for key, value in args.items() if value is not None}}  # fmt: skip
+        return {
+            "config": {"callbacks": callbacks},
+            **{key: value for key, value in args.items() if value is not None},
+        }
 
     def search(
         query: str, callbacks: Callbacks = None, **args: Any

@@ -238,8 +238,13 @@ class CachedEmbeddings(Embeddings):
         batch_size: Texts embedded and stored per call of the model.
     """
 
-    def __init__(self, underlying_embeddings: Embeddings, store: BaseStore[str, bytes],
-                 namespace: str, batch_size: int = 32) -> None:  # fmt: skip
+    def __init__(
+        self,
+        underlying_embeddings: Embeddings,
+        store: BaseStore[str, bytes],
+        namespace: str,
+        batch_size: int = 32,
+    ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.underlying_embeddings = underlying_embeddings

@@ -114,8 +114,10 @@ class Explanation:
         """One strip per document, the result numbers under the chosen chunks."""
         if not self.documents:
             return "no candidates"
-        lines = [f"relevance per chunk ({_LEVELS[1]} low .. {_LEVELS[-1]} high, blank: "
-                 "not a candidate); numbers: the results chosen there"]  # fmt: skip
+        lines = [
+            f"relevance per chunk ({_LEVELS[1]} low .. {_LEVELS[-1]} high, blank: "
+            "not a candidate); numbers: the results chosen there"
+        ]
         for d in self.documents:
             bar, marks = d.strip(width)
             found = sum(r is not None for r in d.relevance)
@@ -132,8 +134,10 @@ class Explanation:
         links to. Every value written into the page (the query, text, metadata such as
         ``source`` or ``page_start``) is HTML-escaped."""
         parts = [f"<h1>Query: {html.escape(self.query)}</h1>"]
-        parts.append(f"<p>{len(self.results)} result(s). Bars: chunk relevance (height); "
-                     "highlighted: the returned segments.</p>")  # fmt: skip
+        parts.append(
+            f"<p>{len(self.results)} result(s). Bars: chunk relevance (height); "
+            "highlighted: the returned segments.</p>"
+        )
         for d in self.documents:
             if d.text is None:
                 continue
@@ -154,8 +158,9 @@ def _html_strip(d: DocumentExplanation) -> str:
         height = 2 + round((rel or 0.0) * 38)
         cls = "bar chosen" if i in chosen else ("bar" if rel is not None else "bar none")
         tip = f"chunk {i}: " + (f"relevance {rel:.3f}" if rel is not None else "not a candidate")
-        bars.append(f"<span class='{cls}' style='height:{height}px' title='{html.escape(tip)}'>"
-                    "</span>")  # fmt: skip
+        bars.append(
+            f"<span class='{cls}' style='height:{height}px' title='{html.escape(tip)}'></span>"
+        )
     return f"<div class='strip'>{''.join(bars)}</div>"
 
 
@@ -183,8 +188,10 @@ def _html_text(d: DocumentExplanation, results: list[Document]) -> str:
         score = results[num - 1].metadata["score"]
         out.append(html.escape(d.text[pos:start]))
         tip = html.escape(f"result {num}, score {score:.3f}")
-        out.append(f"<mark id='seg-{num}' data-result='{num}' title='{tip}'>"
-                   f"{html.escape(d.text[start:end])}</mark>")  # fmt: skip
+        out.append(
+            f"<mark id='seg-{num}' data-result='{num}' title='{tip}'>"
+            f"{html.escape(d.text[start:end])}</mark>"
+        )
         pos = end
     out.append(html.escape(d.text[pos:]))
     return "".join(out)

@@ -165,8 +165,9 @@ def _cmp(c: Cmp, metadata: Mapping[str, Any]) -> bool:
         return any(_equal(v, x) for x in c.value) == (c.op == "$in")
     if not _number(v):
         return False
-    return {"$gt": v > c.value, "$gte": v >= c.value, "$lt": v < c.value,
-            "$lte": v <= c.value}[c.op]  # fmt: skip
+    return {"$gt": v > c.value, "$gte": v >= c.value, "$lt": v < c.value, "$lte": v <= c.value}[
+        c.op
+    ]
 
 
 def matches(f: Filter | None, metadata: Mapping[str, Any]) -> bool:
@@ -219,8 +220,16 @@ def to_milvus_expr(f: Filter) -> str:
         return "(" + joiner.join(to_milvus_expr(item) for item in f.items) + ")"
     field = f.key if f.key.isidentifier() else f"$meta[{json.dumps(f.key)}]"  # key escaped
     value = json.dumps(list(f.value) if isinstance(f.value, tuple) else f.value)
-    op = {"$eq": "==", "$ne": "!=", "$in": "in", "$nin": "not in", "$gt": ">",
-          "$gte": ">=", "$lt": "<", "$lte": "<="}[f.op]  # fmt: skip
+    op = {
+        "$eq": "==",
+        "$ne": "!=",
+        "$in": "in",
+        "$nin": "not in",
+        "$gt": ">",
+        "$gte": ">=",
+        "$lt": "<",
+        "$lte": "<=",
+    }[f.op]
     if f.op in ("$ne", "$nin"):  # a missing key passes, as in `matches` (Milvus: null)
         return f"({field} {op} {value} or {field} is null)"
     return f"({field} {op} {value})"
@@ -258,8 +267,10 @@ def to_postgres_sql(f: Filter, column: str = "metadata") -> tuple[str, dict[str,
             values = bind([json.dumps(v) for v in f.value])
             anyof = f"coalesce({field} = ANY(CAST({values} AS jsonb[])), false)"
             return f"({anyof})" if f.op == "$in" else f"(NOT {anyof})"
-        return (f"(CASE WHEN jsonb_typeof({field}) = 'number' THEN CAST({field} AS numeric) "
-                f"{_SQL_ORDER[f.op]} CAST({bind(f.value)} AS numeric) ELSE false END)")  # fmt: skip
+        return (
+            f"(CASE WHEN jsonb_typeof({field}) = 'number' THEN CAST({field} AS numeric) "
+            f"{_SQL_ORDER[f.op]} CAST({bind(f.value)} AS numeric) ELSE false END)"
+        )
 
     return clause(f), params
 

@@ -107,8 +107,9 @@ class Fused:
 
     __slots__ = ("ids", "order", "ranks", "scores")
 
-    def __init__(self, ids: list[str], scores: np.ndarray, ranks: np.ndarray,
-                 order: np.ndarray) -> None:  # fmt: skip
+    def __init__(
+        self, ids: list[str], scores: np.ndarray, ranks: np.ndarray, order: np.ndarray
+    ) -> None:
         self.ids, self.scores, self.ranks, self.order = ids, scores, ranks, order
 
     def top(self, n: int | None = None) -> list[FusedHit]:
@@ -154,10 +155,13 @@ def fused(
 
     first: dict[str, int] = {}  # each id's number, in order of first appearance
     labels = [
-        np.fromiter((first.setdefault(hit[0], len(first)) for hit in branch), dtype=np.intp,
-                    count=len(branch))
+        np.fromiter(
+            (first.setdefault(hit[0], len(first)) for hit in branch),
+            dtype=np.intp,
+            count=len(branch),
+        )
         for branch in branches
-    ]  # fmt: skip
+    ]
     firsts = np.arange(len(first))
     repeats = len(first) < sum(len(x) for x in labels)
     totals = np.zeros(len(firsts))

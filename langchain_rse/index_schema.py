@@ -116,8 +116,13 @@ def check_expander(value: Any) -> Any:
 # ---------------------------------------------------------------- saved files
 
 
-EXTENSIONS = {"lexical": "json", "lexical_tf": "npz", "docstore": "jsonl", "vectors": "json",
-              "vectors_index": "faiss"}  # fmt: skip
+EXTENSIONS = {
+    "lexical": "json",
+    "lexical_tf": "npz",
+    "docstore": "jsonl",
+    "vectors": "json",
+    "vectors_index": "faiss",
+}
 """Each data file's role and extension: its name is ``<role>.<generation>.<extension>``."""
 
 Role = Literal["lexical", "lexical_tf", "docstore", "vectors", "vectors_index"]
@@ -388,8 +393,12 @@ def describe_component(component: Any) -> dict[str, Any] | None:
         for k, v in values.items()
         if not _plain(v) and not isinstance(v, SecretStr)
     }
-    return {"class": cls.__name__, "module": cls.__module__, "settings": settings,
-            "objects": objects}  # fmt: skip
+    return {
+        "class": cls.__name__,
+        "module": cls.__module__,
+        "settings": settings,
+        "objects": objects,
+    }
 
 
 def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
@@ -403,8 +412,11 @@ def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
     if component is not None and any(
         getattr(component, k, None) != v for k, v in endpoints.items()
     ):  # saved with another endpoint than the caller's (its default or environment)
-        logger.warning("not rebuilding %s: its saved %s is not this process's",
-                       name, ", ".join(sorted(endpoints)))  # fmt: skip
+        logger.warning(
+            "not rebuilding %s: its saved %s is not this process's",
+            name,
+            ", ".join(sorted(endpoints)),
+        )
         return None
     return component
 

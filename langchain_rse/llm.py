@@ -264,8 +264,9 @@ class ModelCalls:
         self._store([(key, encoded)])
         return None
 
-    async def _afetch(self, job: CallJob, key: str,
-                      config: RunnableConfig | None) -> BaseException | None:  # fmt: skip
+    async def _afetch(
+        self, job: CallJob, key: str, config: RunnableConfig | None
+    ) -> BaseException | None:
         async def attempt() -> bytes:
             prompt = job.prompt(key)
             try:
@@ -290,8 +291,9 @@ class ModelCalls:
         except Exception as error:  # never lose paid-for work over a cache problem
             self._write_failed(error)
 
-    def _uncached(self, job: CallJob, keys: Sequence[str],
-                  raws: Sequence[bytes | None]) -> list[str]:  # fmt: skip
+    def _uncached(
+        self, job: CallJob, keys: Sequence[str], raws: Sequence[bytes | None]
+    ) -> list[str]:
         return [key for key, raw in zip(keys, raws) if raw is None or not job.cached(key, raw)]
 
     def _batches(self, keys: list[str]) -> Iterator[list[str]]:
@@ -320,9 +322,13 @@ class ModelCalls:
 
     def _log_retry(self, state: RetryCallState) -> None:
         error = _error_of(state)
-        self.log.debug("%s: attempt %d failed (%s); retrying in %.2fs", self.owner,
-                       state.attempt_number, type(error).__name__,
-                       state.upcoming_sleep)  # fmt: skip
+        self.log.debug(
+            "%s: attempt %d failed (%s); retrying in %.2fs",
+            self.owner,
+            state.attempt_number,
+            type(error).__name__,
+            state.upcoming_sleep,
+        )
 
     def _read_failed(self, error: Exception, keys: Sequence[str]) -> list[bytes | None]:
         if self.strict_cache_reads:
@@ -390,8 +396,14 @@ class CallsModel:
         model, left = self.retry_free_model()
         retry = RetryPolicy(self.max_retries, self.retry_base_delay, self.retry_max_delay)
         options.setdefault("owner", type(self).__name__)
-        return ModelCalls(model, self.cache, retry, max_concurrency=self.max_concurrency,
-                          model_retries=left, **options)  # fmt: skip
+        return ModelCalls(
+            model,
+            self.cache,
+            retry,
+            max_concurrency=self.max_concurrency,
+            model_retries=left,
+            **options,
+        )
 
 
 def message_text(message: Any) -> str:
@@ -485,9 +497,14 @@ def _model_without_retries(model: Any) -> tuple[Any, int]:
         if copy.max_retries != 0 or model_identity(copy) != model_identity(model):
             raise ValueError("the copy differs from the model")
     except Exception as error:
-        logger.warning("could not turn off the own retries of %s (%s: %s); its %d retries are "
-                       "counted against the caller's", type(model).__name__,
-                       type(error).__name__, str(error)[:200], own)  # fmt: skip
+        logger.warning(
+            "could not turn off the own retries of %s (%s: %s); its %d retries are "
+            "counted against the caller's",
+            type(model).__name__,
+            type(error).__name__,
+            str(error)[:200],
+            own,
+        )
         return model, own
     return copy, 0
 

@@ -241,14 +241,28 @@ class IndexFiles:
 
 
 SAVED_FIELDS = (
-    "k", "mode", "chunk_size", "lexical_stemmer", "fetch_k", "weights", "max_document_chars",
+    "k",
+    "mode",
+    "chunk_size",
+    "lexical_stemmer",
+    "fetch_k",
+    "weights",
+    "max_document_chars",
     "max_chars",
-)  # fmt: skip
+)
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
 REMOVED_FIELDS = (
-    "lexical_engine", "candidate_pool", "fusion", "rrf_k", "relevance", "code_weights",
-    "code_corpus_weights", "max_queries", "max_query_chars", "index_batch_size",
-)  # fmt: skip
+    "lexical_engine",
+    "candidate_pool",
+    "fusion",
+    "rrf_k",
+    "relevance",
+    "code_weights",
+    "code_corpus_weights",
+    "max_queries",
+    "max_query_chars",
+    "index_batch_size",
+)
 """Settings an index saved by 0.2 or before may hold, ignored since (see
 ``docs/decisions.md``)."""
 
@@ -358,8 +372,9 @@ def load_index(
     for attempt in range(_LOAD_ATTEMPTS):
         manifest = read_manifest(directory)
         try:
-            return _load_index(cls, directory, manifest, embedding, vectorstore, docstore,
-                               strict, kwargs)  # fmt: skip
+            return _load_index(
+                cls, directory, manifest, embedding, vectorstore, docstore, strict, kwargs
+            )
         except IndexFormatError:
             if attempt + 1 == _LOAD_ATTEMPTS or not _replaced(directory, manifest):
                 raise
@@ -392,8 +407,10 @@ def _load_index(
     for legacy in ("route_documents", "route_fetch_k", "route_check_k"):
         config.pop(legacy, None)  # saved by 0.1 (routing is one `router` object now)
     if config.get("lexical_engine") not in (None, "bm25s"):
-        logger.warning("this index was saved with lexical_engine=%r; BM25 is now always "
-                       "scored as bm25s does", config["lexical_engine"])  # fmt: skip
+        logger.warning(
+            "this index was saved with lexical_engine=%r; BM25 is now always scored as bm25s does",
+            config["lexical_engine"],
+        )
     for removed in REMOVED_FIELDS:
         config.pop(removed, None)  # saved by 0.2 and before: internal constants now
     if config.pop("custom_splitter", False) and "splitter" not in kwargs:
@@ -441,8 +458,9 @@ def _load_index(
             docstore = _load_docstore(files)
         lexical = files.json("lexical")
         arrays = isinstance(lexical, dict) and "format" in lexical
-        files.json_check("lexical", lexical, index_schema.Lexical if arrays else
-                         index_schema.LegacyLexical)  # fmt: skip
+        files.json_check(
+            "lexical", lexical, index_schema.Lexical if arrays else index_schema.LegacyLexical
+        )
         config.setdefault("lexical_stemmer", saved_stemmer(lexical))  # saved before stemming
         retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
         if arrays:  # token ids and frequencies in an .npz

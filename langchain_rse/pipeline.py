@@ -263,8 +263,17 @@ class QuerySettings:
     """What the reranker scores against, when not ``queries`` (with focus: the focus text too)."""
 
     @classmethod
-    def of(cls, r: Any, query: str, k: int, mode: Any, queries: Any, expansions: list[str],
-           f: Any, max_chars: int | None = None) -> QuerySettings:  # fmt: skip
+    def of(
+        cls,
+        r: Any,
+        query: str,
+        k: int,
+        mode: Any,
+        queries: Any,
+        expansions: list[str],
+        f: Any,
+        max_chars: int | None = None,
+    ) -> QuerySettings:
         """The settings of one call of retriever ``r`` (its fields, narrowed by the call's)."""
         mode = r.mode if mode is None else mode
         if mode not in ("segments", "chunks"):
@@ -362,8 +371,12 @@ def replaced(
     }
 
 
-def run_pipeline(s: QuerySettings, cands: list[Candidate], route: Route | None = None,
-                 seen: set[tuple[str, str]] | None = None) -> Steps:  # fmt: skip
+def run_pipeline(
+    s: QuerySettings,
+    cands: list[Candidate],
+    route: Route | None = None,
+    seen: set[tuple[str, str]] | None = None,
+) -> Steps:
     """Records → current candidates → rerank → relevance → selection → documents. With
     ``seen``, :class:`Replaced` when a document's candidates are all of a version replaced
     since the search and not in ``seen`` (versions found again are leftovers)."""
@@ -398,8 +411,12 @@ def run_pipeline(s: QuerySettings, cands: list[Candidate], route: Route | None =
     return segment_documents(s, cands, metas, bodies, selection, fallback)
 
 
-def _retrying(s: QuerySettings, cands: list[Candidate], route: Route | None,
-              seen: set[tuple[str, str]] | None = None) -> Steps:  # fmt: skip
+def _retrying(
+    s: QuerySettings,
+    cands: list[Candidate],
+    route: Route | None,
+    seen: set[tuple[str, str]] | None = None,
+) -> Steps:
     """:func:`run_pipeline`, started again when a document changed under it."""
     for _ in range(READ_ATTEMPTS):
         try:
@@ -412,8 +429,16 @@ def _retrying(s: QuerySettings, cands: list[Candidate], route: Route | None,
     )
 
 
-def retrieval(r: Any, query: Any, k: Any, mode: Any, queries: Any, filter: Any, max_chars: Any,
-              unknown: dict[str, Any]) -> Steps:  # fmt: skip
+def retrieval(
+    r: Any,
+    query: Any,
+    k: Any,
+    mode: Any,
+    queries: Any,
+    filter: Any,
+    max_chars: Any,
+    unknown: dict[str, Any],
+) -> Steps:
     """Check one call of retriever ``r`` (at once), and return its retrieval: an
     :class:`Expand` when a query expander is set, then :func:`retrieve`."""
     check_invoke_args(unknown)
@@ -474,14 +499,16 @@ def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
     )
     a = asynchronous
     out: Handlers = {
-        Search: partial(branches.asearch if a else branches.search, router=router,
-                        callbacks=callbacks),
-        Focus: partial(branches.afocus if a else branches.focus, router=router,
-                       callbacks=callbacks),
+        Search: partial(
+            branches.asearch if a else branches.search, router=router, callbacks=callbacks
+        ),
+        Focus: partial(
+            branches.afocus if a else branches.focus, router=router, callbacks=callbacks
+        ),
         ReadPointers: records.apointers if a else records.pointers,
         ReadBodies: records.abodies if a else records.bodies,
         Record: record,
-    }  # fmt: skip
+    }
     if (expander := r.query_expander) is not None:
         out[Expand] = partial(expander.aexpand if a else expander.expand, callbacks=callbacks)
     if r.reranker is not None:
@@ -489,12 +516,15 @@ def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
     return out
 
 
-def _rerank(reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]
-            ) -> list[RerankResult]:  # fmt: skip
+def _rerank(
+    reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]
+) -> list[RerankResult]:
     return [reranker.rerank(q, docs, callbacks=callbacks) for q in queries]
 
 
-async def _arerank(reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]
-                   ) -> list[RerankResult]:  # fmt: skip
-    return list(await asyncio.gather(*(reranker.arerank(q, docs, callbacks=callbacks)
-                                       for q in queries)))  # fmt: skip
+async def _arerank(
+    reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]
+) -> list[RerankResult]:
+    return list(
+        await asyncio.gather(*(reranker.arerank(q, docs, callbacks=callbacks) for q in queries))
+    )

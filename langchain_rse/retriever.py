@@ -223,14 +223,20 @@ class RSERetriever(DocumentIndex):
             )
         data = dict(data)
         if "chunk_overlap" in data:
-            warnings.warn("RSERetriever(chunk_overlap=...) is deprecated; pass "
-                          "splitter=make_splitter(chunk_size, chunk_overlap)",
-                          DeprecationWarning, _callers_level())  # fmt: skip
+            warnings.warn(
+                "RSERetriever(chunk_overlap=...) is deprecated; pass "
+                "splitter=make_splitter(chunk_size, chunk_overlap)",
+                DeprecationWarning,
+                _callers_level(),
+            )
             if overlap := data.pop("chunk_overlap"):
                 data = overlap_settings(data, overlap)
         if "preset" in data:
-            warnings.warn("RSERetriever(preset=...) is deprecated; pass the preset's name "
-                          "as rse_params=...", DeprecationWarning, _callers_level())  # fmt: skip
+            warnings.warn(
+                "RSERetriever(preset=...) is deprecated; pass the preset's name as rse_params=...",
+                DeprecationWarning,
+                _callers_level(),
+            )
             preset = data.pop("preset")
             if preset is not None and not isinstance(data.get("rse_params"), RSEParams):
                 data["rse_params"] = preset  # explicit RSEParams win, as they did
@@ -257,9 +263,14 @@ class RSERetriever(DocumentIndex):
         self._lexical = BM25Index(stemmer=self.lexical_stemmer)
         self._records = RecordStore(self.docstore, isinstance(self.docstore, InMemoryByteStore))
         lock = ReadWriteLock(enabled=is_local(self.vectorstore))
-        self._writer = Writer(self._records, self.vectorstore, self._lexical,
-                              self.lexical_store, lock,
-                              shared=not isinstance(self.docstore, InMemoryByteStore))  # fmt: skip
+        self._writer = Writer(
+            self._records,
+            self.vectorstore,
+            self._lexical,
+            self.lexical_store,
+            lock,
+            shared=not isinstance(self.docstore, InMemoryByteStore),
+        )
         self._bind_router()
 
     def _bind_router(self) -> None:
@@ -285,8 +296,14 @@ class RSERetriever(DocumentIndex):
         branches = self._branches.get(key)
         if branches is None:
             branches = self._branches[key] = SearchBranches(
-                self.vectorstore, self._lexical, self.lexical_store, self._writer.vs_lock, k,
-                translator, self._sync_local())  # fmt: skip
+                self.vectorstore,
+                self._lexical,
+                self.lexical_store,
+                self._writer.vs_lock,
+                k,
+                translator,
+                self._sync_local(),
+            )
         return branches
 
     @property
@@ -374,9 +391,10 @@ class RSERetriever(DocumentIndex):
             if f is not None:
                 held = self._records.pointers(list(doc_ids))
                 doc_ids = [
-                    d for d, r in zip(doc_ids, held)
+                    d
+                    for d, r in zip(doc_ids, held)
                     if r is not None and self._allows(f, d, r.metadata)
-                ]  # fmt: skip
+                ]
             found = self._writer.delete(doc_ids, self.router)
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
@@ -407,9 +425,10 @@ class RSERetriever(DocumentIndex):
         are documents a bound :attr:`filter` rejects)."""
         f = parse(self.filter) if self.filter else None
         records = [
-            r for r in self._records.pointers(list(ids))
+            r
+            for r in self._records.pointers(list(ids))
             if r is not None and self._allows(f, r.doc_id, r.metadata)
-        ]  # fmt: skip
+        ]
         return [
             Document(page_content=body.text, metadata=dict(r.metadata), id=r.doc_id)
             for r, body in zip(records, self._records.bodies(records))
@@ -447,20 +466,32 @@ class RSERetriever(DocumentIndex):
         return load_index(cls, path, embedding, vectorstore, docstore, strict, kwargs)  # type: ignore[no-any-return]
 
     def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
-        k: int | None = None, mode: Literal["segments", "chunks"] | None = None,
-        queries: list[str] | None = None, filter: dict[str, Any] | None = None,
-        max_chars: int | None = None, **kwargs: Any,
-    ) -> list[Document]:  # fmt: skip
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None,
+        mode: Literal["segments", "chunks"] | None = None,
+        queries: list[str] | None = None,
+        filter: dict[str, Any] | None = None,
+        max_chars: int | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
         return drive(steps, pipeline.handlers(self, run_manager.get_child(), False))  # type: ignore[no-any-return]
 
     async def _aget_relevant_documents(
-        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
-        k: int | None = None, mode: Literal["segments", "chunks"] | None = None,
-        queries: list[str] | None = None, filter: dict[str, Any] | None = None,
-        max_chars: int | None = None, **kwargs: Any,
-    ) -> list[Document]:  # fmt: skip
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
+        mode: Literal["segments", "chunks"] | None = None,
+        queries: list[str] | None = None,
+        filter: dict[str, Any] | None = None,
+        max_chars: int | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
         return await adrive(steps, pipeline.handlers(self, run_manager.get_child(), True))  # type: ignore[no-any-return]
 
@@ -482,8 +513,9 @@ class RSERetriever(DocumentIndex):
         """
         from langchain_rse.agents import create_search_tool
 
-        return create_search_tool(self, name=name, description=description,
-                                  allow_filter=allow_filter)  # fmt: skip
+        return create_search_tool(
+            self, name=name, description=description, allow_filter=allow_filter
+        )
 
     def explain(self, query: str, **kwargs: Any) -> Explanation:
         """Retrieve as :meth:`invoke` does and explain the result: every candidate chunk's

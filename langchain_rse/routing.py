@@ -111,8 +111,11 @@ class LeadIndex(DocumentIndex):
                 return
             bm25 = BM25Index(stemmer=stemmer)
             keys = [_key(i) for i in self._leads]
-            bm25.add(keys, [_text(packed) for packed, _ in self._leads.values()],
-                     {group_of(k): m for k, (_, m) in zip(keys, self._leads.values())})  # fmt: skip
+            bm25.add(
+                keys,
+                [_text(packed) for packed, _ in self._leads.values()],
+                {group_of(k): m for k, (_, m) in zip(keys, self._leads.values())},
+            )
             self._bm25 = bm25
 
     def add_sources(self, sources: Iterable[Document]) -> None:
@@ -126,10 +129,12 @@ class LeadIndex(DocumentIndex):
         metas = [dict(d.metadata) for d in items]
         keys = [_key(i) for i in ids]
         with self._lock:
-            self._leads.update((i, (_packed(d.page_content), m))
-                               for i, d, m in zip(ids, items, metas))  # fmt: skip
-            self._bm25.add(keys, [d.page_content for d in items],
-                           {group_of(k): m for k, m in zip(keys, metas)})  # fmt: skip
+            self._leads.update(
+                (i, (_packed(d.page_content), m)) for i, d, m in zip(ids, items, metas)
+            )
+            self._bm25.add(
+                keys, [d.page_content for d in items], {group_of(k): m for k, m in zip(keys, metas)}
+            )
         return UpsertResponse(succeeded=ids, failed=[])
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> DeleteResponse:
@@ -323,8 +328,7 @@ class DocumentRouter(BaseModel):
             return self.chosen(r.invoke(query, config))
         if _takes_filter(r):
             return self.chosen(r.invoke(query, config, filter=to_dict(filter)))
-        logger.info("routing skipped: %s cannot be given the metadata filter",
-                    type(r).__name__)  # fmt: skip
+        logger.info("routing skipped: %s cannot be given the metadata filter", type(r).__name__)
         return None
 
     async def aroute(
@@ -345,8 +349,7 @@ class DocumentRouter(BaseModel):
             return self.chosen(await r.ainvoke(query, config))
         if _takes_filter(r):
             return self.chosen(await r.ainvoke(query, config, filter=to_dict(filter)))
-        logger.info("routing skipped: %s cannot be given the metadata filter",
-                    type(r).__name__)  # fmt: skip
+        logger.info("routing skipped: %s cannot be given the metadata filter", type(r).__name__)
         return None
 
     def focuses(self, query: str) -> bool:
@@ -419,8 +422,11 @@ class DocumentRouter(BaseModel):
         if len(scores) == 2 and all(isinstance(x, (int, float)) for x in scores):
             first, second = scores
             if first < (1.0 + self.margin) * second:
-                logger.debug("routing skipped: the router's first two documents score "
-                             "%.3g and %.3g", first, second)  # fmt: skip
+                logger.debug(
+                    "routing skipped: the router's first two documents score %.3g and %.3g",
+                    first,
+                    second,
+                )
                 return None
         chosen: list[str] = []
         for doc_id, _ in hits:
@@ -458,9 +464,16 @@ class DocumentRouter(BaseModel):
 
     def settings(self) -> dict[str, Any]:
         """The saved settings (the retriever itself is saved by its owner)."""
-        return {"documents": self.documents, "fetch_k": self.fetch_k, "check_k": self.check_k,
-                "sync": self.sync, "boost": self.boost, "margin": self.margin,
-                "focus": self.focus, "min_naming": self.min_naming}  # fmt: skip
+        return {
+            "documents": self.documents,
+            "fetch_k": self.fetch_k,
+            "check_k": self.check_k,
+            "sync": self.sync,
+            "boost": self.boost,
+            "margin": self.margin,
+            "focus": self.focus,
+            "min_naming": self.min_naming,
+        }
 
 
 def as_router(value: Any) -> Any:

@@ -139,8 +139,9 @@ class SearchRequest(TypedDict):
     filter: Filter | None
 
 
-def _dense_kwargs(vs: VectorStore, f: Filter | None, translator: Translator | None, k: int
-                  ) -> dict[str, Any]:  # fmt: skip
+def _dense_kwargs(
+    vs: VectorStore, f: Filter | None, translator: Translator | None, k: int
+) -> dict[str, Any]:
     kwargs = search_kwargs(vs, f, translator)
     if f is not None and hasattr(vs, "index") and hasattr(vs.index, "ntotal"):
         # FAISS filters after fetching `fetch_k` (20) neighbours: fetch them all, so a
@@ -211,15 +212,27 @@ class SearchBranches:
         dense: list[DenseResult] = []
         lexical: list[Sequence[Hit]] = []
         for r in requests:  # (a loop, not a comprehension: no frame of its own)
-            dense.append(child_run(callbacks, "dense_search", _inputs(r), _dense_outputs,
-                                   self.dense, r))  # fmt: skip
+            dense.append(
+                child_run(callbacks, "dense_search", _inputs(r), _dense_outputs, self.dense, r)
+            )
         for r in requests:
-            lexical.append(child_run(callbacks, "lexical_search", _inputs(r), _hit_outputs,
-                                     self.lexical_search, r))  # fmt: skip
+            lexical.append(
+                child_run(
+                    callbacks, "lexical_search", _inputs(r), _hit_outputs, self.lexical_search, r
+                )
+            )
         routed = None
         if router:
-            routed = child_run(callbacks, "rse.route", _inputs(requests[0]), _route_outputs,
-                               router.route, queries[0], None, f)  # fmt: skip
+            routed = child_run(
+                callbacks,
+                "rse.route",
+                _inputs(requests[0]),
+                _route_outputs,
+                router.route,
+                queries[0],
+                None,
+                f,
+            )
         return dense, lexical, routed
 
     async def asearch(
@@ -229,13 +242,33 @@ class SearchBranches:
         requests = [SearchRequest(query=q, filter=f) for q in queries]
         n = len(requests)
         found: list[Any] = await asyncio.gather(
-            *(achild_run(callbacks, "dense_search", _inputs(r), _dense_outputs, self.adense, r)
-              for r in requests),
-            *(achild_run(callbacks, "lexical_search", _inputs(r), _hit_outputs,
-                         self.alexical_search, r) for r in requests),
-            *([achild_run(callbacks, "rse.route", _inputs(requests[0]), _route_outputs,
-                          router.aroute, queries[0], None, f)] if router else []),
-        )  # fmt: skip
+            *(
+                achild_run(callbacks, "dense_search", _inputs(r), _dense_outputs, self.adense, r)
+                for r in requests
+            ),
+            *(
+                achild_run(
+                    callbacks, "lexical_search", _inputs(r), _hit_outputs, self.alexical_search, r
+                )
+                for r in requests
+            ),
+            *(
+                [
+                    achild_run(
+                        callbacks,
+                        "rse.route",
+                        _inputs(requests[0]),
+                        _route_outputs,
+                        router.aroute,
+                        queries[0],
+                        None,
+                        f,
+                    )
+                ]
+                if router
+                else []
+            ),
+        )
         return list(found[:n]), list(found[n : 2 * n]), found[2 * n] if router else None
 
     def focus(
@@ -274,8 +307,7 @@ class SearchBranches:
             return None
         return f
 
-    async def alexical_search(self, request: SearchRequest, callbacks: Any = None
-                              ) -> Sequence[Hit]:  # fmt: skip
+    async def alexical_search(self, request: SearchRequest, callbacks: Any = None) -> Sequence[Hit]:
         """Async :meth:`lexical_search` (in a thread)."""
         return await asyncio.to_thread(self.lexical_search, request)
 
@@ -294,9 +326,14 @@ class SearchBranches:
 T = TypeVar("T")
 
 
-def child_run(callbacks: Any, name: str, inputs: dict[str, Any],
-              outputs: Callable[[Any], dict[str, Any]], call: Callable[..., T], *args: Any
-              ) -> T:  # fmt: skip
+def child_run(
+    callbacks: Any,
+    name: str,
+    inputs: dict[str, Any],
+    outputs: Callable[[Any], dict[str, Any]],
+    call: Callable[..., T],
+    *args: Any,
+) -> T:
     """``call(*args, callbacks=child callbacks)`` as an internal child run under ``callbacks``: a
     chain run named ``name`` whose handlers see ``inputs`` and ``outputs(result)``, never
     the result itself (which may hold document text)."""
@@ -310,9 +347,14 @@ def child_run(callbacks: Any, name: str, inputs: dict[str, Any],
     return result
 
 
-async def achild_run(callbacks: Any, name: str, inputs: dict[str, Any],
-                     outputs: Callable[[Any], dict[str, Any]],
-                     call: Callable[..., Awaitable[T]], *args: Any) -> T:  # fmt: skip
+async def achild_run(
+    callbacks: Any,
+    name: str,
+    inputs: dict[str, Any],
+    outputs: Callable[[Any], dict[str, Any]],
+    call: Callable[..., Awaitable[T]],
+    *args: Any,
+) -> T:
     """Async :func:`child_run`."""
     run = await AsyncCallbackManager.configure(callbacks).on_chain_start(None, inputs, name=name)
     try:

@@ -290,8 +290,9 @@ def merge_touching(segments: Sequence[Segment]) -> list[Segment]:
     return sorted((Segment(*r) for r in runs.values()), key=lambda g: -g.value)
 
 
-def by_best_chunk(segments: Sequence[Segment], values: np.ndarray, offsets: np.ndarray
-                  ) -> list[Segment]:  # fmt: skip
+def by_best_chunk(
+    segments: Sequence[Segment], values: np.ndarray, offsets: np.ndarray
+) -> list[Segment]:
     """``segments`` ordered by the value of their best chunk (ties: as given): the segment
     holding the top-ranked chunk comes first, however long the others are. Total value
     decides which segments :func:`best_segments` picks; a reader (and a budget cut) wants
@@ -346,10 +347,18 @@ def choose_segments(
         budget = p.max_total_chunks + (len(s.queries) - 1) * p.extra_query_chunks
         segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
     else:  # the caller's budget, in characters
-        sizes = np.fromiter((n for d in docs for n in _strides(metas[d].spans)), np.int64,
-                            len(values))  # fmt: skip
-        segs = best_segments(values, offsets, p.max_segment_chunks, len(values),
-                             p.min_segment_value, sizes, s.max_chars)  # fmt: skip
+        sizes = np.fromiter(
+            (n for d in docs for n in _strides(metas[d].spans)), np.int64, len(values)
+        )
+        segs = best_segments(
+            values,
+            offsets,
+            p.max_segment_chunks,
+            len(values),
+            p.min_segment_value,
+            sizes,
+            s.max_chars,
+        )
     if p.merge_touching:
         segs = merge_touching(segs)
     if route is not None and not math.isinf(route.factor):
@@ -429,8 +438,14 @@ def segment_documents(
         meta, body = metas[doc_id], bodies[doc_id]
         first, last = meta.spans[start][0], meta.spans[end - 1][1]
         md: dict[str, Any] = dict(meta.metadata)
-        md.update(doc_id=doc_id, start_index=first, end_index=last, chunk_start=start,
-                  chunk_end=end, score=score)  # fmt: skip
+        md.update(
+            doc_id=doc_id,
+            start_index=first,
+            end_index=last,
+            chunk_start=start,
+            chunk_end=end,
+            score=score,
+        )
         offsets = md.pop(PAGE_OFFSETS, None)
         if offsets:  # a source with pages: the segment's pages, 1-based and inclusive
             md["page_start"], md["page_end"] = page_range(offsets, first, last)

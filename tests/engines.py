@@ -84,8 +84,7 @@ def _chroma_client(cfg: dict[str, Any]) -> Any:
     return chromadb.HttpClient(host="127.0.0.1", port=cfg["chroma"], settings=settings)
 
 
-def build(cfg: dict[str, Any], embedding: Embeddings | None = None, **kwargs: Any
-          ) -> RSERetriever:  # fmt: skip
+def build(cfg: dict[str, Any], embedding: Embeddings | None = None, **kwargs: Any) -> RSERetriever:
     """A retriever over the index of ``cfg``, opened as a worker process would open it."""
     emb = embedding or HashingEmbeddings()
     engine, name = cfg["engine"], cfg["name"]
@@ -98,8 +97,9 @@ def build(cfg: dict[str, Any], embedding: Embeddings | None = None, **kwargs: An
     if engine == "chroma_redis":
         from langchain_chroma import Chroma
 
-        stores["vectorstore"] = Chroma(collection_name=name, embedding_function=emb,
-                                       client=_chroma_client(cfg))  # fmt: skip
+        stores["vectorstore"] = Chroma(
+            collection_name=name, embedding_function=emb, client=_chroma_client(cfg)
+        )
     elif engine == "milvus":
         from milvus_server import milvus_stores
 
@@ -133,11 +133,16 @@ def stored_versions(r: RSERetriever) -> dict[str, list[tuple[str, str]]]:
 
         with r.docstore.engine.connect() as conn:  # type: ignore[attr-defined]
             for which, sql in (
-                ("vectorstore", "SELECT cmetadata->>'doc_id', cmetadata->>'doc_version' "
-                                "FROM langchain_pg_embedding"),
-                ("lexical_store", "SELECT metadata->>'doc_id', metadata->>'doc_version' "
-                                  "FROM rse_lexical"),
-            ):  # fmt: skip
+                (
+                    "vectorstore",
+                    "SELECT cmetadata->>'doc_id', cmetadata->>'doc_version' "
+                    "FROM langchain_pg_embedding",
+                ),
+                (
+                    "lexical_store",
+                    "SELECT metadata->>'doc_id', metadata->>'doc_version' FROM rse_lexical",
+                ),
+            ):
                 out[which] = sorted((a, b) for a, b in conn.execute(sa.text(sql)).all())
     else:
         raise ValueError(f"no listing for {kind}")

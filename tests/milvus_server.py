@@ -41,8 +41,16 @@ def milvus_server(tmp: Path) -> Iterator[str]:
     except ImportError:
         missing_server("langchain-milvus is not installed (pip install langchain-milvus)")
     port = free_port()
-    cmd = [exe, "server", "--data-dir", str(tmp / "milvus"), "--host", "127.0.0.1",
-           "--port", str(port)]  # fmt: skip
+    cmd = [
+        exe,
+        "server",
+        "--data-dir",
+        str(tmp / "milvus"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with _server(cmd, port, "milvus-lite server", tmp / "milvus.log") as p:
         yield f"http://127.0.0.1:{p}"
 

@@ -45,8 +45,10 @@ def _bindir() -> Path | None:
 
 def _others_can_use(path: Path) -> bool:
     """Whether every directory down to ``path`` can be entered and read by other users."""
-    return all(p.stat().st_mode & (stat.S_IROTH | stat.S_IXOTH) == stat.S_IROTH | stat.S_IXOTH
-               for p in [path, *path.parents])  # fmt: skip
+    return all(
+        p.stat().st_mode & (stat.S_IROTH | stat.S_IXOTH) == stat.S_IROTH | stat.S_IXOTH
+        for p in [path, *path.parents]
+    )
 
 
 @contextmanager
@@ -98,18 +100,49 @@ def postgres_server(tmp: Path) -> Iterator[str]:
     try:
         with log.open("wb") as out:
             subprocess.run(
-                [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                 "--encoding=UTF8", "--locale=C", "--text-search-config=english",
-                 "--no-sync", "--no-instructions"],
-                stdout=out, stderr=subprocess.STDOUT, check=True, timeout=120, **popen,
-            )  # fmt: skip
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--text-search-config=english",
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                check=True,
+                timeout=120,
+                **popen,
+            )
             proc = subprocess.Popen(
-                [str(bindir / "postgres"), "-D", str(data), "-p", str(port),
-                 "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-                 "-c", "fsync=off", "-c", "synchronous_commit=off",
-                 "-c", "full_page_writes=off", "-c", "max_connections=200"],
-                stdout=out, stderr=subprocess.STDOUT, **popen,
-            )  # fmt: skip
+                [
+                    str(bindir / "postgres"),
+                    "-D",
+                    str(data),
+                    "-p",
+                    str(port),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "unix_socket_directories=",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=200",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                **popen,
+            )
         conninfo = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
         deadline = time.monotonic() + 120
         while True:
@@ -155,8 +188,9 @@ def new_database(server_url: str) -> str:
     return url
 
 
-def postgres_stores(url: str, embedding: Any = None, schema: str | None = None
-                    ) -> tuple[Any, Any, Any]:  # fmt: skip
+def postgres_stores(
+    url: str, embedding: Any = None, schema: str | None = None
+) -> tuple[Any, Any, Any]:
     """PGVector, the lexical store and the record store of one index in the database at
     ``url`` (unqualified tables in ``schema`` first: pgvector's type stays in public), as
     every worker opens them. One engine (connection pool) serves the three."""

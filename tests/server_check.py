@@ -29,8 +29,11 @@ def missing_servers() -> list[str]:
         missing.append("the chroma server (pip install chromadb)")
     if milvus_lite_exe() is None:
         missing.append("the Milvus Lite server (pip install milvus-lite)")
-    for module, package in [("langchain_milvus", "langchain-milvus"), ("psycopg", "psycopg"),
-                            ("langchain_postgres", "langchain-postgres")]:  # fmt: skip
+    for module, package in [
+        ("langchain_milvus", "langchain-milvus"),
+        ("psycopg", "psycopg"),
+        ("langchain_postgres", "langchain-postgres"),
+    ]:
         if importlib.util.find_spec(module) is None:
             missing.append(f"{package} (pip install {package})")
     bindir = _bindir()

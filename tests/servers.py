@@ -68,8 +68,19 @@ def redis_server(tmp: Path) -> Iterator[int]:
     if exe is None:
         missing_server("redis-server is not installed (Debian package redis-server)")
     port = free_port()
-    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-           "--dir", str(tmp)]  # fmt: skip
+    cmd = [
+        exe,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(tmp),
+    ]
     with _server(cmd, port, "redis-server", tmp / "redis.log") as p:
         yield p
 

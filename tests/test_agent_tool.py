@@ -155,12 +155,26 @@ class RunTree(BaseCallbackHandler):
     def __init__(self) -> None:
         self.runs: list[tuple[str, UUID, UUID | None]] = []
 
-    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
-                      parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
+    def on_tool_start(
+        self,
+        serialized: Any,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.runs.append(("tool", run_id, parent_run_id))
 
-    def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID,
-                           parent_run_id: UUID | None = None, **kwargs: Any) -> None:  # fmt: skip
+    def on_retriever_start(
+        self,
+        serialized: Any,
+        query: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.runs.append(("retriever", run_id, parent_run_id))
 
 
@@ -239,7 +253,11 @@ def test_the_tool_passes_the_context_budget() -> None:
     )
     tool = r.as_tool(name="search")
     assert "max_chars" in tool.args
-    call = {"name": "search", "args": {"query": "termination notice", "max_chars": 400},
-            "id": "c1", "type": "tool_call"}  # fmt: skip
+    call = {
+        "name": "search",
+        "args": {"query": "termination notice", "max_chars": 400},
+        "id": "c1",
+        "type": "tool_call",
+    }
     message = tool.invoke(call)
     assert message.artifact and sum(len(d.page_content) for d in message.artifact) <= 400

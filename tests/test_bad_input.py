@@ -38,8 +38,9 @@ QUERY_ERRORS: list[tuple[str, Any, type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "query", "error", "words"), QUERY_ERRORS,
-                         ids=[row[0] for row in QUERY_ERRORS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "query", "error", "words"), QUERY_ERRORS, ids=[row[0] for row in QUERY_ERRORS]
+)
 def test_bad_queries_raise_clearly(indexed, name, query, error, words) -> None:
     with pytest.raises(error, match=words):
         indexed._get_relevant_documents(query, run_manager=None)  # type: ignore[arg-type]
@@ -86,8 +87,9 @@ DOC_ERRORS: list[tuple[str, list[Document], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "docs", "error", "words"), DOC_ERRORS,
-                         ids=[row[0] for row in DOC_ERRORS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "docs", "error", "words"), DOC_ERRORS, ids=[row[0] for row in DOC_ERRORS]
+)
 def test_bad_documents_raise_and_write_nothing(name, docs, error, words) -> None:
     r = fresh()
     r.add_documents([Document("an existing document about payment terms", id="keep")])
@@ -121,8 +123,9 @@ def test_a_replaced_document_that_became_empty_is_removed() -> None:
 
 
 def test_a_two_megabyte_document_is_indexed_exactly() -> None:
-    text = "".join(f"Clause {i}. The supplier shall deliver item {i} on time.\n" for i in
-                   range(40_000))[:2_000_000]  # fmt: skip
+    text = "".join(
+        f"Clause {i}. The supplier shall deliver item {i} on time.\n" for i in range(40_000)
+    )[:2_000_000]
     # every chunk says the same words, so hashing embeddings cannot rank; lean on BM25
     r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), weights=(0.2, 1.0))
     r.add_documents([Document(text, id="big")])
@@ -157,8 +160,9 @@ CONFIG_ERRORS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "kwargs", "words"), CONFIG_ERRORS,
-                         ids=[row[0] for row in CONFIG_ERRORS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "kwargs", "words"), CONFIG_ERRORS, ids=[row[0] for row in CONFIG_ERRORS]
+)
 def test_bad_configuration(name, kwargs, words) -> None:
     with pytest.raises(ValueError, match=words):
         RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), **kwargs)

@@ -119,12 +119,20 @@ def _count_tokens(text: str) -> int:  # a tokenizer-like count: words and punctu
     ("unit", "splitter"),
     [
         ("chars", RecursiveCharacterTextSplitter(chunk_size=200, chunk_overlap=60)),
-        ("words", RecursiveCharacterTextSplitter(
-            chunk_size=40, chunk_overlap=15, length_function=_count_words)),
-        ("tokens", RecursiveCharacterTextSplitter(
-            chunk_size=50, chunk_overlap=20, length_function=_count_tokens)),
+        (
+            "words",
+            RecursiveCharacterTextSplitter(
+                chunk_size=40, chunk_overlap=15, length_function=_count_words
+            ),
+        ),
+        (
+            "tokens",
+            RecursiveCharacterTextSplitter(
+                chunk_size=50, chunk_overlap=20, length_function=_count_tokens
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 def test_chunks_follow_the_text_and_cover_it_with_any_overlap_unit(unit, splitter) -> None:
     text = _boilerplate_text()
     chunks = split_text(text, "d", splitter)

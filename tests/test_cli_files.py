@@ -134,7 +134,10 @@ def test_flags(tmp_path: Path, capsys) -> None:
 def test_production_example_without_arguments_prints_usage() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "production.py")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 2 and done.stderr.startswith("usage:")
     assert "Traceback" not in done.stderr

@@ -42,8 +42,9 @@ def environment() -> dict[str, str]:
 
 def cli(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """The command in a child process, stdout and stderr captured (pipes, not a terminal)."""
-    return subprocess.run(command(*argv), env=environment(), capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        command(*argv), env=environment(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def index(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -119,8 +120,10 @@ def test_an_emptied_or_binary_file_is_redacted(tmp_path: Path) -> None:
 def test_control_sequences_are_escaped_on_screen_and_exact_in_json(tmp_path: Path) -> None:
     docs, idx = tmp_path / "docs", tmp_path / "idx"
     docs.mkdir()
-    hostile = ("The warranty lasts twenty four months.\x1b]0;pwned title\x07\x1b[2J\x1b[31m "
-               "Claims go to the supplier in writing.\x9b31m\r\n")  # fmt: skip
+    hostile = (
+        "The warranty lasts twenty four months.\x1b]0;pwned title\x07\x1b[2J\x1b[31m "
+        "Claims go to the supplier in writing.\x9b31m\r\n"
+    )
     name = "warranty\x1b[2J.txt"
     (docs / name).write_text(hostile, encoding="utf-8")
     (docs / "odd\x1b]0;x\x07.csv").write_text("a,b\n")
@@ -152,8 +155,15 @@ def test_named_pipes_are_skipped_without_opening_them(tmp_path: Path) -> None:
     docs.mkdir()
     (docs / "lease.md").write_text(LEASE, encoding="utf-8")
     os.mkfifo(docs / "feed.txt")
-    done = cli("index", str(docs), str(docs / "feed.txt"), "--index", str(idx), "--no-progress",
-               timeout=120)  # fmt: skip
+    done = cli(
+        "index",
+        str(docs),
+        str(docs / "feed.txt"),
+        "--index",
+        str(idx),
+        "--no-progress",
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "feed.txt: not a regular file (a named pipe)" in done.stderr
     assert done.stderr.count("feed.txt") == 1 and "indexed 1 file(s)" in done.stdout
@@ -207,8 +217,9 @@ def test_ctrl_c_during_index_stops_cleanly_and_says_how_to_resume(tmp_path: Path
     assert kept >= 32 and not (idx / "rse_index.json").exists()  # nothing half-saved
 
     # off a terminal the progress log lines do not claim a stage finished either
-    child = subprocess.Popen(argv, env=environment(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        argv, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 300
     while child.poll() is None and cached_vectors(idx) < kept + 32:
         assert time.monotonic() < deadline
@@ -235,8 +246,9 @@ def piped_to_head(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], st
     head = subprocess.Popen(["head", "-1"], stdin=read, stdout=subprocess.PIPE, text=True)
     os.close(read)
     try:
-        done = subprocess.run(argv, env=environment(), stdout=write, stderr=subprocess.PIPE,
-                              text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            argv, env=environment(), stdout=write, stderr=subprocess.PIPE, text=True, timeout=300
+        )
     finally:
         os.close(write)
     first = head.communicate(timeout=60)[0]
@@ -252,8 +264,10 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
         (deep / str(n) / "orders.txt").write_text(f"{paragraph}\n\n" * 20, encoding="utf-8")
     assert index(str(docs), "--index", str(idx)).returncode == 0
 
-    for argv in (["info", str(idx)], ["query", str(idx), "when are orders shipped",
-                                      "--mode", "chunks", "-k", "60"]):  # fmt: skip
+    for argv in (
+        ["info", str(idx)],
+        ["query", str(idx), "when are orders shipped", "--mode", "chunks", "-k", "60"],
+    ):
         full = cli(*argv)
         assert full.returncode == 0 and len(full.stdout) > 12_000, len(full.stdout)
         done, first = piped_to_head(command(*argv))

@@ -34,8 +34,9 @@ def test_killed_index_resumes_with_fewer_embedding_calls(tmp_path: Path) -> None
     docs, index = tmp_path / "docs", tmp_path / "idx"
     write_corpus(docs)
     argv = command("index", str(docs), "--index", str(index), "--chunk-size", "100")
-    child = subprocess.Popen(argv, env=environment(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        argv, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 300
     try:
         while cached_vectors(index) < CACHE_BATCH:  # the first batch is in the cache
@@ -50,8 +51,7 @@ def test_killed_index_resumes_with_fewer_embedding_calls(tmp_path: Path) -> None
     done_before = cached_vectors(index)
     assert not (index / "rse_index.json").exists()  # killed before it saved anything
 
-    resumed = subprocess.run(argv, env=environment(), capture_output=True, text=True,
-                             timeout=600)  # fmt: skip
+    resumed = subprocess.run(argv, env=environment(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     found = re.search(r"(\d+) of their (\d+) chunk\(s\) newly embedded", resumed.stdout)
     assert found, resumed.stdout
@@ -66,8 +66,11 @@ def test_killed_index_resumes_with_fewer_embedding_calls(tmp_path: Path) -> None
 
     query = subprocess.run(
         command("query", str(index), "when does the supplier ship order 317?", "--json"),
-        env=environment(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert query.returncode == 0, query.stderr
     assert "DEBUG" not in query.stderr and "bm25s" not in query.stderr
     hits = json.loads(query.stdout)

@@ -44,8 +44,10 @@ HOUSE = (
 
 
 def _retriever(**rse: bool) -> RSERetriever:
-    docs = [Document(SLEEP, id="farm", metadata={"source": "farm.txt"}),
-            Document(HOUSE, id="house", metadata={"source": "house.txt"})]  # fmt: skip
+    docs = [
+        Document(SLEEP, id="farm", metadata={"source": "farm.txt"}),
+        Document(HOUSE, id="house", metadata={"source": "house.txt"}),
+    ]
     return RSERetriever.from_documents(
         docs,
         vectorstore=InMemoryVectorStore(TwoWordEmbeddings()),

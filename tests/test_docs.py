@@ -40,9 +40,14 @@ def play_the_model(request: dict[str, Any]) -> str | dict[str, Any]:
         return {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"id": "call-1", "type": "function",
-                            "function": {"name": name, "arguments": json.dumps(args)}}],
-        }  # fmt: skip
+            "tool_calls": [
+                {
+                    "id": "call-1",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args)},
+                }
+            ],
+        }
     return "Up to 20 working days a year, with approval two weeks ahead [1]."
 
 

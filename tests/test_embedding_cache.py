@@ -46,8 +46,9 @@ def test_vectors_are_reused_and_kept_per_model(tmp_path: Path) -> None:
     other = HashingEmbeddings(dim=64)  # another model never gets these vectors
     assert model_namespace(other) != model_namespace(again)
     assert len(cached_embeddings(other, store).embed_documents(texts[:1])[0]) == 64
-    assert all(p.name.startswith(("Counting-hashing-256", "HashingEmbeddings"))
-               for p in tmp_path.iterdir())  # fmt: skip
+    assert all(
+        p.name.startswith(("Counting-hashing-256", "HashingEmbeddings")) for p in tmp_path.iterdir()
+    )
     with pytest.raises(ValueError, match="batch_size"):
         cached_embeddings(first, tmp_path, batch_size=0)
 

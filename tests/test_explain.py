@@ -23,21 +23,29 @@ QUERY = "termination for convenience notice period"
 
 
 def contract(n: int) -> str:
-    clauses = [f"{i}. Clause {i} covers delivery of goods batch {i} to the warehouse."
-               for i in range(1, 25)]  # fmt: skip
+    clauses = [
+        f"{i}. Clause {i} covers delivery of goods batch {i} to the warehouse."
+        for i in range(1, 25)
+    ]
     clauses[n] = f"{n}. Either party may end this agreement for convenience with notice period"
     return "\n\n".join(clauses)
 
 
 @pytest.fixture
 def retriever() -> RSERetriever:
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=120,
-                     show_progress=False, k=3)  # fmt: skip
-    r.add_documents([
-        Document(contract(5), metadata={"source": "a.txt"}),
-        Document(contract(17), metadata={"source": "b.txt"}),
-        Document("<b>&amp; markup</b> as text. " + contract(9), metadata={"source": "c.txt"}),
-    ])  # fmt: skip
+    r = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        chunk_size=120,
+        show_progress=False,
+        k=3,
+    )
+    r.add_documents(
+        [
+            Document(contract(5), metadata={"source": "a.txt"}),
+            Document(contract(17), metadata={"source": "b.txt"}),
+            Document("<b>&amp; markup</b> as text. " + contract(9), metadata={"source": "c.txt"}),
+        ]
+    )
     return r
 
 
@@ -81,15 +89,18 @@ def test_explain_without_candidates_and_no_trace_leak(retriever: RSERetriever) -
 
 
 def test_pages_through_the_api() -> None:
-    pages = [Document(f"Page {p}. " + contract(p * 7), metadata={"source": "p.pdf", "page": p - 1})
-             for p in range(1, 4)]  # fmt: skip
+    pages = [
+        Document(f"Page {p}. " + contract(p * 7), metadata={"source": "p.pdf", "page": p - 1})
+        for p in range(1, 4)
+    ]
     doc = combine_pages(pages)
     offsets = doc.metadata["page_offsets"]
     assert "page" not in doc.metadata and len(offsets) == 3 and offsets[0] == 0
     for page, start in zip(pages, offsets):
         assert doc.page_content[start : start + len(page.page_content)] == page.page_content
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=120,
-                     show_progress=False)  # fmt: skip
+    r = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=120, show_progress=False
+    )
     r.add_documents([doc])
     for seg in r.invoke(QUERY, k=4):
         m = seg.metadata
@@ -137,8 +148,14 @@ def chromium() -> str:
 
 
 def headless(browser: str, *args: str) -> subprocess.CompletedProcess[str]:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-             "--no-first-run", "--disable-extensions"]  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-extensions",
+    ]
     return subprocess.run([browser, *flags, *args], capture_output=True, text=True, timeout=120)
 
 
@@ -157,11 +174,21 @@ def test_cli_explain_and_html_page_in_a_real_browser(tmp_path: Path, capsys) -> 
     idx = str(tmp_path / "idx")
     assert run(capsys, "index", str(docs), "--index", idx, "--no-progress")[0] == 0
     page = tmp_path / "why.html"
-    code, out, _ = run(capsys, "query", idx, "How much notice to end the lease?", "--explain",
-                       "--html", str(page), "-k", "2")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        "query",
+        idx,
+        "How much notice to end the lease?",
+        "--explain",
+        "--html",
+        str(page),
+        "-k",
+        "2",
+    )
     assert code == 0 and "relevance per chunk" in out and "lease.md" in out and "|" in out
-    code, out, _ = run(capsys, "query", idx, "How much notice to end the lease?", "--json",
-                       "-k", "2")  # fmt: skip
+    code, out, _ = run(
+        capsys, "query", idx, "How much notice to end the lease?", "--json", "-k", "2"
+    )
     segments = json.loads(out)
     assert segments
 

@@ -29,8 +29,9 @@ def ivf_index(emb: Any) -> Any:
     ``nlist``: the same hits and distances as a flat index)."""
     dim = len(emb.embed_query("probe"))
     index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, NLIST, faiss.METRIC_INNER_PRODUCT)
-    train = np.asarray(emb.embed_documents([f"{a} {b}" for a in WORDS for b in WORDS]),
-                       dtype=np.float32)  # fmt: skip
+    train = np.asarray(
+        emb.embed_documents([f"{a} {b}" for a in WORDS for b in WORDS]), dtype=np.float32
+    )
     faiss.normalize_L2(train)
     index.cp.min_points_per_centroid = 1  # a small training set, on purpose
     index.train(train)
@@ -57,8 +58,11 @@ def hits(vs: Any, query: str) -> list[tuple[Any, float]]:
 def list_ids(index: Any) -> list[int]:
     ivf = faiss.extract_index_ivf(index)
     lists = ivf.invlists
-    ids = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).tolist()
-           for i in range(ivf.nlist) if lists.list_size(i)]  # fmt: skip
+    ids = [
+        faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).tolist()
+        for i in range(ivf.nlist)
+        if lists.list_size(i)
+    ]
     return sorted(x for part in ids for x in part)
 
 
@@ -99,8 +103,12 @@ def test_ivf_deletes_and_adds_as_a_flat_index(direct_map: bool) -> None:
 
 
 def contracts() -> list[Document]:
-    topics = [["termination", "payment"], ["confidentiality", "warranty"], ["liability", "fees"],
-              ["assignment", "audit"]]  # fmt: skip
+    topics = [
+        ["termination", "payment"],
+        ["confidentiality", "warranty"],
+        ["liability", "fees"],
+        ["assignment", "audit"],
+    ]
     return [Document(make_contract(f"c{i}", t), id=f"c{i}") for i, t in enumerate(topics)]
 
 
@@ -109,8 +117,9 @@ def answers(r: RSERetriever) -> list[Any]:
     for q in ("termination for convenience", "audit rights", "limitation of liability"):
         for mode in ("segments", "chunks"):
             found = r.invoke(q, mode=mode, k=4)
-            out.append([(d.metadata["doc_id"], d.metadata["start_index"], d.page_content)
-                        for d in found])  # fmt: skip
+            out.append(
+                [(d.metadata["doc_id"], d.metadata["start_index"], d.page_content) for d in found]
+            )
     return out
 
 
@@ -220,5 +229,6 @@ def test_an_index_that_cannot_remove_refuses_deletes_before_writing() -> None:
     with pytest.raises(ValueError, match="cannot remove vectors"):
         vs.delete(["x"])
     assert vs.ids == ["x"]
-    refuses_removals(store(emb, faiss.IndexHNSWFlat(len(emb.embed_query("probe")), 16)),
-                     "cannot remove vectors")  # fmt: skip
+    refuses_removals(
+        store(emb, faiss.IndexHNSWFlat(len(emb.embed_query("probe")), 16)), "cannot remove vectors"
+    )

@@ -70,8 +70,13 @@ def test_strict_rerank_moved_to_the_reranker() -> None:
 def test_preset_name_and_strict_reranker_survive_save_and_load(tmp_path: Path) -> None:
     emb = HashingEmbeddings()
     reranker = EmbeddingReranker(embeddings=emb, strict=True)
-    r = RSERetriever.from_documents(corpus_documents(), embedding=emb, rse_params="reranked",
-                                    reranker=reranker, show_progress=False)  # fmt: skip
+    r = RSERetriever.from_documents(
+        corpus_documents(),
+        embedding=emb,
+        rse_params="reranked",
+        reranker=reranker,
+        show_progress=False,
+    )
     r.save(tmp_path / "idx")
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
     assert loaded.rse_params == "reranked" and loaded.reranker is not None
@@ -82,9 +87,12 @@ def test_an_index_saved_with_preset_and_strict_rerank_loads_the_same(tmp_path: P
     """A 0.2 manifest: ``preset`` and ``strict_rerank`` in its config, no ``strict`` in the
     reranker's settings."""
     emb = HashingEmbeddings()
-    r = RSERetriever.from_documents(corpus_documents(), embedding=emb,
-                                    reranker=EmbeddingReranker(embeddings=emb),
-                                    show_progress=False)  # fmt: skip
+    r = RSERetriever.from_documents(
+        corpus_documents(),
+        embedding=emb,
+        reranker=EmbeddingReranker(embeddings=emb),
+        show_progress=False,
+    )
     r.save(tmp_path / "idx")
     path = tmp_path / "idx" / MANIFEST
     manifest = json.loads(path.read_text())
@@ -107,8 +115,7 @@ def _docs() -> list:
 def test_chunk_overlap_is_a_deprecated_alias_of_a_splitter() -> None:
     with pytest.warns(DeprecationWarning, match="make_splitter"):
         old = _retriever(chunk_size=600, chunk_overlap=50, show_progress=False)
-    new = _retriever(splitter=make_splitter(600, 50), rse_params="long_chunks",
-                     show_progress=False)  # fmt: skip
+    new = _retriever(splitter=make_splitter(600, 50), rse_params="long_chunks", show_progress=False)
     assert old.params == new.params == PRESETS["long_chunks"]  # as chunk_size=600 chose
     old.add_documents(_docs())
     new.add_documents(_docs())
@@ -123,7 +130,10 @@ def test_an_overlapping_default_splitter_saves_as_size_and_overlap(tmp_path: Pat
     r.save(tmp_path / "idx")
     config = json.loads((tmp_path / "idx" / MANIFEST).read_text())["config"]
     assert (config["chunk_size"], config["chunk_overlap"], config["custom_splitter"]) == (
-        600, 50, False)  # fmt: skip
+        600,
+        50,
+        False,
+    )
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())  # no splitter=
     assert loaded.params == r.params == PRESETS["default"]  # the preset a splitter chose
     loaded.add_documents([Document("A new clause. " * 80, id="new")])

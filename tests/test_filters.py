@@ -52,10 +52,21 @@ def test_matches(spec, expected) -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    [{}, {"$not": {"a": 1}}, {"a": {"$like": "x"}}, {"a": {"$in": []}}, {"a": {"$in": "x"}},
-     {"a": {"$gt": "2020"}}, {"a": {"$gt": True}}, {"a": [1, 2]}, {"a": {"b": 1}}, {"$or": []},
-     {"a": None}, {"a": {}}],
-)  # fmt: skip
+    [
+        {},
+        {"$not": {"a": 1}},
+        {"a": {"$like": "x"}},
+        {"a": {"$in": []}},
+        {"a": {"$in": "x"}},
+        {"a": {"$gt": "2020"}},
+        {"a": {"$gt": True}},
+        {"a": [1, 2]},
+        {"a": {"b": 1}},
+        {"$or": []},
+        {"a": None},
+        {"a": {}},
+    ],
+)
 def test_invalid_filters_are_rejected_with_the_reason(spec) -> None:
     with pytest.raises(FilterError):
         parse(spec)
@@ -90,16 +101,24 @@ def test_pgvector_translation_keeps_missing_keys_and_compares_as_json() -> None:
 
 
 DOCS = [
-    Document(make_contract("Acme", ["termination", "payment"], 3), id="acme",
-             metadata={"tenant": "acme"}),
-    Document(make_contract("Globex", ["termination", "payment"], 3), id="globex",
-             metadata={"tenant": "globex"}),
-]  # fmt: skip
+    Document(
+        make_contract("Acme", ["termination", "payment"], 3), id="acme", metadata={"tenant": "acme"}
+    ),
+    Document(
+        make_contract("Globex", ["termination", "payment"], 3),
+        id="globex",
+        metadata={"tenant": "globex"},
+    ),
+]
 
 
 def test_a_store_that_ignores_the_filter_costs_results_never_leaks() -> None:
-    ignoring = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()),
-                            filter_translator=lambda f: {}, k=6, mode="chunks")  # fmt: skip
+    ignoring = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        filter_translator=lambda f: {},
+        k=6,
+        mode="chunks",
+    )
     ignoring.add_documents(DOCS)
     found = ignoring.invoke("Globex termination", filter={"tenant": "acme"})
     assert found and {d.metadata["doc_id"] for d in found} == {"acme"}

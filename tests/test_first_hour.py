@@ -37,8 +37,14 @@ def run_python(
 ) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter, stdout and stderr pipes (not terminals)."""
     full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", **(env or {})}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=full_env, timeout=timeout, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 # ---------------------------------------------------------------- 2: threads
@@ -115,16 +121,23 @@ def test_from_documents_shows_progress_on_a_pipe_without_logging_set_up() -> Non
     # before the long work: the expected time at the rate of the first batch
     estimate = [line for line in lines if "at the measured rate" in line]
     assert estimate and estimate[0].startswith(f"embedding + writing: {chunks:,} chunks, about ")
-    assert any(line.startswith(f"embedding + writing: {chunks}/{chunks} chunks (100%)")
-               and line.endswith("(done)") for line in lines)  # fmt: skip
+    assert any(
+        line.startswith(f"embedding + writing: {chunks}/{chunks} chunks (100%)")
+        and line.endswith("(done)")
+        for line in lines
+    )
     assert "\r" not in result.stderr  # plain lines, no bar
 
 
 def test_show_progress_false_prints_nothing() -> None:
     quiet = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SLOW_INDEXING), "quiet"], capture_output=True,
-        text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"},
-        timeout=300, cwd=ROOT)  # fmt: skip
+        [sys.executable, "-c", textwrap.dedent(SLOW_INDEXING), "quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"},
+        timeout=300,
+        cwd=ROOT,
+    )
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stderr == ""
 
@@ -146,10 +159,12 @@ def test_preset_follows_the_chunk_size_unless_named() -> None:
 
 
 def test_long_chunks_preset_survives_save_and_load(tmp_path: Path) -> None:
-    docs = [Document(make_contract(f"c{i}", ["termination", "payment"]), id=f"c{i}")
-            for i in range(3)]  # fmt: skip
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=600,
-                     show_progress=False)  # fmt: skip
+    docs = [
+        Document(make_contract(f"c{i}", ["termination", "payment"]), id=f"c{i}") for i in range(3)
+    ]
+    r = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=600, show_progress=False
+    )
     r.add_documents(docs)
     r.save(tmp_path / "idx")
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
@@ -169,8 +184,13 @@ def test_cli_chunk_size_600_uses_the_long_chunks_preset(tmp_path: Path) -> None:
         ("i300", [], "default"),
         ("i600p", ["--chunk-size", "600", "--preset", "precision"], "precision"),
     ]:
-        done = subprocess.run([*cli, "index", str(docs), "--index", str(tmp_path / idx), *extra],
-                              capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [*cli, "index", str(docs), "--index", str(tmp_path / idx), *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr
         loaded = RSERetriever.load(tmp_path / idx)
         assert loaded.params == PRESETS[expected], idx
@@ -221,8 +241,11 @@ def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> N
     idx = tmp_path / "idx"
     done = subprocess.run(
         [sys.executable, "-m", "langchain_rse.cli", "index", str(docs), "--index", str(idx)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     cli_index = RSERetriever.load(idx)
 

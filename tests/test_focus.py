@@ -235,8 +235,9 @@ def test_default_store_searches_inside_documents_of_an_ivf_index() -> None:
     faiss.normalize_L2(vectors)
     ivf.train(vectors)
     ivf.nprobe = 2  # every list: the IVF search is exact, and must restrict as the flat one
-    retriever = RSERetriever(vectorstore=FaissStore(emb, ivf, keep_text=False), router=None,
-                             chunk_size=200)  # fmt: skip
+    retriever = RSERetriever(
+        vectorstore=FaissStore(emb, ivf, keep_text=False), router=None, chunk_size=200
+    )
     retriever.add_documents(DOCS)
     ivf_hits = retriever.vectorstore.ranked("termination notice period", 100, inside("lyra.txt"))
     assert len(flat) > 5 and all(k.startswith("lyra.txt") for k, _ in flat)

@@ -36,8 +36,9 @@ LONE = json.loads('"\\ud800"')
 
 
 def fresh(**kw: Any) -> RSERetriever:
-    return RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), show_progress=False,
-                        **kw)  # fmt: skip
+    return RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), show_progress=False, **kw
+    )
 
 
 def state(r: RSERetriever) -> tuple[Any, ...]:
@@ -81,8 +82,9 @@ SURROGATE_DOCS = [
 
 
 @pytest.mark.parametrize(("name", "doc"), SURROGATE_DOCS, ids=[n for n, _ in SURROGATE_DOCS])
-def test_a_lone_surrogate_is_rejected_before_any_write(name: str, doc: Document,
-                                                       tmp_path: Path) -> None:  # fmt: skip
+def test_a_lone_surrogate_is_rejected_before_any_write(
+    name: str, doc: Document, tmp_path: Path
+) -> None:
     r = fresh()
     r.add_documents([Document("an existing document about payment terms", id="keep")])
     before = state(r)
@@ -105,8 +107,9 @@ def test_a_lone_surrogate_writes_nothing_to_redis(redis_port: int) -> None:
     from langchain_community.storage import RedisStore
 
     store = RedisStore(redis_url=f"redis://127.0.0.1:{redis_port}", namespace=uuid.uuid4().hex)
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), docstore=store,
-                     show_progress=False)  # fmt: skip
+    r = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), docstore=store, show_progress=False
+    )
     for doc in (d for _, d in SURROGATE_DOCS):
         with pytest.raises(ValueError, match="surrogate"):
             r.add_documents([Document("good text that would be lost", id="good"), doc])
@@ -117,8 +120,9 @@ def cli(*argv: str) -> subprocess.CompletedProcess[str]:
     """The command in a subprocess (its stderr writes a surrogate as ``\\udcff``)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     argv = (sys.executable, "-m", "langchain_rse.cli", *argv)
-    return subprocess.run(argv, env=env, capture_output=True, text=True, errors="replace",
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        argv, env=env, capture_output=True, text=True, errors="replace", timeout=300
+    )
 
 
 def test_a_file_name_that_is_not_utf8_is_skipped_not_fatal(tmp_path: Path) -> None:
@@ -151,8 +155,9 @@ def test_nan_and_infinity_in_metadata_are_rejected(value: Any) -> None:
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-@pytest.mark.parametrize("make", [lambda v: {"x": v}, lambda v: {"x": {"$gt": v}},
-                                  lambda v: {"x": {"$in": [1, v]}}])  # fmt: skip
+@pytest.mark.parametrize(
+    "make", [lambda v: {"x": v}, lambda v: {"x": {"$gt": v}}, lambda v: {"x": {"$in": [1, v]}}]
+)
 def test_nan_and_infinity_in_filters_are_rejected(make: Any, value: float) -> None:
     with pytest.raises(FilterError, match="NaN|infinit"):
         parse(make(value))
@@ -194,8 +199,10 @@ DENSE_TEXTS = {  # 100,000 characters: linear, but each candidate costs some Pyt
 
 
 def enrich(text: str) -> list[Any]:
-    chunks = [Chunk("d", n, i, min(i + 1000, len(text)), text[i : i + 1000])
-              for n, i in enumerate(range(0, len(text), 1000))]  # fmt: skip
+    chunks = [
+        Chunk("d", n, i, min(i + 1000, len(text)), text[i : i + 1000])
+        for n, i in enumerate(range(0, len(text), 1000))
+    ]
     contexts = HeaderEnricher().enrich("d", text, {}, chunks)
     assert len(contexts) == len(chunks)
     return contexts
@@ -232,8 +239,16 @@ def test_deep_but_real_clause_numbers_are_still_headings() -> None:
 
 # ------------------------------------------------------------------ 14: Chroma $in / $nin
 
-META = [{"v": 1}, {"v": 1.0}, {"v": 1.5}, {"v": "1"}, {"v": True}, {"v": 2}, {"other": 3},
-        {"v": "x"}]  # fmt: skip
+META = [
+    {"v": 1},
+    {"v": 1.0},
+    {"v": 1.5},
+    {"v": "1"},
+    {"v": True},
+    {"v": 2},
+    {"other": 3},
+    {"v": "x"},
+]
 MIXED_FILTERS = [
     {"v": {"$in": [1, 1.5]}},
     {"v": {"$in": [1.5, "x", True]}},
@@ -265,8 +280,12 @@ def test_mixed_type_in_filters_on_chroma_match_in_memory_semantics(
     vs = Chroma(collection_name=name, embedding_function=HashingEmbeddings(), client=chroma_client)
     try:
         r = RSERetriever(vectorstore=vs, show_progress=False, k=20, mode="chunks")
-        r.add_documents([Document(f"payment terms and invoices, variant {i}", metadata=m,
-                                  id=f"d{i}") for i, m in enumerate(META)])  # fmt: skip
+        r.add_documents(
+            [
+                Document(f"payment terms and invoices, variant {i}", metadata=m, id=f"d{i}")
+                for i, m in enumerate(META)
+            ]
+        )
         expected = {f"d{i}" for i, m in enumerate(META) if matches(parse(spec), m)}
         assert expected, "the filter keeps something"
         got = {d.metadata["doc_id"] for d in r.invoke("payment terms invoices", filter=spec)}

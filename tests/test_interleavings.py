@@ -89,8 +89,9 @@ def allowed_texts(
     return out
 
 
-def present_throughout(log: Sequence[tuple[str, str | None]], start: int, end: int, doc: str
-                       ) -> bool:  # fmt: skip
+def present_throughout(
+    log: Sequence[tuple[str, str | None]], start: int, end: int, doc: str
+) -> bool:
     """Whether ``doc`` was indexed while ``log[start:end]`` was written, and changed at
     most twice (a query searches again after each change, up to three times)."""
     state = None
@@ -108,8 +109,10 @@ def check_segments(found: list[Document], allowed: dict[str, set[str]]) -> list[
         m = d.metadata
         texts = allowed.get(m["doc_id"], set())
         if not any(t[m["start_index"] : m["end_index"]] == d.page_content for t in texts):
-            problems.append(f"{m['doc_id']}[{m['start_index']}:{m['end_index']}] is not a "
-                            "slice of a version current during the query")  # fmt: skip
+            problems.append(
+                f"{m['doc_id']}[{m['start_index']}:{m['end_index']}] is not a "
+                "slice of a version current during the query"
+            )
     return problems
 
 
@@ -164,8 +167,10 @@ class Scheduler:
                     self.done.add(threading.current_thread().name)
                     self.cond.notify_all()
 
-        threads = [threading.Thread(target=body, args=(fn,), name=name, daemon=True)
-                   for name, fn in actors.items()]  # fmt: skip
+        threads = [
+            threading.Thread(target=body, args=(fn,), name=name, daemon=True)
+            for name, fn in actors.items()
+        ]
         self.priority = {t.name: self.rng.random() for t in threads}
         for t in threads:
             t.start()
@@ -181,8 +186,9 @@ class Scheduler:
                     self.steps += 1
                     self.cond.notify_all()
                     # until it parks again or ends (or waits on a lock: patience)
-                    self.cond.wait_for(lambda n=name: n in self.parked or n in self.done,
-                                       timeout=self.patience)  # fmt: skip
+                    self.cond.wait_for(
+                        lambda n=name: n in self.parked or n in self.done, timeout=self.patience
+                    )
                 else:
                     self.cond.wait(timeout=self.patience)
         for t in threads:
@@ -319,8 +325,9 @@ def interleaving(seed: int) -> dict[str, int]:
 
         return run
 
-    scheduler.run({"writer0": writer(0), "writer1": writer(1), "reader0": reader(0),
-                   "reader1": reader(1)})  # fmt: skip
+    scheduler.run(
+        {"writer0": writer(0), "writer1": writer(1), "reader0": reader(0), "reader1": reader(1)}
+    )
     assert not problems, f"seed {seed}: {problems[:3]}"
     scheduler.managed.clear()  # the checks below run unscheduled
     workers[0].vacuum()
@@ -432,16 +439,31 @@ def test_random_interleavings_over_chroma_and_redis(chroma_redis) -> None:
 
     oplog = redis.Redis(host="127.0.0.1", port=cfg["redis"])
     for d, text in texts.items():
-        oplog.rpush(cfg["name"] + ":oplog", json.dumps(["begin", d, text, d]),
-                    json.dumps(["end", d, text, d]))  # fmt: skip
+        oplog.rpush(
+            cfg["name"] + ":oplog",
+            json.dumps(["begin", d, text, d]),
+            json.dumps(["end", d, text, d]),
+        )
     entries = 2 * len(texts) + 2 * 2 * PROCESS_OPS  # the log once both writers are done
     roles = [("writer0", 1), ("writer1", 2), ("reader", 3)]
     procs = [
-        subprocess.Popen([sys.executable, "-c", PROCESS, str(TESTS), json.dumps(cfg), role,
-                          str(seed), str(entries)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                PROCESS,
+                str(TESTS),
+                json.dumps(cfg),
+                role,
+                str(seed),
+                str(entries),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for role, seed in roles
-    ]  # fmt: skip
+    ]
     try:
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"

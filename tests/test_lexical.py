@@ -9,8 +9,17 @@ from langchain_rse.lexical import BM25Index, tokenize
 
 def test_tokenizer_splits_identifiers_and_punctuation() -> None:
     toks = tokenize("The getUserName() of user_name, HTTPServer.run!", stemmer=None)
-    assert {"getusername", "get", "user", "name", "user_name", "httpserver", "http",
-            "server", "run"} <= set(toks)  # fmt: skip
+    assert {
+        "getusername",
+        "get",
+        "user",
+        "name",
+        "user_name",
+        "httpserver",
+        "http",
+        "server",
+        "run",
+    } <= set(toks)
     assert "the" not in toks and "of" not in toks  # stop words
     assert all(t == t.lower() for t in toks)
 

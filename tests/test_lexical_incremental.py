@@ -19,8 +19,12 @@ from langchain_rse.lexical import BM25Index, tokenize
 WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ro") for b in ("ta", "vi", "zo", "qu")]
 """24 words; the first ones are drawn far more often (common and rare terms)."""
 
-SMALL = {"merge_factor": 2, "sync_merge_postings": 40, "max_segment_postings": 400,
-         "compact_min": 8}  # fmt: skip
+SMALL = {
+    "merge_factor": 2,
+    "sync_merge_postings": 40,
+    "max_segment_postings": 400,
+    "compact_min": 8,
+}
 """Thresholds a few dozen chunks cross: merges in the call and in the background, a
 size cap, and renumbering."""
 
@@ -146,8 +150,11 @@ def test_replacing_a_chunk_and_duplicate_ids_in_one_call() -> None:
 
 def test_filters_are_checked_once_per_group() -> None:
     index = BM25Index()
-    index.add(["x\x1f1\x1f0", "x\x1f1\x1f1", "y\x1f1\x1f0"], ["kata", "kata lota", "kata"],
-              groups={"x\x1f1": {"t": "x"}, "y\x1f1": {"t": "y"}})  # fmt: skip
+    index.add(
+        ["x\x1f1\x1f0", "x\x1f1\x1f1", "y\x1f1\x1f0"],
+        ["kata", "kata lota", "kata"],
+        groups={"x\x1f1": {"t": "x"}, "y\x1f1": {"t": "y"}},
+    )
     calls: list[dict] = []
 
     def allowed(metadata: dict) -> bool:
@@ -270,14 +277,17 @@ def test_batches_with_a_smaller_remainder_still_merge(monkeypatch) -> None:
     from langchain_rse.lexical import bm25
 
     monkeypatch.setattr(bm25, "_LEVEL_BASE", 4)  # size classes at a few postings
-    index = BM25Index(background_merges=False, sync_merge_postings=10**9,
-                      max_segment_postings=10**9)  # type: ignore[arg-type]  # fmt: skip
+    index = BM25Index(
+        background_merges=False, sync_merge_postings=10**9, max_segment_postings=10**9
+    )  # type: ignore[arg-type]
     corpus: dict[str, str] = {}
     for call in range(32):
         for group, docs in enumerate((4, 4, 4, 2)):  # 16, 16, 16 and 8 postings
             keys = [f"c{call}-{group}-{d}" for d in range(docs)]
-            texts = [" ".join(WORDS[(call + group + d + j) % len(WORDS)] for j in range(4))
-                     for d in range(docs)]  # fmt: skip
+            texts = [
+                " ".join(WORDS[(call + group + d + j) % len(WORDS)] for j in range(4))
+                for d in range(docs)
+            ]
             index.add(keys, texts)
             corpus.update(zip(keys, texts))
     assert index.segments <= 16

@@ -27,8 +27,14 @@ class KeywordStore(VectorStore):
         self.docs: dict[str, Document] = {}
         self.searches = 0
 
-    def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None,
-                  *, ids: list[str] | None = None, **kwargs: Any) -> list[str]:  # fmt: skip
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
         texts = list(texts)
         ids = list(ids or [str(i) for i in range(len(self.docs), len(self.docs) + len(texts))])
         for i, text, meta in zip(ids, texts, metadatas or [{}] * len(texts)):
@@ -59,8 +65,7 @@ class KeywordStore(VectorStore):
 @pytest.fixture
 def setup() -> tuple[RSERetriever, KeywordStore]:
     store = KeywordStore()
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), lexical_store=store,
-                     k=3)  # fmt: skip
+    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), lexical_store=store, k=3)
     r.add_documents(corpus_documents())
     return r, store
 
@@ -79,8 +84,11 @@ def test_replace_and_delete_reach_the_lexical_store(setup) -> None:
     r.add_documents(
         [Document(make_contract("gamma", ["escrow"]), metadata={"source": "gamma.txt"})]
     )
-    versions = {d.metadata["doc_version"] for d in store.docs.values()
-                if d.metadata["doc_id"] == "gamma.txt"}  # fmt: skip
+    versions = {
+        d.metadata["doc_version"]
+        for d in store.docs.values()
+        if d.metadata["doc_id"] == "gamma.txt"
+    }
     assert len(versions) == 1
     r.delete(["gamma.txt"])
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in store.docs.values())
@@ -91,7 +99,6 @@ def test_save_needs_the_external_store_again(setup, tmp_path) -> None:
     r.save(tmp_path / "idx")
     with pytest.raises(ValueError, match="lexical_store"):
         RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
-    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(),
-                               lexical_store=store)  # fmt: skip
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), lexical_store=store)
     q = "insurance obligations"
     assert [d.metadata for d in loaded.invoke(q)] == [d.metadata for d in r.invoke(q)]

@@ -38,8 +38,14 @@ def snapshot(r: RSERetriever, queries: list[str]) -> list[Any]:
 
 def clauses(n: int) -> tuple[list[str], list[dict[str, Any]], list[str]]:
     texts = [f"{WORDS[i % 8]} {WORDS[(i * 3) % 8]} clause {i}" for i in range(n)]
-    metas = [{"tenant": ["acme", "globex", "initech"][i % 3], "year": 2000 + i % 7,
-              "doc_id": f"d{i % 5}"} for i in range(n)]  # fmt: skip
+    metas = [
+        {
+            "tenant": ["acme", "globex", "initech"][i % 3],
+            "year": 2000 + i % 7,
+            "doc_id": f"d{i % 5}",
+        }
+        for i in range(n)
+    ]
     return texts, metas, [f"id{i}" for i in range(n)]
 
 
@@ -167,8 +173,12 @@ print(sorted(m for m in sys.modules
 def test_the_default_path_imports_no_sunset_package() -> None:
     """Build, query, cache embeddings, save and load with the defaults: no module of
     ``langchain-community`` or ``langchain-classic`` is imported (both are installed here)."""
-    out = subprocess.run([sys.executable, "-c", _DEFAULT_PATH, str(TESTS)], capture_output=True,
-                         text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _DEFAULT_PATH, str(TESTS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -205,7 +215,10 @@ def test_an_index_saved_with_localfaiss_loads(tmp_path: Path) -> None:
     r.delete(["incident_report.md"])
     r.add_documents([Document("Fees are due within thirty days.", id="fees.md")])
     assert {d.metadata["doc_id"] for d in r.invoke("who reported the incident", k=20)} <= {
-        "service_agreement.md", "employee_handbook.md", "fees.md"}  # fmt: skip
+        "service_agreement.md",
+        "employee_handbook.md",
+        "fees.md",
+    }
     r.save(tmp_path / "again")
     again = RSERetriever.load(tmp_path / "again", embedding=HashingEmbeddings(dim=16))
     assert snapshot(again, list(expected)) == snapshot(r, list(expected))

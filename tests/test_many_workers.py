@@ -114,10 +114,13 @@ def reader_loop(r: RSERetriever, commands: queue.Queue[str]) -> None:
             m = d.metadata
             if m["doc_id"] in deleted:
                 problems.append(f"deleted {m['doc_id']} came back")
-            elif not any(t[m["start_index"] : m["end_index"]] == d.page_content
-                         for t in texts[m["doc_id"]]):  # fmt: skip
-                problems.append(f"{m['doc_id']} [{m['start_index']}:{m['end_index']}] is not "
-                                "a slice of a whole version")  # fmt: skip
+            elif not any(
+                t[m["start_index"] : m["end_index"]] == d.page_content for t in texts[m["doc_id"]]
+            ):
+                problems.append(
+                    f"{m['doc_id']} [{m['start_index']}:{m['end_index']}] is not "
+                    "a slice of a whole version"
+                )
 
     def after_round(n: int) -> dict[str, Any]:
         """What must hold once round ``n`` is written (the writer waits meanwhile)."""
@@ -130,23 +133,35 @@ def reader_loop(r: RSERetriever, commands: queue.Queue[str]) -> None:
         # branch, which is not what is checked here: a CI run on Chroma + Redis once
         # returned a fused top 4 without the chunk of lexical rank 1 (ranks 2, 7, 9, 41).
         lexical = r._search().lexical_search({"query": f"the zq{n}vx clause", "filter": None})
-        lexical_sees_it = (bool(lexical) and doc_of(lexical[0][0]) == f"w{n}"
-                           and [d.id for d in r.get([f"w{n}"])] == [f"w{n}"])  # fmt: skip
-        top = [(d.metadata["doc_id"], d.metadata["dense_rank"], d.metadata["lexical_rank"])
-               for d in found]  # fmt: skip
+        lexical_sees_it = (
+            bool(lexical)
+            and doc_of(lexical[0][0]) == f"w{n}"
+            and [d.id for d in r.get([f"w{n}"])] == [f"w{n}"]
+        )
+        top = [
+            (d.metadata["doc_id"], d.metadata["dense_rank"], d.metadata["lexical_rank"])
+            for d in found
+        ]
         current = r.invoke(f"mk{n}q payment", mode="chunks", k=8)
         check(current)
         replaced = [d for d in current if d.metadata["doc_id"] in REPLACED]
         whole_current = bool(replaced) and all(
-            version_text(d.metadata["doc_id"], n)[d.metadata["start_index"]:
-                                                  d.metadata["end_index"]] == d.page_content
+            version_text(d.metadata["doc_id"], n)[
+                d.metadata["start_index"] : d.metadata["end_index"]
+            ]
+            == d.page_content
             for d in replaced
-        )  # fmt: skip
+        )
         gone = [] if n < 2 else r.invoke(f"the zq{n - 2}vx clause", mode="chunks")
         check(gone)
-        return {"checked": n, "lexical_sees_it": lexical_sees_it, "whole_current": whole_current,
-                "deleted_gone": all(d.metadata["doc_id"] != f"w{n - 2}" for d in gone)
-                and (n < 2 or r.get([f"w{n - 2}"]) == []), "top": top}  # fmt: skip
+        return {
+            "checked": n,
+            "lexical_sees_it": lexical_sees_it,
+            "whole_current": whole_current,
+            "deleted_gone": all(d.metadata["doc_id"] != f"w{n - 2}" for d in gone)
+            and (n < 2 or r.get([f"w{n - 2}"]) == []),
+            "top": top,
+        }
 
     i = 0
     while True:
@@ -160,17 +175,31 @@ def reader_loop(r: RSERetriever, commands: queue.Queue[str]) -> None:
             latest = int(command[1])
             print(json.dumps(after_round(latest)), flush=True)
             continue
-        queries = ["termination provisions", "payment obligations", "escrow clause",
-                   f"mk{latest}q payment", f"the zq{latest}vx clause",
-                   f"the zq{max(latest - 2, 0)}vx clause"]  # fmt: skip
+        queries = [
+            "termination provisions",
+            "payment obligations",
+            "escrow clause",
+            f"mk{latest}q payment",
+            f"the zq{latest}vx clause",
+            f"the zq{max(latest - 2, 0)}vx clause",
+        ]
         starts.append(time.time())
         try:
             check(r.invoke(queries[i % len(queries)], mode="chunks" if i % 2 else "segments"))
         except Exception as exc:  # reported to the test
             problems.append(f"{type(exc).__name__}: {exc}")
         i += 1
-    print(json.dumps({"queries": len(starts), "starts": starts, "problems": problems[:5],
-                      "n_problems": len(problems)}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "queries": len(starts),
+                "starts": starts,
+                "problems": problems[:5],
+                "n_problems": len(problems),
+            }
+        ),
+        flush=True,
+    )
 
 
 class Worker:
@@ -179,8 +208,10 @@ class Worker:
     def __init__(self, cfg: dict[str, Any], role: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, str(TESTS), json.dumps(cfg), role],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._follow, daemon=True).start()
 
@@ -215,8 +246,13 @@ def engine(request, tmp_path_factory) -> Iterator[dict[str, Any]]:
 def test_one_writer_and_three_reader_processes(engine) -> None:
     cfg = new_index(engine)
     r = build(cfg, k=4, weights=(1.0, 1.0), router=None)
-    r.add_documents([*corpus_documents(), *(Document(version_text(d, 0), id=d) for d in REPLACED),
-                     Document(added_text(0), id="w0")])  # fmt: skip
+    r.add_documents(
+        [
+            *corpus_documents(),
+            *(Document(version_text(d, 0), id=d) for d in REPLACED),
+            Document(added_text(0), id="w0"),
+        ]
+    )
     workers = [Worker(cfg, "reader") for _ in range(READERS)]
     writer = Worker(cfg, "writer")
     try:
@@ -233,8 +269,12 @@ def test_one_writer_and_three_reader_processes(engine) -> None:
             for w in workers:
                 got = w.reply()
                 top = got.pop("top")  # (doc_id, dense rank, lexical rank) of what was found
-                assert got == {"checked": n, "lexical_sees_it": True, "whole_current": True,
-                               "deleted_gone": True}, top  # fmt: skip
+                assert got == {
+                    "checked": n,
+                    "lexical_sees_it": True,
+                    "whole_current": True,
+                    "deleted_gone": True,
+                }, top
         for w in workers:
             w.send("stop")
         summaries = [w.reply() for w in workers]

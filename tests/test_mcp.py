@@ -44,7 +44,7 @@ def source_documents() -> dict[str, Document]:
         [
             Document(text, metadata={"source": "contracts/lease.pdf", "title": "Office Lease"})
             for text in LEASE_PAGES
-        ]  # fmt: skip
+        ]
     )
     lease.id = "contracts/lease.pdf"  # a doc id with a slash
     handbook = Document(HANDBOOK, id="handbook.md", metadata={"source": "handbook.md"})

@@ -112,8 +112,16 @@ def test_bm25_scores_rank_best_first_and_dense_relevance_is_ordered(make) -> Non
     rel = [s for _, s in dense]
     assert rel == sorted(rel, reverse=True) and all(0 <= s <= 1 for s in rel)
     for doc, _ in hits[:1] + dense[:1]:  # the metadata the retriever reads back
-        assert {"doc_id", "doc_version", "chunk_index", "start_index", "end_index",
-                "enrichment", "source", "title"} <= set(doc.metadata)  # fmt: skip
+        assert {
+            "doc_id",
+            "doc_version",
+            "chunk_index",
+            "start_index",
+            "end_index",
+            "enrichment",
+            "source",
+            "title",
+        } <= set(doc.metadata)
 
 
 def test_a_rare_identifier_is_found_by_milvus_bm25(make) -> None:
@@ -257,8 +265,10 @@ def test_a_second_process_sees_the_writers_replacements_in_its_lexical_branch(
         reader.add_documents([Document(versions[0], id="alpha"), other])  # creates both
         writer = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(TESTS), uri, str(redis), name, str(rounds)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         latest = [0]
         done = threading.Event()
 

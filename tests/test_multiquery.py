@@ -20,15 +20,15 @@ PARAMS = RSEParams(4, 8, 0.3, 0.2, 10.0, extra_query_chunks=4)
 
 @pytest.fixture(scope="module")
 def retriever() -> RSERetriever:
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10,
-                     rse_params=PARAMS)  # fmt: skip
+    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10, rse_params=PARAMS)
     r.add_documents(corpus_documents())
     return r
 
 
 def spans(docs) -> list[tuple[str, int, int]]:
-    return [(d.metadata["doc_id"], d.metadata["start_index"], d.metadata["end_index"])
-            for d in docs]  # fmt: skip
+    return [
+        (d.metadata["doc_id"], d.metadata["start_index"], d.metadata["end_index"]) for d in docs
+    ]
 
 
 def test_extra_queries_widen_the_search_without_repeating_text(retriever) -> None:
@@ -56,8 +56,7 @@ def test_metadata_shows_which_query_found_what(retriever) -> None:
         assert set(d.metadata["query_ranks"]) <= {"termination", "royalties"}
         assert d.metadata["query_ranks"], "every result was found by some query"
     royalty_chunks = [d for d in out if "royalties" in d.page_content.lower()]
-    assert royalty_chunks and all("royalties" in d.metadata["query_ranks"]
-                                  for d in royalty_chunks)  # fmt: skip
+    assert royalty_chunks and all("royalties" in d.metadata["query_ranks"] for d in royalty_chunks)
 
 
 def test_duplicate_and_original_queries_collapse(retriever) -> None:
@@ -98,8 +97,12 @@ class ListExpander:
 
 async def test_expander_queries_are_searched_and_original_kept() -> None:
     expander = ListExpander(["royalties payable", "audit rights"])
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10,
-                     rse_params=PARAMS, query_expander=expander)  # fmt: skip
+    r = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        k=10,
+        rse_params=PARAMS,
+        query_expander=expander,
+    )
     r.add_documents(corpus_documents())
     out = r.invoke("termination")
     assert expander.calls == 1
@@ -123,8 +126,12 @@ class CountingChat(GenericFakeChatModel):
 
 def expander_retriever(llm: CountingChat) -> RSERetriever:
     expander = QueryExpander(llm, n=2, max_retries=0)
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10,
-                     rse_params=PARAMS, query_expander=expander)  # fmt: skip
+    r = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        k=10,
+        rse_params=PARAMS,
+        query_expander=expander,
+    )
     r.add_documents(corpus_documents())
     return r
 
@@ -142,8 +149,9 @@ def test_query_expander_end_to_end_cached() -> None:
 def test_query_expander_failure_falls_back_to_the_query(caplog) -> None:
     llm = CountingChat(messages=iter([]), fail=True)
     r = expander_retriever(llm)
-    plain = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10,
-                         rse_params=PARAMS)  # fmt: skip
+    plain = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=10, rse_params=PARAMS
+    )
     plain.add_documents(corpus_documents())
     with caplog.at_level("WARNING"):
         out = r.invoke("termination")
@@ -160,9 +168,16 @@ def test_each_candidate_keeps_its_rank_in_every_branch() -> None:
     from langchain_rse.search import DenseResult
 
     a, b, c = (chunk_key("d", "v", i) for i in range(3))
-    s = QuerySettings(k=3, mode="chunks", queries=["q", "r"], weights=(2.0, 1.0),
-                      candidate_pool=50, params=PARAMS, rerank=False,
-                      strict_rerank=False)  # fmt: skip
+    s = QuerySettings(
+        k=3,
+        mode="chunks",
+        queries=["q", "r"],
+        weights=(2.0, 1.0),
+        candidate_pool=50,
+        params=PARAMS,
+        rerank=False,
+        strict_rerank=False,
+    )
     dense = [DenseResult([(a, 0.9), (b, 0.5)]), DenseResult([(c, 0.7)])]
     found, route = candidates(s, dense, [[(c, 3.0), (a, 1.0)], []])
     assert route is None

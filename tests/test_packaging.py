@@ -47,8 +47,9 @@ print(sorted(m for m in sys.modules
 
 def run(command: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not this checkout
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def unreachable(result: subprocess.CompletedProcess[str], what: str) -> None:
@@ -65,8 +66,16 @@ def test_the_wheel_installs_and_runs_the_offline_default(tmp_path: Path) -> None
     dist = tmp_path / "dist"
     if importlib.util.find_spec("build") and importlib.util.find_spec("hatchling"):
         # offline: the build backend installed here (the test extra brings both)
-        command = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
-                   str(dist), str(REPO)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(dist),
+            str(REPO),
+        ]
     else:  # pip fetches hatchling into an isolated build environment
         command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist), str(REPO)]
     unreachable(run(command, tmp_path, 300), "building the wheel")
@@ -78,9 +87,16 @@ def test_the_wheel_installs_and_runs_the_offline_default(tmp_path: Path) -> None
     install = [str(python), "-m", "pip", "install", "--quiet", f"{wheel}[local]"]
     unreachable(run(install, tmp_path, 900), "pip install of the wheel with [local]")
 
-    absent = run([str(python), "-c", "import importlib.util as u; print([m for m in "
-                  "('langchain_community', 'langchain_classic') if u.find_spec(m)])"],
-                 tmp_path, 60)  # fmt: skip
+    absent = run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util as u; print([m for m in "
+            "('langchain_community', 'langchain_classic') if u.find_spec(m)])",
+        ],
+        tmp_path,
+        60,
+    )
     assert absent.stdout.strip() == "[]", "the local extra installed a sunset package"
     checked = run([str(python), "-c", CHECK], tmp_path, 600)  # from outside the repository
     assert checked.returncode == 0, checked.stderr[-3000:]

@@ -135,8 +135,11 @@ def test_an_index_saved_with_token_lists_still_loads(built, tmp_path) -> None:
     idx = tmp_path / "idx"
     built.save(idx)
     lexical = built._lexical
-    old = {"keys": lexical.keys(), "tokens": list(lexical.tokens().values()),
-           "groups": lexical.groups()}  # fmt: skip
+    old = {
+        "keys": lexical.keys(),
+        "tokens": list(lexical.tokens().values()),
+        "groups": lexical.groups(),
+    }
     _rewrite(idx, "lexical", json.dumps(old).encode())
     manifest = json.loads((idx / MANIFEST).read_text())
     del manifest["files"]["lexical_tf"]

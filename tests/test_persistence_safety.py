@@ -59,13 +59,20 @@ def test_cli_index_and_html_page_follow_the_umask(tmp_path: Path, umask: int, mo
     for doc in corpus_documents():
         (folder / doc.metadata["source"]).write_text(doc.page_content, encoding="utf-8")
     cli = [sys.executable, "-m", "langchain_rse.cli"]
-    run = {"env": _env(), "check": True, "capture_output": True, "timeout": 300,
-           "preexec_fn": lambda: os.umask(umask)}  # fmt: skip
-    subprocess.run([*cli, "index", str(folder), "--index", str(tmp_path / "idx"),
-                    "--no-progress"], **run)  # fmt: skip
+    run = {
+        "env": _env(),
+        "check": True,
+        "capture_output": True,
+        "timeout": 300,
+        "preexec_fn": lambda: os.umask(umask),
+    }
+    subprocess.run(
+        [*cli, "index", str(folder), "--index", str(tmp_path / "idx"), "--no-progress"], **run
+    )
     page = tmp_path / "why.html"
-    subprocess.run([*cli, "query", str(tmp_path / "idx"), "termination", "--html", str(page)],
-                   **run)  # fmt: skip
+    subprocess.run(
+        [*cli, "query", str(tmp_path / "idx"), "termination", "--html", str(page)], **run
+    )
     written = [p for p in (tmp_path / "idx").rglob("*") if p.is_file()] + [page]
     modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in written}
     index_files = {name: m for name, m in modes.items() if "embedding_cache" not in name}
@@ -104,7 +111,7 @@ def _concurrent_saves(target: Path, workers: int, rounds: int) -> list[str]:
             stderr=subprocess.PIPE,
             text=True,
             env=_env(),
-        )  # fmt: skip
+        )
         for w in range(workers)
     ]
     for proc in procs:
@@ -214,8 +221,13 @@ def test_a_tampered_reranker_url_gets_no_key_through_the_cli_query(tmp_path: Pat
     with running_server() as evil:
         _set_reranker_url(tmp_path / "idx", evil.url)
         for extra in ([], ["--explain"]):
-            done = subprocess.run([*cli, "query", str(tmp_path / "idx"), "termination", *extra],
-                                  env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+            done = subprocess.run(
+                [*cli, "query", str(tmp_path / "idx"), "termination", *extra],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert done.returncode == 0, done.stderr
         assert evil.requests == []
 
@@ -224,16 +236,25 @@ def test_a_tampered_reranker_url_gets_no_key_through_the_cli_query(tmp_path: Pat
 
 Path_ = tuple[Any, ...]
 OPTIONAL = {  # keys older saves lack (see index_schema): deleting them leaves a valid index
-    ("library_version",), ("stats",), ("components",), ("lexical",), ("config", "lexical_stemmer"),
-    ("config", "max_document_chars"), ("config", "max_chars"),
-}  # fmt: skip
+    ("library_version",),
+    ("stats",),
+    ("components",),
+    ("lexical",),
+    ("config", "lexical_stemmer"),
+    ("config", "max_document_chars"),
+    ("config", "max_chars"),
+}
 NULLABLE = {  # keys where null is a valid setting
-    ("config", "lexical_stemmer"), ("embedding", "class"), ("components", "router"),
-}  # fmt: skip
+    ("config", "lexical_stemmer"),
+    ("embedding", "class"),
+    ("components", "router"),
+}
 VALID_ALSO = {  # values of another type that are still valid there
-    ("components", "reranker"), ("components", "query_expander"), ("config", "rse_params"),
+    ("components", "reranker"),
+    ("components", "query_expander"),
+    ("config", "rse_params"),
     ("embedding", "model"),
-}  # fmt: skip
+}
 
 
 def _leaves(value: Any, at: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
@@ -249,10 +270,20 @@ def _leaves(value: Any, at: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
 def _other_type(value: Any) -> list[Any]:
     """Values of other JSON types than ``value``'s (strings of numbers included)."""
     candidates = ["7", 7, 7.5, True, None, [7], {"x": 7}]
-    same = {bool: (bool,), int: (int,), float: (float, int), str: (str,), list: (list,),
-            dict: (dict,), type(None): (type(None),)}[type(value)]  # fmt: skip
-    return [c for c in candidates if not isinstance(c, same) or
-            (isinstance(c, bool) and type(value) is not bool)]  # fmt: skip
+    same = {
+        bool: (bool,),
+        int: (int,),
+        float: (float, int),
+        str: (str,),
+        list: (list,),
+        dict: (dict,),
+        type(None): (type(None),),
+    }[type(value)]
+    return [
+        c
+        for c in candidates
+        if not isinstance(c, same) or (isinstance(c, bool) and type(value) is not bool)
+    ]
 
 
 def _edit(doc: Any, at: Path_, change: Callable[[Any, Any], None]) -> Any:
@@ -288,18 +319,25 @@ def _manifest_mutations(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
                 _edit(manifest, at, lambda p, k: p[k].__setitem__("unexpected", 1)),
             )
     bad_values = {
-        ("config", "k"): [-1], ("config", "mode"): ["everything"], ("config", "chunk_size"): [0],
-        ("config", "chunk_overlap"): [10_000, -1], ("config", "weights"): [[0, 0], [1, 2, 3]],
+        ("config", "k"): [-1],
+        ("config", "mode"): ["everything"],
+        ("config", "chunk_size"): [0],
+        ("config", "chunk_overlap"): [10_000, -1],
+        ("config", "weights"): [[0, 0], [1, 2, 3]],
         ("config", "preset"): ["no-such-preset"],
         ("config", "lexical_stemmer"): ["klingon"],
         ("config", "rse_params"): [{"max_segment_chunks": 0}, {"bogus": 1}],
-        ("format_version",): [99, 0], ("generation",): ["ZZZ", ""], ("vectorstore", "kind"): ["s3"],
-        ("docstore", "kind"): ["cloud"], ("stats", "chunks"): [-1],
-        ("files", "lexical", "sha256"): ["abc"], ("files", "lexical", "name"): ["../lexical.json"],
+        ("format_version",): [99, 0],
+        ("generation",): ["ZZZ", ""],
+        ("vectorstore", "kind"): ["s3"],
+        ("docstore", "kind"): ["cloud"],
+        ("stats", "chunks"): [-1],
+        ("files", "lexical", "sha256"): ["abc"],
+        ("files", "lexical", "name"): ["../lexical.json"],
         ("components", "enricher", "settings", "max_depth"): ["4", 4.5],
         ("components", "enricher", "settings", "unexpected"): [1],
         ("components", "router", "settings", "documents"): ["1", None],
-    }  # fmt: skip
+    }
     for at, values in bad_values.items():
         for bad in values:
             yield f"{at} = {bad!r}", _edit(manifest, at, lambda p, k, b=bad: p.__setitem__(k, b))
@@ -369,8 +407,15 @@ def _file_mutations(role: str, data: bytes) -> Iterator[tuple[str, bytes]]:
     if role == "docstore":
         lines = data.decode().splitlines()
         first = json.loads(lines[0])
-        for bad in ([first[0]], [first[0], first[1], "x"], [1, first[1]], [first[0], 5],
-                    [first[0], "not json"], [first[0], "[1, 2]"], {"k": first[0]}):  # fmt: skip
+        for bad in (
+            [first[0]],
+            [first[0], first[1], "x"],
+            [1, first[1]],
+            [first[0], 5],
+            [first[0], "not json"],
+            [first[0], "[1, 2]"],
+            {"k": first[0]},
+        ):
             yield f"line {bad!r}", "\n".join([json.dumps(bad), *lines[1:]]).encode()
         yield "a key twice", "\n".join([lines[0], *lines]).encode()
         return

@@ -95,11 +95,15 @@ def assert_no_orphans(r: RSERetriever, doc_ids: list[str]) -> None:
     counts = rows(r)
     assert counts["langchain_pg_embedding"] == counts["rse_lexical"] == n
     with r.docstore.engine.connect() as conn:  # type: ignore[attr-defined]
-        stored = set(conn.execute(sa.text(
-            "SELECT DISTINCT cmetadata->>'doc_id', cmetadata->>'doc_version' "
-            "FROM langchain_pg_embedding UNION "
-            "SELECT DISTINCT metadata->>'doc_id', metadata->>'doc_version' FROM rse_lexical"
-        )).all())  # fmt: skip
+        stored = set(
+            conn.execute(
+                sa.text(
+                    "SELECT DISTINCT cmetadata->>'doc_id', cmetadata->>'doc_version' "
+                    "FROM langchain_pg_embedding UNION "
+                    "SELECT DISTINCT metadata->>'doc_id', metadata->>'doc_version' FROM rse_lexical"
+                )
+            ).all()
+        )
     assert stored == {(p.doc_id, p.version) for p in current}, "orphan chunks remain"
     keys = list(r.docstore.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):  # pointer, body, version record per document
@@ -273,9 +277,14 @@ def test_filter_sql_agrees_with_the_retrievers_own_check(make) -> None:
         assert got_ids == want, spec
         hits = store.similarity_search("text", k=10, filter=spec)
         assert sorted(str(d.id) for d in hits) == want, spec
-    bad_filters: list[dict[str, Any]] = [{}, {"$not": {"t": "a"}}, {"t": {"$regex": "a"}},
-                                         {"year": {"$gt": "2020"}}, {"t": {"$in": []}},
-                                         {"t": [1]}]  # fmt: skip
+    bad_filters: list[dict[str, Any]] = [
+        {},
+        {"$not": {"t": "a"}},
+        {"t": {"$regex": "a"}},
+        {"year": {"$gt": "2020"}},
+        {"t": {"$in": []}},
+        {"t": [1]},
+    ]
     for bad in bad_filters:
         with pytest.raises(ValueError):
             filter_sql(bad)
@@ -293,8 +302,12 @@ def test_pgvector_translation_agrees_with_the_retrievers_own_check(make) -> None
     engine = sa.create_engine(make.url)
     vs = PGVector(HashingEmbeddings(), connection=engine, collection_name="filters")
     ids = vs.add_texts(["text"] * len(ROWS), ROWS, ids=[str(i) for i in range(len(ROWS))])
-    extra = [{"t": {"$nin": ["acme", "globex"]}}, {"year": {"$in": [2021, 2023.5]}},
-             {"year": {"$in": ["2021"]}}, {"tier": {"$nin": ["free", "x"]}}]  # fmt: skip
+    extra = [
+        {"t": {"$nin": ["acme", "globex"]}},
+        {"year": {"$in": [2021, 2023.5]}},
+        {"year": {"$in": ["2021"]}},
+        {"tier": {"$nin": ["free", "x"]}},
+    ]
     # a value of another JSON type than the filter's: unknown to jsonb_path_match, so
     # PGVector drops the row (ok=1 for `$ne: True`, year="2021" for `$ne: 1.0`): lost,
     # never leaked
@@ -394,15 +407,21 @@ def test_a_reader_process_sees_another_processes_writes(make) -> None:
                 for q in ("termination provisions", "escrow clause", "payment obligations"):
                     for seg in r.invoke(q):
                         m = seg.metadata
-                        if not any(t[m["start_index"] : m["end_index"]] == seg.page_content
-                                   for t in texts[m["doc_id"]]):  # fmt: skip
+                        if not any(
+                            t[m["start_index"] : m["end_index"]] == seg.page_content
+                            for t in texts[m["doc_id"]]
+                        ):
                             mixed.append(m["doc_id"])
                     answered[0] += 1
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(TESTS), make.url, str(rounds)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(TESTS), make.url, str(rounds)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     thread = threading.Thread(target=reader)
     try:
         assert proc.stdin is not None and proc.stdout is not None

@@ -21,8 +21,13 @@ TOPICS = ["termination", "payment", "warranty", "liability", "confidentiality"]
 
 
 def corpus(n: int = 6) -> list[Document]:
-    return [Document(make_contract(f"c{i}", TOPICS[i % 5 :] + TOPICS[: i % 5]),
-                     metadata={"source": f"c{i}.md"}) for i in range(n)]  # fmt: skip
+    return [
+        Document(
+            make_contract(f"c{i}", TOPICS[i % 5 :] + TOPICS[: i % 5]),
+            metadata={"source": f"c{i}.md"},
+        )
+        for i in range(n)
+    ]
 
 
 class RecordingStore(InMemoryVectorStore):
@@ -67,8 +72,7 @@ def test_bar_and_silence(capsys, caplog) -> None:
     r.add_documents(corpus(2))
     err = capsys.readouterr().err
     assert "enriching" in err and "embedding + writing" in err and "100%" in err
-    quiet = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()),
-                         show_progress=False)  # fmt: skip
+    quiet = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), show_progress=False)
     with caplog.at_level(logging.INFO, logger="langchain_rse.progress"):
         quiet.add_documents(corpus(2))
     assert capsys.readouterr().err == ""
@@ -88,8 +92,12 @@ async def test_documents_are_enriched_and_written_in_groups(monkeypatch, use_asy
     monkeypatch.setattr(steps, "INDEX_BATCH_SIZE", 4)
     events: list[tuple[str, Any]] = []
     RecordingEnricher.events = events
-    grouped = RSERetriever(vectorstore=RecordingStore(events), enricher=RecordingEnricher(),
-                           chunk_size=200, show_progress=False)  # fmt: skip
+    grouped = RSERetriever(
+        vectorstore=RecordingStore(events),
+        enricher=RecordingEnricher(),
+        chunk_size=200,
+        show_progress=False,
+    )
     docs = corpus(6)
     if use_async:
         await grouped.aadd_documents(docs)
@@ -102,8 +110,12 @@ async def test_documents_are_enriched_and_written_in_groups(monkeypatch, use_asy
     assert sum(n for kind, n in events if kind == "write") == len(grouped._lexical)
     # the same index as one group: same chunks, same results
     RecordingEnricher.events = []
-    whole = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200,
-                         enricher=RecordingEnricher(), show_progress=False)  # fmt: skip
+    whole = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        chunk_size=200,
+        enricher=RecordingEnricher(),
+        show_progress=False,
+    )
     whole.add_documents(docs)
 
     def by_chunk(r: RSERetriever) -> dict[tuple[str, str], list[str]]:  # version ids differ

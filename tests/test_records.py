@@ -75,8 +75,10 @@ async def test_replaced_documents_return_their_new_text() -> None:
     r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()), k=2)
     old = make_contract("supply", ["termination", "payment"])
     r.add_documents([Document(old, id="c")])
-    assert all(old[d.metadata["start_index"] : d.metadata["end_index"]] == d.page_content
-               for d in r.invoke("termination notice"))  # fmt: skip
+    assert all(
+        old[d.metadata["start_index"] : d.metadata["end_index"]] == d.page_content
+        for d in r.invoke("termination notice")
+    )
     new = make_contract("supply renewed", ["termination", "warranty"])
     r.add_documents([Document(new, id="c")])
     for found in (r.invoke("termination notice"), await r.ainvoke("termination notice")):
@@ -191,8 +193,13 @@ def test_a_malformed_stored_context_is_a_clear_error(contexts: list[Any]) -> Non
 def test_a_pointer_is_read_back_or_refused_with_a_reason() -> None:
     """Pointers are parsed by pydantic's JSON parser; what it rejects is read again to say
     why: another record format, a value of the wrong type, or bytes that are not JSON."""
-    pointer = DocRecord(doc_id="d", version="v1", metadata={"title": "caf\u00e9 \u6587", "n": 2},
-                        spans=[(0, 5), (5, 9)], fallbacks=1)  # fmt: skip
+    pointer = DocRecord(
+        doc_id="d",
+        version="v1",
+        metadata={"title": "caf\u00e9 \u6587", "n": 2},
+        spans=[(0, 5), (5, 9)],
+        fallbacks=1,
+    )
     raw = pointer.to_bytes()
     again = DocRecord.from_bytes(raw)
     assert again == pointer and list(again.spans) == [(0, 5), (5, 9)]

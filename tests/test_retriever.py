@@ -288,8 +288,10 @@ class _ReverseCompressor(BaseDocumentCompressor):
 
     def compress_documents(self, documents, query, callbacks=None):  # type: ignore[override]
         out = list(reversed(documents))
-        return [Document(d.page_content, metadata={**d.metadata, "relevance_score": 1 - i / 100})
-                for i, d in enumerate(out)]  # fmt: skip
+        return [
+            Document(d.page_content, metadata={**d.metadata, "relevance_score": 1 - i / 100})
+            for i, d in enumerate(out)
+        ]
 
 
 def test_assignment_is_validated(retriever) -> None:
@@ -304,8 +306,11 @@ def test_assignment_is_validated(retriever) -> None:
     assert type(retriever.reranker).__name__ == "CompressorReranker"
     assert retriever.invoke(QUERY)
     # what was read once at construction cannot be changed afterwards
-    for name, value in [("lexical_stemmer", None), ("docstore", InMemoryByteStore()),
-                        ("vectorstore", InMemoryVectorStore(HashingEmbeddings()))]:  # fmt: skip
+    for name, value in [
+        ("lexical_stemmer", None),
+        ("docstore", InMemoryByteStore()),
+        ("vectorstore", InMemoryVectorStore(HashingEmbeddings())),
+    ]:
         with pytest.raises(ValueError, match="frozen"):
             setattr(retriever, name, value)
 

@@ -106,8 +106,8 @@ def test_the_lead_reaches_past_a_cover_legend() -> None:
     assert "ORION SUPPLY AGREEMENT" in leads.get(["orion.txt"])[0].page_content
     assert leads.hits(QUERY)[0][0] == "orion.txt"
     retriever = RSERetriever(
-        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200,
-        enricher=NoEnricher())  # fmt: skip
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200, enricher=NoEnricher()
+    )
     retriever.add_documents(docs)
     assert retriever.router is not None
     assert retriever.router.route(QUERY, {}) == {"orion.txt"}
@@ -369,8 +369,9 @@ def test_in_docs_agrees_with_parsing_every_key(seed: int) -> None:
     from langchain_rse.indexing.records import _SEP, chunk_key, doc_of, in_docs
 
     rng = random.Random(seed)
-    ids = list({"".join(rng.choice(["a", "b", _SEP]) for _ in range(rng.randint(1, 4)))
-                for _ in range(12)})  # fmt: skip
+    ids = list(
+        {"".join(rng.choice(["a", "b", _SEP]) for _ in range(rng.randint(1, 4))) for _ in range(12)}
+    )
     keys = [chunk_key(d, rng.choice(["v1", "v2.1"]), rng.randint(0, 30)) for d in ids * 3]
     for n in (1, 2, 3):
         docs = set(rng.sample(ids, min(n, len(ids))))
@@ -479,9 +480,16 @@ def test_off_route_segments_must_clear_the_boosted_bar() -> None:
     # a0 is the routed document's hit; b8 is worth 0.75, b5 0.3 (above the floor 0.2, below
     # (1 + boost) x 0.2 = 0.6)
     cands = [cand("a", 0, 1.0), cand("b", 8, 0.95), cand("b", 5, 0.5)]
-    s = QuerySettings(k=10, mode="segments", queries=["q"], weights=(4.0, 1.0),
-                      candidate_pool=50, params=params, rerank=False,
-                      strict_rerank=False)  # fmt: skip
+    s = QuerySettings(
+        k=10,
+        mode="segments",
+        queries=["q"],
+        weights=(4.0, 1.0),
+        candidate_pool=50,
+        params=params,
+        rerank=False,
+        strict_rerank=False,
+    )
     picked = lambda route: [(d, start) for d, start, _, _ in select(s, cands, metas, route)]  # noqa: E731
     assert picked(None) == [("a", 0), ("b", 8), ("b", 5)]
     assert picked(Route(frozenset({"a"}), 1.0 + DEFAULT_BOOST)) == [("a", 0), ("b", 8)]
@@ -553,9 +561,16 @@ def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None
     dense.sort(key=lambda h: -h[1])
     lexical.sort(key=lambda h: -h[1])
     pool, boost = rng.choice([1, 5, 20, 50]), rng.choice([0.5, 2.0, 9.0])
-    s = QuerySettings(k=4, mode="chunks", queries=["q"], weights=(4.0, 1.0),
-                      candidate_pool=pool, params=get_preset("default"), rerank=False,
-                      strict_rerank=False)  # fmt: skip
+    s = QuerySettings(
+        k=4,
+        mode="chunks",
+        queries=["q"],
+        weights=(4.0, 1.0),
+        candidate_pool=pool,
+        params=get_preset("default"),
+        rerank=False,
+        strict_rerank=False,
+    )
     routed = set(rng.sample("abcdef", rng.randint(1, 2)))
     router = DocumentRouter(retriever=LeadIndex(), check_k=None, boost=boost)
     got, route = candidates(s, [DenseResult(dense)], [lexical], routed, router, confirmed=True)

@@ -34,8 +34,10 @@ ARTICLES = {
 def article(key: str) -> Document:
     """Title, methods (past the 2,000 characters of a lead), then the findings."""
     title, findings = ARTICLES[key]
-    methods = "\n\n".join(f"Paragraph {i}: cohorts, sampling and statistical methods were "
-                           "described in the protocol." for i in range(30))  # fmt: skip
+    methods = "\n\n".join(
+        f"Paragraph {i}: cohorts, sampling and statistical methods were described in the protocol."
+        for i in range(30)
+    )
     return Document(f"{title}\n\n{methods}\n\n{findings}", id=key, metadata={"title": title})
 
 
@@ -50,14 +52,18 @@ def test_a_question_that_names_no_document_is_not_routed(retriever: RSERetriever
     query = "How can children be infected from their mother?"
     assert retriever.router is not None
     # the lead index alone would pick the article whose title holds "mother" ...
-    loose = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200,
-                         router=DocumentRouter.leads(min_naming=0.0))  # fmt: skip
+    loose = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        chunk_size=200,
+        router=DocumentRouter.leads(min_naming=0.0),
+    )
     loose.add_documents([article(k) for k in ARTICLES])
     assert loose.router is not None and loose.router.route(query) == {"hiv"}
     # ... but the question does not name it: no route, the results are the unrouted ones
     assert retriever.router.route(query) is None
-    unrouted = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()),
-                            chunk_size=200, router=None)  # fmt: skip
+    unrouted = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200, router=None
+    )
     unrouted.add_documents([article(k) for k in ARTICLES])
     assert [d.page_content for d in retriever.invoke(query)] == [
         d.page_content for d in unrouted.invoke(query)

@@ -64,9 +64,17 @@ def leaks(text: str) -> list[str]:
 # --------------------------------------------------------------------------------------
 
 BANNED_MODULES = {
-    "pickle", "cPickle", "_pickle", "pickletools", "cloudpickle", "dill", "joblib",
-    "marshal", "shelve", "copyreg",
-}  # fmt: skip
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "pickletools",
+    "cloudpickle",
+    "dill",
+    "joblib",
+    "marshal",
+    "shelve",
+    "copyreg",
+}
 BANNED_BUILTINS = {"eval", "exec", "compile", "__import__"}
 BANNED_ATTRIBUTE_CALLS = {
     ("torch", "load"),
@@ -130,10 +138,21 @@ def test_the_scanner_finds_unsafe_code() -> None:
     )
     found = "\n".join(unsafe_uses(bad))
     for needle in (
-        "import pickle", "marshal", "shelve", "dill", "joblib", "eval()", "exec()",
-        "allow_pickle", "torch.load", "load_local", "allow_dangerous", "import_module('pickle')",
-        "__import__('cPickle')", "yaml.load",
-    ):  # fmt: skip
+        "import pickle",
+        "marshal",
+        "shelve",
+        "dill",
+        "joblib",
+        "eval()",
+        "exec()",
+        "allow_pickle",
+        "torch.load",
+        "load_local",
+        "allow_dangerous",
+        "import_module('pickle')",
+        "__import__('cPickle')",
+        "yaml.load",
+    ):
         assert needle in found, needle
     clean = "import re, json\nimport numpy as np\nre.compile('x')\nnp.load('f.npy')\n"
     clean += "np.load('g.npy', allow_pickle=False)\njson.loads('{}')\n"
@@ -393,10 +412,12 @@ def test_prompt_injection_is_contained_to_its_document() -> None:
     # what the clean index returned there, and never with the injected text (BM25's corpus
     # statistics do include it, so lower ranks may move); the source text is returned verbatim
     for q in QUERIES:
-        got = [(d.metadata["doc_id"], d.metadata["score"], d.page_content)
-               for d in attacked.invoke(q)]  # fmt: skip
-        want = [(d.metadata["doc_id"], d.metadata["score"], d.page_content)
-                for d in clean.invoke(q)]  # fmt: skip
+        got = [
+            (d.metadata["doc_id"], d.metadata["score"], d.page_content) for d in attacked.invoke(q)
+        ]
+        want = [
+            (d.metadata["doc_id"], d.metadata["score"], d.page_content) for d in clean.invoke(q)
+        ]
         assert got[0] == want[0] and len(got) == len(want)
         for (doc, score, text), (_, clean_score, _) in zip(got, want):
             if doc == "evil.txt":

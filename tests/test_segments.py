@@ -147,8 +147,13 @@ def test_presets() -> None:
 def test_touching_segments_are_merged_into_one() -> None:
     from langchain_rse.segments import Segment
 
-    segs = [Segment(0, 2, 6, 2.4), Segment(1, 0, 2, 1.0), Segment(0, 6, 7, 0.6),
-            Segment(0, 7, 8, 0.3), Segment(0, 0, 1, 0.2)]  # fmt: skip
+    segs = [
+        Segment(0, 2, 6, 2.4),
+        Segment(1, 0, 2, 1.0),
+        Segment(0, 6, 7, 0.6),
+        Segment(0, 7, 8, 0.3),
+        Segment(0, 0, 1, 0.2),
+    ]
     assert merge_touching(segs) == [
         Segment(0, 2, 8, pytest.approx(3.3)),  # 2-6 + 6-7 + 7-8, worth their total
         Segment(1, 0, 2, 1.0),
@@ -164,8 +169,9 @@ def merge_reference(segments):
     for seg in segments:
         for i, m in enumerate(merged):
             if m.doc == seg.doc and (m.end == seg.start or seg.end == m.start):
-                merged[i] = Segment(m.doc, min(m.start, seg.start), max(m.end, seg.end),
-                                    m.value + seg.value)  # fmt: skip
+                merged[i] = Segment(
+                    m.doc, min(m.start, seg.start), max(m.end, seg.end), m.value + seg.value
+                )
                 break
         else:
             merged.append(seg)

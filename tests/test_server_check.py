@@ -21,10 +21,21 @@ def test_a_missing_server_is_named(monkeypatch, tmp_path) -> None:
 def test_ci_stops_the_session_before_any_test_when_a_server_is_missing(tmp_path) -> None:
     env = {**os.environ, "CI": "true", "PATH": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         str(TESTS / "test_fusion.py")],
-        capture_output=True, text=True, env=env, timeout=300, cwd=TESTS.parent,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(TESTS / "test_fusion.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=TESTS.parent,
+    )
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     assert "redis-server" in out.stdout + out.stderr
     assert " passed" not in out.stdout

@@ -185,15 +185,18 @@ def test_langchain_indexing_api_syncs_a_changing_source(make) -> None:
     manager = InMemoryRecordManager("test")
     manager.create_schema()
     docs = corpus_documents()
-    first = index(docs, manager, r, cleanup="incremental", source_id_key="source",
-                  key_encoder="sha256")  # fmt: skip
+    first = index(
+        docs, manager, r, cleanup="incremental", source_id_key="source", key_encoder="sha256"
+    )
     assert first["num_added"] == 4
-    again = index(docs, manager, r, cleanup="incremental", source_id_key="source",
-                  key_encoder="sha256")  # fmt: skip
+    again = index(
+        docs, manager, r, cleanup="incremental", source_id_key="source", key_encoder="sha256"
+    )
     assert again["num_added"] == 0 and again["num_skipped"] == 4
     docs[2] = Document(make_contract("gamma", ["escrow"]), metadata={"source": "gamma.txt"})
-    changed = index(docs, manager, r, cleanup="incremental", source_id_key="source",
-                    key_encoder="sha256")  # fmt: skip
+    changed = index(
+        docs, manager, r, cleanup="incremental", source_id_key="source", key_encoder="sha256"
+    )
     assert changed["num_added"] == 1 and changed["num_deleted"] == 1
     results = r.invoke("royalties audit rights")
     assert results
@@ -211,10 +214,12 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
     r = make(k=4)
     names = ["alpha", "beta", "gamma"]
     versions = {
-        n: [make_contract(n, ["termination", "payment"], 6),
-            "PREAMBLE " * 37 + "\n\n" + make_contract(n, ["termination", "payment"], 7)]
+        n: [
+            make_contract(n, ["termination", "payment"], 6),
+            "PREAMBLE " * 37 + "\n\n" + make_contract(n, ["termination", "payment"], 7),
+        ]
         for n in names
-    }  # fmt: skip
+    }
     r.add_documents([Document(versions[n][0], id=n) for n in names])
     errors: list[BaseException] = []
     mixed: list[str] = []
@@ -301,13 +306,21 @@ def tenant_documents() -> list[Document]:
             text = make_contract(f"{name} {kind}", TOPICS, 4).replace(
                 "paragraph", f"paragraph (notice {days + n} days, {weeks} weeks)"
             )
-            docs.append(Document(text, id=f"{tenant}-{kind}",
-                                 metadata={"tenant": tenant, "year": 2020 + n}))  # fmt: skip
+            docs.append(
+                Document(text, id=f"{tenant}-{kind}", metadata={"tenant": tenant, "year": 2020 + n})
+            )
     return docs
 
 
-QUERY_STEMS = ["termination notice", "payment terms", "confidentiality obligations",
-               "insurance cover", "supply agreement", "licence", "notice days weeks"]  # fmt: skip
+QUERY_STEMS = [
+    "termination notice",
+    "payment terms",
+    "confidentiality obligations",
+    "insurance cover",
+    "supply agreement",
+    "licence",
+    "notice days weeks",
+]
 
 
 def test_tenants_never_see_each_others_text(make) -> None:
@@ -335,10 +348,21 @@ def test_tenants_never_see_each_others_text(make) -> None:
 
 def test_a_selective_filter_still_returns_k_results(make) -> None:
     r = make(k=3, mode="chunks")
-    docs = [Document(make_contract(f"common{i}", ["termination", "payment"], 2),
-                     id=f"c{i}", metadata={"tenant": "many"}) for i in range(99)]  # fmt: skip
-    docs.append(Document(make_contract("rare", ["termination", "payment"], 8), id="rare",
-                         metadata={"tenant": "few", "year": 2024}))  # fmt: skip
+    docs = [
+        Document(
+            make_contract(f"common{i}", ["termination", "payment"], 2),
+            id=f"c{i}",
+            metadata={"tenant": "many"},
+        )
+        for i in range(99)
+    ]
+    docs.append(
+        Document(
+            make_contract("rare", ["termination", "payment"], 8),
+            id="rare",
+            metadata={"tenant": "few", "year": 2024},
+        )
+    )
     r.add_documents(docs)
     for f in ({"tenant": "few"}, {"year": {"$gte": 2024}}, {"tenant": {"$nin": ["many"]}}):
         found = r.invoke("termination payment", filter=f)
@@ -351,11 +375,15 @@ async def test_filters_hold_on_the_async_path_and_with_several_queries(make) -> 
     r = make(k=4)
     r.add_documents(tenant_documents())
     f = {"$and": [{"tenant": "globex"}, {"year": {"$in": [2021, 2022]}}]}
-    for found in (await r.ainvoke("termination notice", filter=f),
-                  r.invoke("termination", queries=["Acme payment", "Acme insurance"], filter=f),
-                  await r.ainvoke("termination", queries=["Acme payment"], filter=f)):  # fmt: skip
-        assert found and {d.metadata["doc_id"] for d in found} <= {"globex-service",
-                                                                   "globex-licence"}  # fmt: skip
+    for found in (
+        await r.ainvoke("termination notice", filter=f),
+        r.invoke("termination", queries=["Acme payment", "Acme insurance"], filter=f),
+        await r.ainvoke("termination", queries=["Acme payment"], filter=f),
+    ):
+        assert found and {d.metadata["doc_id"] for d in found} <= {
+            "globex-service",
+            "globex-licence",
+        }
 
 
 def test_a_doc_id_filter_and_focus_search_inside_one_document(make) -> None:

@@ -156,11 +156,21 @@ def test_a_filtered_router_retriever_sees_only_the_filter() -> None:
     """A router over an ``RSERetriever`` of :func:`document_leads` (which carry the
     documents' metadata) gets the filter too."""
     docs = [*ACME_DOCS, globex()]
-    leads = RSERetriever.from_documents(document_leads(docs), embedding=HashingEmbeddings(),
-                                        mode="chunks", enricher=NoEnricher(), k=3)  # fmt: skip
+    leads = RSERetriever.from_documents(
+        document_leads(docs),
+        embedding=HashingEmbeddings(),
+        mode="chunks",
+        enricher=NoEnricher(),
+        k=3,
+    )
     assert leads.invoke(QUERY)[0].id != "orion.txt"  # unfiltered, globex's lead wins
-    alone = RSERetriever.from_documents(document_leads(ACME_DOCS), embedding=HashingEmbeddings(),
-                                        mode="chunks", enricher=NoEnricher(), k=3)  # fmt: skip
+    alone = RSERetriever.from_documents(
+        document_leads(ACME_DOCS),
+        embedding=HashingEmbeddings(),
+        mode="chunks",
+        enricher=NoEnricher(),
+        k=3,
+    )
     want = _results(bound(False, router=DocumentRouter(retriever=alone)), k=3)
     rec = Recorder()
     r = bound(router=DocumentRouter(retriever=leads))
@@ -177,8 +187,9 @@ def test_the_focus_search_sees_only_the_filter() -> None:
     for n in range(3):  # more than the lead index's k, each naming Orion better than Orion's
         opening = "Orion Supply Agreement between Orion Holdings and the Buyer. " * 3
         alone.filter = None
-        alone.add_documents([Document(opening + f"Globex file {n}.", id=f"gx-{n}",
-                                      metadata={"tenant": "globex"})])  # fmt: skip
+        alone.add_documents(
+            [Document(opening + f"Globex file {n}.", id=f"gx-{n}", metadata={"tenant": "globex"})]
+        )
     alone.filter = ACME
     assert [(d.page_content, d.metadata) for d in alone.invoke(query, k=3)] == want
 
@@ -245,8 +256,10 @@ def test_a_router_that_cannot_take_the_filter_is_not_asked() -> None:
     router = FixedRouter(calls=[])
     want = _results(bound(router=None), k=3)
     rec = Recorder()
-    assert _results(bound(router=DocumentRouter(retriever=router)), k=3,
-                    config={"callbacks": [rec]}) == want  # fmt: skip
+    assert (
+        _results(bound(router=DocumentRouter(retriever=router)), k=3, config={"callbacks": [rec]})
+        == want
+    )
     assert router.calls == [] and not foreign(rec.calls)
     assert build(router=DocumentRouter(retriever=router)).invoke(QUERY) and router.calls == [QUERY]
 

@@ -97,8 +97,10 @@ async def test_concurrent_aadd_documents_of_the_same_documents_on_faiss() -> Non
 def shared_pair() -> tuple[RSERetriever, RSERetriever]:
     """Two retriever instances ("workers") over the same vector store and record store."""
     vs, store = InMemoryVectorStore(HashingEmbeddings()), InMemoryByteStore()
-    return (RSERetriever(vectorstore=vs, docstore=store, k=3),
-            RSERetriever(vectorstore=vs, docstore=store, k=3))  # fmt: skip
+    return (
+        RSERetriever(vectorstore=vs, docstore=store, k=3),
+        RSERetriever(vectorstore=vs, docstore=store, k=3),
+    )
 
 
 def orphans(r: RSERetriever) -> list[tuple[str, str]]:
@@ -238,7 +240,7 @@ def test_two_processes_replacing_the_same_documents_leave_no_orphans(servers) ->
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for w in range(2)
     ]
     for p in procs:
@@ -316,8 +318,12 @@ print(json.dumps({"embedding_calls": emb.calls, "llm_calls": CALLS[0]}))
 
 def test_re_adding_unchanged_documents_in_a_new_process_makes_no_model_calls(tmp_path) -> None:
     def run(*args: str) -> dict[str, int]:
-        out = subprocess.run([sys.executable, "-c", INDEXER, str(TESTS), *args],
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", INDEXER, str(TESTS), *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -340,20 +346,32 @@ def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers,
     settings = chromadb.config.Settings(anonymized_telemetry=False)
     client = chromadb.HttpClient(host="127.0.0.1", port=servers["chroma"], settings=settings)
     r = RSERetriever(
-        vectorstore=Chroma(collection_name=name, embedding_function=HashingEmbeddings(),
-                           client=client),
+        vectorstore=Chroma(
+            collection_name=name, embedding_function=HashingEmbeddings(), client=client
+        ),
         docstore=RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name),
         weights=(0.0, 1.0),  # lexical ranking only
         mode="chunks",
-    )  # fmt: skip
+    )
     r.add_documents(corpus_documents())
 
     def other_worker(action: str) -> None:
         out = subprocess.run(
-            [sys.executable, "-c", WORKER, str(TESTS), str(servers["chroma"]),
-             str(servers["redis"]), name, action, "0"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                str(TESTS),
+                str(servers["chroma"]),
+                str(servers["redis"]),
+                name,
+                action,
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
 
     assert all(d.metadata["doc_id"] != "from-the-other-worker" for d in r.invoke("zyxwvut"))

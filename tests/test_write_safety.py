@@ -83,10 +83,12 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 def whole_slices(found: list[Document], texts: dict[str, list[str]]) -> bool:
     """Every result is an exact slice of one of its document's versions."""
     return all(
-        any(t[d.metadata["start_index"] : d.metadata["end_index"]] == d.page_content
-            for t in texts[d.metadata["doc_id"]])
+        any(
+            t[d.metadata["start_index"] : d.metadata["end_index"]] == d.page_content
+            for t in texts[d.metadata["doc_id"]]
+        )
         for d in found
-    )  # fmt: skip
+    )
 
 
 def exactly_current(r: RSERetriever, lexical: bool = True) -> None:
@@ -160,8 +162,13 @@ def test_vacuum_repairs_a_broken_pointer() -> None:
     before = r.docstore.mget([k for k in r.docstore.yield_keys() if k.startswith("doc/")])
     # break alpha only
     alpha = r._records.pointers(["alpha"])[0]
-    r.docstore.mdelete([k for k in r.docstore.yield_keys()
-                        if k.startswith(("body/", "ver/")) and alpha.version in k])  # fmt: skip
+    r.docstore.mdelete(
+        [
+            k
+            for k in r.docstore.yield_keys()
+            if k.startswith(("body/", "ver/")) and alpha.version in k
+        ]
+    )
     assert len(before) == 2
     assert r.vacuum() == 1  # alpha's broken version: its pointer and chunks removed
     assert r.get(["alpha"]) == []
@@ -363,8 +370,9 @@ def test_bm25_add_delete_cycles_give_their_group_entries_back() -> None:
 def test_lead_index_add_delete_cycles_give_their_memory_back() -> None:
     def cycle(leads: LeadIndex, c: int) -> None:
         ids = [f"cycle{c:06d}-doc{i}" for i in range(10)]
-        leads.add_sources([Document(f"Agreement {i}: payment terms.", id=d)
-                           for i, d in enumerate(ids)])  # fmt: skip
+        leads.add_sources(
+            [Document(f"Agreement {i}: payment terms.", id=d) for i, d in enumerate(ids)]
+        )
         leads.delete(ids)
 
     assert traced_growth(LeadIndex, cycle, 400) < 150_000

@@ -139,17 +139,26 @@ def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any)
     embedding, cached = _local_embeddings(index_dir)
     if (index_dir / MANIFEST).is_file():
         if read_manifest(index_dir)["embedding"]["class"] != "LocalEmbeddings":
-            raise CLIError(f"{index_dir} was not built with the bundled embedding model; "
-                           "update it from Python with its own embedding")  # fmt: skip
+            raise CLIError(
+                f"{index_dir} was not built with the bundled embedding model; "
+                "update it from Python with its own embedding"
+            )
         preset = {"rse_params": args.preset} if getattr(args, "preset", None) else {}
-        retriever = RSERetriever.load(index_dir, embedding=embedding, enricher=enricher,
-                                      max_document_chars=args.max_document_chars,
-                                      **preset)  # fmt: skip
+        retriever = RSERetriever.load(
+            index_dir,
+            embedding=embedding,
+            enricher=enricher,
+            max_document_chars=args.max_document_chars,
+            **preset,
+        )
     else:
         retriever = RSERetriever(  # rse_params None: the preset tuned for the chunk size
-            vectorstore=default_vectorstore(embedding), enricher=enricher,
-            chunk_size=args.chunk_size, rse_params=getattr(args, "preset", None),
-            max_document_chars=args.max_document_chars)  # fmt: skip
+            vectorstore=default_vectorstore(embedding),
+            enricher=enricher,
+            chunk_size=args.chunk_size,
+            rse_params=getattr(args, "preset", None),
+            max_document_chars=args.max_document_chars,
+        )
     indexing.INDEX_BATCH_SIZE = 64  # progress (and the embedding cache) move in small steps
     if args.no_progress:
         retriever.show_progress = False
@@ -187,8 +196,9 @@ def cmd_index(args: argparse.Namespace) -> int:
     encoding = getattr(args, "encoding", None)
     enricher = _make_enricher(args.llm, index_dir)  # a bad --llm fails before any reading
     record = load_files_record(index_dir)
-    todo, unchanged, gone, notes = changed_files(listing, record, args.paths, encoding,
-                                                 args.max_document_chars)  # fmt: skip
+    todo, unchanged, gone, notes = changed_files(
+        listing, record, args.paths, encoding, args.max_document_chars
+    )
     for note in notes:
         print(screen(note), file=sys.stderr)
     for path, reason in skipped:
@@ -238,9 +248,15 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def _result_json(d: Document) -> dict[str, Any]:
     m = d.metadata
-    out = {"source": m.get("source"), "doc_id": m["doc_id"], "start_index": m["start_index"],
-           "end_index": m["end_index"], "chunk_start": m["chunk_start"],
-           "chunk_end": m["chunk_end"], "score": m["score"]}  # fmt: skip
+    out = {
+        "source": m.get("source"),
+        "doc_id": m["doc_id"],
+        "start_index": m["start_index"],
+        "end_index": m["end_index"],
+        "chunk_start": m["chunk_start"],
+        "chunk_end": m["chunk_end"],
+        "score": m["score"],
+    }
     for key in ("page_start", "page_end"):
         if key in m:
             out[key] = m[key]
@@ -381,9 +397,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         names = sorted(os.listdir(folder))
         print(f"indexing the bundled sample corpus ({len(names)} documents: {', '.join(names)})")
         index_args = argparse.Namespace(
-            paths=[str(folder)], index=str(index_dir), llm=None, chunk_size=DEFAULT_CHUNK_SIZE,
-            no_progress=True, max_document_chars=20_000_000, follow_links=False, encoding=None,
-        )  # fmt: skip
+            paths=[str(folder)],
+            index=str(index_dir),
+            llm=None,
+            chunk_size=DEFAULT_CHUNK_SIZE,
+            no_progress=True,
+            max_document_chars=20_000_000,
+            follow_links=False,
+            encoding=None,
+        )
         out = io.StringIO()
         with contextlib.redirect_stdout(out):  # its summary names the temporary folder
             cmd_index(index_args)
@@ -391,10 +413,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\nquestion: {question}\n")
         code = cmd_query(
             argparse.Namespace(
-                index=str(index_dir), question=question, k=args.k, json=False,
-                mode="segments", reranker=None, explain=False, html=None, name_key="file",
+                index=str(index_dir),
+                question=question,
+                k=args.k,
+                json=False,
+                mode="segments",
+                reranker=None,
+                explain=False,
+                html=None,
+                name_key="file",
             )
-        )  # fmt: skip
+        )
     print(DEMO_NEXT, end="")
     return code
 
@@ -405,30 +434,58 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     # -v after the subcommand too (SUPPRESS: a subcommand without it keeps the top-level one)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="log progress details")  # fmt: skip
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="log progress details",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("index", parents=[common],
-                       help=f"index {' '.join(SUFFIXES)} files and folders")  # fmt: skip
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="files or folders (recursively; hidden files are left out)")  # fmt: skip
+    p = sub.add_parser(
+        "index", parents=[common], help=f"index {' '.join(SUFFIXES)} files and folders"
+    )
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="files or folders (recursively; hidden files are left out)",
+    )
     p.add_argument("--index", required=True, metavar="DIR", help="index directory")
     p.add_argument("--llm", metavar="openai:MODEL", help="LLM contextual enrichment (needs key)")
-    p.add_argument("--chunk-size", type=positive_int, default=DEFAULT_CHUNK_SIZE,
-                   help="characters per chunk")  # fmt: skip
-    p.add_argument("--preset", choices=sorted(PRESETS),
-                   help="RSE parameters, saved in the index (default: 'long_chunks' with "
-                   "--chunk-size 600 or more, else 'default')")  # fmt: skip
-    p.add_argument("--max-document-chars", type=positive_int, default=20_000_000, metavar="N",
-                   help="skip and report longer files (default 20,000,000)")  # fmt: skip
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (or, off a terminal, no progress log lines)")  # fmt: skip
-    p.add_argument("--follow-links", action="store_true",
-                   help="follow links to files and folders outside the given folders")  # fmt: skip
-    p.add_argument("--encoding", type=text_encoding, metavar="NAME",
-                   help="decode .txt .md .html files with this encoding (default: UTF-8, "
-                   "else detected)")  # fmt: skip
+    p.add_argument(
+        "--chunk-size", type=positive_int, default=DEFAULT_CHUNK_SIZE, help="characters per chunk"
+    )
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="RSE parameters, saved in the index (default: 'long_chunks' with "
+        "--chunk-size 600 or more, else 'default')",
+    )
+    p.add_argument(
+        "--max-document-chars",
+        type=positive_int,
+        default=20_000_000,
+        metavar="N",
+        help="skip and report longer files (default 20,000,000)",
+    )
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (or, off a terminal, no progress log lines)",
+    )
+    p.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="follow links to files and folders outside the given folders",
+    )
+    p.add_argument(
+        "--encoding",
+        type=text_encoding,
+        metavar="NAME",
+        help="decode .txt .md .html files with this encoding (default: UTF-8, else detected)",
+    )
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("query", parents=[common], help="print the best segments for a question")
@@ -437,15 +494,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=positive_int, default=4, help="maximum number of results (>= 1)")
     p.add_argument("--json", action="store_true", help="JSON output for scripts")
     p.add_argument("--mode", choices=["segments", "chunks"], default="segments")
-    p.add_argument("--reranker", choices=["cohere", "embedding"],
-                   help="rerank with Cohere (needs COHERE_API_KEY) or offline by embedding "
-                   "similarity; either uses the 'reranked' RSE preset")  # fmt: skip
-    p.add_argument("--preset", choices=sorted(PRESETS),
-                   help="RSE parameters for this query (default: the index's)")  # fmt: skip
-    p.add_argument("--explain", action="store_true",
-                   help="show each document's chunk relevance and chosen segments")  # fmt: skip
-    p.add_argument("--html", metavar="FILE",
-                   help="write a page with the segments highlighted in context")  # fmt: skip
+    p.add_argument(
+        "--reranker",
+        choices=["cohere", "embedding"],
+        help="rerank with Cohere (needs COHERE_API_KEY) or offline by embedding "
+        "similarity; either uses the 'reranked' RSE preset",
+    )
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="RSE parameters for this query (default: the index's)",
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="show each document's chunk relevance and chosen segments",
+    )
+    p.add_argument(
+        "--html", metavar="FILE", help="write a page with the segments highlighted in context"
+    )
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("info", parents=[common], help="describe an index and list its files")
@@ -453,15 +520,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("mcp", parents=[common],
-                       help="serve an index to MCP clients (search, read) over stdio")  # fmt: skip
+    p = sub.add_parser(
+        "mcp", parents=[common], help="serve an index to MCP clients (search, read) over stdio"
+    )
     p.add_argument("index", metavar="DIR")
-    p.add_argument("--http", type=positive_int, metavar="PORT",
-                   help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead")  # fmt: skip
+    p.add_argument(
+        "--http",
+        type=positive_int,
+        metavar="PORT",
+        help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead",
+    )
     p.set_defaults(func=cmd_mcp)
 
-    p = sub.add_parser("demo", parents=[common],
-                       help="index the bundled sample corpus and answer a question")  # fmt: skip
+    p = sub.add_parser(
+        "demo", parents=[common], help="index the bundled sample corpus and answer a question"
+    )
     p.add_argument("question", nargs="?", help=f"default: {DEMO_QUESTION!r}")
     p.add_argument("-k", type=positive_int, default=2)
     p.set_defaults(func=cmd_demo)
@@ -475,8 +548,10 @@ def _describe_component(spec: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     if not getattr(args, "no_progress", False):  # progress log lines when not on a terminal
         logging.getLogger("langchain_rse.progress").setLevel(logging.INFO)
     try:

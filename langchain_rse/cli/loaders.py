@@ -262,8 +262,12 @@ class CLIError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
 
 
-_FILE_TYPES = {stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket",
-               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}  # fmt: skip
+_FILE_TYPES = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 @dataclass
@@ -302,8 +306,13 @@ def list_files(paths: Sequence[str], index_dir: Path, follow_links: bool = False
                 listing.files.setdefault(resolved, None)
             elif not follow_links:
                 kind = "folder" if p.is_dir() else "file"
-                listing.skipped.append((p, f"a link to a {kind} outside {raw} (not followed; "
-                                           "--follow-links indexes it)"))  # fmt: skip
+                listing.skipped.append(
+                    (
+                        p,
+                        f"a link to a {kind} outside {raw} (not followed; "
+                        "--follow-links indexes it)",
+                    )
+                )
             else:
                 listing.files.setdefault(resolved, root / p.relative_to(path))
     return listing
@@ -317,8 +326,9 @@ def read_document(
     loaded = read_file(path, encoding)
     doc = file_document(path, loaded)  # as loaders.load_documents makes it for Python
     if len(doc.page_content) > max_chars:
-        raise ValueError(f"{len(doc.page_content):,} characters, over --max-document-chars "
-                         f"{max_chars:,}")  # fmt: skip
+        raise ValueError(
+            f"{len(doc.page_content):,} characters, over --max-document-chars {max_chars:,}"
+        )
     try:
         validate_documents([doc], None, max_chars)
     except TypeError as exc:
@@ -379,8 +389,11 @@ def changed_files(
         try:
             status = regular_file(path)
             stamp = {"size": status.st_size, "mtime_ns": status.st_mtime_ns}
-            if (previous.get("stamp") == stamp and not previous.get("fallbacks")
-                    and previous.get("encoding") == encoding):  # fmt: skip
+            if (
+                previous.get("stamp") == stamp
+                and not previous.get("fallbacks")
+                and previous.get("encoding") == encoding
+            ):
                 unchanged += 1
                 continue
             doc, read_notes = read_document(path, max_chars, encoding)

@@ -231,11 +231,17 @@ def index_steps(
     def plan() -> Plan:
         splitter = r.splitter or make_splitter(r.chunk_size)
         fingerprints = (splitter_fingerprint(r.splitter, r.chunk_size), enricher.fingerprint())
-        return writer.plan(documents, ids, splitter=splitter, fingerprints=fingerprints,
-                           max_document_chars=r.max_document_chars)  # fmt: skip
+        return writer.plan(
+            documents,
+            ids,
+            splitter=splitter,
+            fingerprints=fingerprints,
+            max_document_chars=r.max_document_chars,
+        )
 
-    def write(prepared: list[Prepared], removals: list[str], progress: Callable[[int], None]
-              ) -> None:  # fmt: skip
+    def write(
+        prepared: list[Prepared], removals: list[str], progress: Callable[[int], None]
+    ) -> None:
         writer.write(prepared, removals, r.router, INDEX_BATCH_SIZE, progress)
 
     def enrich(todo: Todo) -> Any:
@@ -339,8 +345,10 @@ class Progress:
                 expected = self.total * (now - self._started) / n
                 if expected >= LONG_WORK_S:
                     rate = f"{n / (now - self._started):.1f} {self.unit}s/s"
-                    _emit(f"{self.desc}: {self.total:,} {self.unit}s, {_about(expected)} at the "
-                          f"measured rate of {rate}")  # fmt: skip
+                    _emit(
+                        f"{self.desc}: {self.total:,} {self.unit}s, {_about(expected)} at the "
+                        f"measured rate of {rate}"
+                    )
             if now - self._last_log >= self.interval:
                 self._last_log = now
                 _emit(self.line())

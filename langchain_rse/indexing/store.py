@@ -132,11 +132,17 @@ class RecordStore:
     def put(self, pairs: Sequence[tuple[str, JsonRecord]]) -> None:
         if pairs:
             local = self.compress
-            self.store.mset([
-                (key, record.local_bytes() if local and isinstance(record, DocBody)
-                 else record.to_bytes())
-                for key, record in pairs
-            ])  # fmt: skip
+            self.store.mset(
+                [
+                    (
+                        key,
+                        record.local_bytes()
+                        if local and isinstance(record, DocBody)
+                        else record.to_bytes(),
+                    )
+                    for key, record in pairs
+                ]
+            )
 
     def delete(self, keys: Sequence[str]) -> None:
         if keys:
@@ -344,11 +350,18 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
     info: dict[str, Any] = {"kind": kind, "class": f"{type(vs).__module__}.{type(vs).__name__}"}
     if kind == "in_memory":
         store = vs.store  # type: ignore[attr-defined]
-        writer.add_json("vectors", [
-            {"id": k, "text": v["text"], "metadata": v["metadata"],
-             "vector": [float(x) for x in v["vector"]]}
-            for k, v in store.items()
-        ])  # fmt: skip
+        writer.add_json(
+            "vectors",
+            [
+                {
+                    "id": k,
+                    "text": v["text"],
+                    "metadata": v["metadata"],
+                    "vector": [float(x) for x in v["vector"]],
+                }
+                for k, v in store.items()
+            ],
+        )
     elif isinstance(vs, FaissStore):
         if vs.index is None:  # nothing added yet
             import faiss
@@ -362,11 +375,16 @@ def save_vectorstore(vs: VectorStore, writer: IndexWriter) -> dict[str, Any]:
         ids = [vs.index_to_docstore_id[i] for i in range(len(vs.index_to_docstore_id))]  # type: ignore[attr-defined]
         docs = vs.docstore._dict  # type: ignore[attr-defined]
         documents = [{"text": docs[i].page_content, "metadata": docs[i].metadata} for i in ids]
-        writer.add_json("vectors", {
-            "ids": ids, "docstore": "in_memory", "documents": documents,
-            "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
-            "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]
-        })  # fmt: skip
+        writer.add_json(
+            "vectors",
+            {
+                "ids": ids,
+                "docstore": "in_memory",
+                "documents": documents,
+                "normalize_L2": bool(vs._normalize_L2),  # type: ignore[attr-defined]
+                "distance_strategy": str(vs.distance_strategy.value),  # type: ignore[attr-defined]
+            },
+        )
         raw: Any = faiss.serialize_index(vs.index)  # type: ignore[attr-defined]
         writer.add_bytes("vectors_index", "faiss", memoryview(raw))  # no copy of the vectors
     return info
@@ -404,10 +422,12 @@ def load_vectorstore(files: IndexFiles, embedding: Embeddings) -> VectorStore:
 
             return FaissStore.from_saved(embedding, data.model_dump(), index)
         FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()
-        store = InMemoryDocstore({
-            i: Document(page_content=d.text, metadata=d.metadata, id=i)
-            for i, d in zip(data.ids, data.documents)
-        })  # fmt: skip
+        store = InMemoryDocstore(
+            {
+                i: Document(page_content=d.text, metadata=d.metadata, id=i)
+                for i, d in zip(data.ids, data.documents)
+            }
+        )
         return FAISS(  # type: ignore[no-any-return]
             embedding,
             index,

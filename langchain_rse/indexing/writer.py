@@ -156,8 +156,9 @@ class Writer:
         for record, body in zip(new.values(), self._bodies(list(new.values()))):
             if body is None:
                 continue  # replaced while we read: the next generation brings it
-            sources.append(Document(page_content=body.text, id=record.doc_id,
-                                    metadata=record.metadata))  # fmt: skip
+            sources.append(
+                Document(page_content=body.text, id=record.doc_id, metadata=record.metadata)
+            )
             versions[record.doc_id] = record.version
             if not lexical or group_of(chunk_key(record.doc_id, record.version, 0)) in indexed:
                 continue
@@ -170,9 +171,14 @@ class Writer:
         if self.leads is not None:
             self.leads.add_sources(sources)
             self._lead_versions.update(versions)
-        logger.info("in-process indexes caught up with the record store: %d chunks removed, "
-                    "%d added (%d documents) in %.2f s", removed, len(keys), len(sources),
-                    time.perf_counter() - started)  # fmt: skip
+        logger.info(
+            "in-process indexes caught up with the record store: %d chunks removed, "
+            "%d added (%d documents) in %.2f s",
+            removed,
+            len(keys),
+            len(sources),
+            time.perf_counter() - started,
+        )
 
     def _check_deletes(self) -> None:
         """Before a write that removes chunks: a ``ValueError`` (nothing written) when the
@@ -218,8 +224,11 @@ class Writer:
                     logger.debug("document %r unchanged; not re-indexed", doc_id)
                     continue
                 if not prev.fallbacks:  # replaced meanwhile, or a broken index
-                    logger.info("document %r: its version %s has no record; writing it again",
-                                doc_id, prev.version)  # fmt: skip
+                    logger.info(
+                        "document %r: its version %s has no record; writing it again",
+                        doc_id,
+                        prev.version,
+                    )
             version = f"{base}.{secrets.token_hex(6)}"
             if prev is not None:  # its chunks will be removed
                 self._check_deletes()
@@ -260,8 +269,9 @@ class Writer:
             self.records.put([(version_key(v.doc_id, v.version), v) for v in versions])
             try:
                 self._write_chunks(todo, batch_size, progress)
-                self.records.put([(body_key(p.record.doc_id, p.record.version), p.body)
-                                  for p in todo])  # fmt: skip
+                self.records.put(
+                    [(body_key(p.record.doc_id, p.record.version), p.body) for p in todo]
+                )
             except Exception:
                 self._discard(versions)
                 raise
@@ -275,8 +285,9 @@ class Writer:
             for p, old, seen, now in zip(todo, planned, before, after):
                 mine = p.record.version
                 if now is None or now.version != mine:  # lost the race: another writer won
-                    logger.info("document %r changed meanwhile; dropping version %s",
-                                p.record.doc_id, mine)  # fmt: skip
+                    logger.info(
+                        "document %r changed meanwhile; dropping version %s", p.record.doc_id, mine
+                    )
                     stale.append(p.record.version_record())
                     continue
                 replaced = {
@@ -290,8 +301,12 @@ class Writer:
             self._delete(removals)
             self._bump()
             if router is not None:
-                sources = [Document(page_content=p.body.text, id=p.record.doc_id,
-                                    metadata=p.record.metadata) for p in todo]  # fmt: skip
+                sources = [
+                    Document(
+                        page_content=p.body.text, id=p.record.doc_id, metadata=p.record.metadata
+                    )
+                    for p in todo
+                ]
                 router.sync_leads(sources, removals)
                 if router.retriever is self.leads:
                     self._lead_versions.update((p.record.doc_id, p.record.version) for p in todo)
@@ -308,8 +323,11 @@ class Writer:
         try:
             self._remove_versions(versions)
         except Exception:
-            logger.warning("could not remove the %d versions of a failed write; vacuum() "
-                           "removes them later", len(versions), exc_info=True)  # fmt: skip
+            logger.warning(
+                "could not remove the %d versions of a failed write; vacuum() removes them later",
+                len(versions),
+                exc_info=True,
+            )
 
     def _write_chunks(
         self,
@@ -341,9 +359,15 @@ class Writer:
             for chunk, ctx in zip(p.chunks, p.body.contexts):
                 key = chunk_key(m.doc_id, m.version, chunk.chunk_index)
                 text = index_text(ctx, chunk.text)
-                metadata = {**shared, "doc_id": m.doc_id, "doc_version": m.version,
-                            "chunk_index": chunk.chunk_index, "start_index": chunk.start_index,
-                            "end_index": chunk.end_index, "enrichment": ctx.method}  # fmt: skip
+                metadata = {
+                    **shared,
+                    "doc_id": m.doc_id,
+                    "doc_version": m.version,
+                    "chunk_index": chunk.chunk_index,
+                    "start_index": chunk.start_index,
+                    "end_index": chunk.end_index,
+                    "enrichment": ctx.method,
+                }
                 docs.append(Document(page_content=text, id=chunk_uuid(key), metadata=metadata))
                 keys.append(key)
                 texts.append(text)
@@ -363,8 +387,11 @@ class Writer:
         current = {(p.doc_id, p.version) for p in pointers if p is not None}
         spared = [v for v in versions if (v.doc_id, v.version) in current]
         if spared:
-            logger.warning("not removing %d versions that are current: %s", len(spared),
-                           ", ".join(f"{v.doc_id!r} {v.version}" for v in spared))  # fmt: skip
+            logger.warning(
+                "not removing %d versions that are current: %s",
+                len(spared),
+                ", ".join(f"{v.doc_id!r} {v.version}" for v in spared),
+            )
             versions = [v for v in versions if (v.doc_id, v.version) not in current]
         keys = [key for v in versions for key in v.chunk_keys()]
         self.lexical.delete(keys)
@@ -420,17 +447,20 @@ class Writer:
             pointers = [DocRecord.from_bytes(r) for r in store.mget(docs) if r is not None]
             keys = set(store.yield_keys())  # after the pointers: their versions were written
             broken = [
-                p for p in pointers
+                p
+                for p in pointers
                 if body_key(p.doc_id, p.version) not in keys
                 or version_key(p.doc_id, p.version) not in keys
-            ]  # fmt: skip
+            ]
             if broken:
                 self._drop_broken(broken, router)
             versions = self.records.versions()
-            current = dict(zip(
-                (v.doc_id for v in versions),
-                self.records.pointers([v.doc_id for v in versions]),
-            ))  # fmt: skip
+            current = dict(
+                zip(
+                    (v.doc_id for v in versions),
+                    self.records.pointers([v.doc_id for v in versions]),
+                )
+            )
             now = time.time()
             stale = [
                 v
@@ -454,9 +484,12 @@ class Writer:
         gone = [p.doc_id for p, n in zip(broken, now) if n is not None and n.version == p.version]
         if not gone:
             return
-        logger.warning("vacuum: %d documents named a version whose records are gone; "
-                       "they are removed (add them again): %s", len(gone),
-                       ", ".join(map(repr, gone)))  # fmt: skip
+        logger.warning(
+            "vacuum: %d documents named a version whose records are gone; "
+            "they are removed (add them again): %s",
+            len(gone),
+            ", ".join(map(repr, gone)),
+        )
         self.records.delete([pointer_key(d) for d in gone])
         if router is not None:
             router.sync_leads((), gone)
@@ -471,9 +504,12 @@ class Writer:
             return len(versions)
         except Exception:
             if len(versions) == 1:
-                logger.warning("vacuum could not remove version %s of %r; the next vacuum "
-                               "tries again", versions[0].version, versions[0].doc_id,
-                               exc_info=True)  # fmt: skip
+                logger.warning(
+                    "vacuum could not remove version %s of %r; the next vacuum tries again",
+                    versions[0].version,
+                    versions[0].doc_id,
+                    exc_info=True,
+                )
                 return 0
         return sum(self._remove_each([v]) for v in versions)
 
@@ -492,6 +528,7 @@ def delete_held(store: VectorStore, ids: list[str]) -> bool | None:
         present = [i for i in ids if i in held]
         if len(present) == len(ids):
             raise
-        logger.debug("%d of %d chunks to delete were not in the store", len(ids) - len(present),
-                     len(ids))  # fmt: skip
+        logger.debug(
+            "%d of %d chunks to delete were not in the store", len(ids) - len(present), len(ids)
+        )
         return store.delete(ids=present) if present else True

@@ -207,8 +207,9 @@ class FaissStore(VectorStore):
         return [self._document(self._position[i]) for i in ids if i in self._position]
 
     def _document(self, p: int) -> Document:
-        return Document(page_content=self.texts[p], metadata=dict(self.metadatas[p]),
-                        id=self.ids[p])  # fmt: skip
+        return Document(
+            page_content=self.texts[p], metadata=dict(self.metadatas[p]), id=self.ids[p]
+        )
 
     def search_vector(
         self, vector: Sequence[float] | np.ndarray, k: int, filter: MetadataFilter = None
@@ -317,9 +318,12 @@ class FaissStore(VectorStore):
         return hits
 
     def similarity_search_with_score_by_vector(
-        self, embedding: Sequence[float], k: int = 4, filter: MetadataFilter = None,
+        self,
+        embedding: Sequence[float],
+        k: int = 4,
+        filter: MetadataFilter = None,
         **kwargs: Any,
-    ) -> list[tuple[Document, float]]:  # fmt: skip
+    ) -> list[tuple[Document, float]]:
         """The ``k`` nearest documents that pass ``filter`` with their cosine similarity."""
         at, scores = self.search_vector(embedding, k, filter)
         return [(self._document(p), s) for p, s in zip(at.tolist(), scores.tolist())]
@@ -391,9 +395,11 @@ class FaissStore(VectorStore):
         """A store from :meth:`to_json`'s dict and its FAISS index (also reads what
         earlier versions saved from LangChain's ``FAISS`` over unit vectors)."""
         if not data.get("normalize_L2") or len(data["ids"]) != index.ntotal:
-            raise ValueError("the saved ids and the FAISS index disagree, or the vectors are "
-                             "not unit length (a LangChain FAISS store: load it with "
-                             "langchain-community)")  # fmt: skip
+            raise ValueError(
+                "the saved ids and the FAISS index disagree, or the vectors are "
+                "not unit length (a LangChain FAISS store: load it with "
+                "langchain-community)"
+            )
         documents = data["documents"]
         store = cls(embedding, keep_text=data.get("docstore") != "chunks")
         store.index = index
@@ -411,8 +417,9 @@ class FaissStore(VectorStore):
         path = Path(folder)
         path.mkdir(parents=True, exist_ok=True)
         faiss.write_index(self.index, str(path / "index.faiss"))
-        (path / "index.json").write_text(json.dumps(self.to_json(), ensure_ascii=False),
-                                         encoding="utf-8")  # fmt: skip
+        (path / "index.json").write_text(
+            json.dumps(self.to_json(), ensure_ascii=False), encoding="utf-8"
+        )
 
     @classmethod
     def load_local(cls, folder: str | os.PathLike[str], embedding: Embeddings) -> FaissStore:
@@ -497,8 +504,10 @@ def move_up(ivf: Any, removed: np.ndarray) -> None:
 def is_langchain_faiss(vectorstore: Any) -> bool:
     """Whether ``vectorstore`` is LangChain's ``FAISS`` (or a subclass), without importing
     ``langchain-community``."""
-    return any(c.__name__ == "FAISS" and c.__module__.startswith("langchain_community")
-               for c in type(vectorstore).__mro__)  # fmt: skip
+    return any(
+        c.__name__ == "FAISS" and c.__module__.startswith("langchain_community")
+        for c in type(vectorstore).__mro__
+    )
 
 
 def check_deletes(vectorstore: Any) -> None:

@@ -110,8 +110,7 @@ class MilvusLexicalStore(Milvus):
             texts, metadatas, timeout=timeout, batch_size=batch_size, ids=ids, **kwargs
         )
 
-    def delete(self, ids: list[str] | None = None, expr: str | None = None, **kwargs: Any
-               ) -> bool:  # fmt: skip
+    def delete(self, ids: list[str] | None = None, expr: str | None = None, **kwargs: Any) -> bool:
         if ids is not None and not ids:
             return True
         if not super().delete(ids=ids, expr=expr, **kwargs):

@@ -72,10 +72,17 @@ class PostgresLexicalStore(VectorStore):
     table size.
     """
 
-    def __init__(self, connection: str | sa.Engine, *, table: str = "rse_lexical",
-                 text_search_config: str = "english", k1: float = 1.2, b: float = 0.75,
-                 create_table: bool = True, engine_args: dict[str, Any] | None = None,
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        connection: str | sa.Engine,
+        *,
+        table: str = "rse_lexical",
+        text_search_config: str = "english",
+        k1: float = 1.2,
+        b: float = 0.75,
+        create_table: bool = True,
+        engine_args: dict[str, Any] | None = None,
+    ) -> None:
         if not _CONFIG.match(text_search_config):
             raise ValueError(f"invalid text search configuration {text_search_config!r}")
         self.engine = _engine(connection, engine_args)
@@ -91,55 +98,77 @@ class PostgresLexicalStore(VectorStore):
     def create_table(self) -> None:
         """Create the table and its index when missing."""
         t, vector = self._t, f"to_tsvector('{self.text_search_config}'::regconfig, content)"
-        _create(self.engine, self.table, [
-            f"CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, content text NOT NULL, "
-            "metadata jsonb NOT NULL DEFAULT '{}', "
-            f"tsv tsvector GENERATED ALWAYS AS ({vector}) STORED, "
-            f"lexemes text[] GENERATED ALWAYS AS (tsvector_to_array({vector})) STORED)",
-            f'CREATE INDEX IF NOT EXISTS "{self.table}_lexemes" ON {t} USING gin (lexemes)',
-        ])  # fmt: skip
+        _create(
+            self.engine,
+            self.table,
+            [
+                f"CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY, content text NOT NULL, "
+                "metadata jsonb NOT NULL DEFAULT '{}', "
+                f"tsv tsvector GENERATED ALWAYS AS ({vector}) STORED, "
+                f"lexemes text[] GENERATED ALWAYS AS (tsvector_to_array({vector})) STORED)",
+                f'CREATE INDEX IF NOT EXISTS "{self.table}_lexemes" ON {t} USING gin (lexemes)',
+            ],
+        )
 
     def drop_table(self) -> None:
         with self.engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {self._t}"))
 
-    def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None, *,
-                  ids: list[str] | None = None, **kwargs: Any) -> list[str]:  # fmt: skip
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict] | None = None,
+        *,
+        ids: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
         """Insert or replace (by id) one row per text; returns the ids."""
         texts = list(texts)
         ids = [i or str(uuid.uuid4()) for i in ids] if ids else [str(uuid.uuid4()) for _ in texts]
         if len(ids) != len(texts):
             raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
         metas = metadatas or [{}] * len(texts)
-        rows = {i: {"id": i, "content": c, "metadata": json.dumps(m)}
-                for i, c, m in zip(ids, texts, metas)}  # fmt: skip
+        rows = {
+            i: {"id": i, "content": c, "metadata": json.dumps(m)}
+            for i, c, m in zip(ids, texts, metas)
+        }
         if rows:
             with self.engine.begin() as conn:  # sorted: concurrent writers lock rows in order
-                conn.execute(sa.text(
-                    f"INSERT INTO {self._t} (id, content, metadata) "
-                    "VALUES (:id, :content, CAST(:metadata AS jsonb)) ON CONFLICT (id) DO "
-                    "UPDATE SET content = excluded.content, metadata = excluded.metadata"
-                ), [rows[i] for i in sorted(rows)])  # fmt: skip
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {self._t} (id, content, metadata) "
+                        "VALUES (:id, :content, CAST(:metadata AS jsonb)) ON CONFLICT (id) DO "
+                        "UPDATE SET content = excluded.content, metadata = excluded.metadata"
+                    ),
+                    [rows[i] for i in sorted(rows)],
+                )
         return list(ids)
 
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
         if ids:
             with self.engine.begin() as conn:
-                conn.execute(sa.text(f"DELETE FROM {self._t} WHERE id = ANY(:ids)"),
-                             {"ids": sorted(set(ids))})  # fmt: skip
+                conn.execute(
+                    sa.text(f"DELETE FROM {self._t} WHERE id = ANY(:ids)"),
+                    {"ids": sorted(set(ids))},
+                )
         return True
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.text(
-                f"SELECT id, content, metadata FROM {self._t} WHERE id = ANY(:ids)"
-            ), {"ids": list(ids)}).all()  # fmt: skip
+            rows = conn.execute(
+                sa.text(f"SELECT id, content, metadata FROM {self._t} WHERE id = ANY(:ids)"),
+                {"ids": list(ids)},
+            ).all()
         found = {r.id: Document(r.content, metadata=r.metadata, id=r.id) for r in rows}
         return [found[i] for i in dict.fromkeys(ids) if i in found]
 
-    def similarity_search_with_score(self, query: str, k: int = 4,
-                                     filter: Mapping[str, Any] | None = None, **kwargs: Any,
-                                     ) -> list[tuple[Document, float]]:  # fmt: skip
+    def similarity_search_with_score(
+        self,
+        query: str,
+        k: int = 4,
+        filter: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[tuple[Document, float]]:
         """The ``k`` best rows by BM25 over the query's lexemes, best first."""
         where, params = filter_sql(filter, "d.metadata") if filter else ("true", {})
         t = self._t
@@ -163,8 +192,13 @@ class PostgresLexicalStore(VectorStore):
                 GROUP BY d.id ORDER BY score DESC, d.id LIMIT :k)
             SELECT d.id, d.content, d.metadata, s.score
             FROM scores s JOIN {t} d USING (id) ORDER BY s.score DESC, d.id"""
-        params |= {"config": self.text_search_config, "query": query, "k": k,
-                   "k1": self.k1, "b": self.b}  # fmt: skip
+        params |= {
+            "config": self.text_search_config,
+            "query": query,
+            "k": k,
+            "k1": self.k1,
+            "b": self.b,
+        }
         with self.engine.connect() as conn:
             rows = conn.execute(sa.text(sql), params).all()
         return [(Document(r.content, metadata=r.metadata, id=r.id), float(r.score)) for r in rows]
@@ -173,10 +207,16 @@ class PostgresLexicalStore(VectorStore):
         return [doc for doc, _ in self.similarity_search_with_score(query, k, **kwargs)]
 
     @classmethod
-    def from_texts(cls, texts: list[str], embedding: Embeddings | None = None,
-                   metadatas: list[dict] | None = None, *, ids: list[str] | None = None,
-                   connection: str | sa.Engine | None = None, **kwargs: Any,
-                   ) -> PostgresLexicalStore:  # fmt: skip
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings | None = None,
+        metadatas: list[dict] | None = None,
+        *,
+        ids: list[str] | None = None,
+        connection: str | sa.Engine | None = None,
+        **kwargs: Any,
+    ) -> PostgresLexicalStore:
         """A store on ``connection`` (required) holding ``texts``; ``embedding`` is unused."""
         if connection is None:
             raise ValueError("PostgresLexicalStore.from_texts needs connection=...")
@@ -197,20 +237,31 @@ class PostgresByteStore(BaseStore[str, bytes]):
     the database and reads keys only.
     """
 
-    def __init__(self, connection: str | sa.Engine, *, table: str = "rse_records",
-                 create_table: bool = True, engine_args: dict[str, Any] | None = None,
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        connection: str | sa.Engine,
+        *,
+        table: str = "rse_records",
+        create_table: bool = True,
+        engine_args: dict[str, Any] | None = None,
+    ) -> None:
         self.engine = _engine(connection, engine_args)
         self.table, self._t = table, _table(table)
         if create_table:
-            _create(self.engine, table, [
-                f"CREATE TABLE IF NOT EXISTS {self._t} (key text PRIMARY KEY, value bytea NOT NULL)"
-            ])  # fmt: skip
+            _create(
+                self.engine,
+                table,
+                [
+                    f"CREATE TABLE IF NOT EXISTS {self._t}"
+                    " (key text PRIMARY KEY, value bytea NOT NULL)"
+                ],
+            )
 
     def mget(self, keys: Sequence[str]) -> list[bytes | None]:
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.text(f"SELECT key, value FROM {self._t} WHERE key = ANY(:k)"),
-                                {"k": list(keys)}).all()  # fmt: skip
+            rows = conn.execute(
+                sa.text(f"SELECT key, value FROM {self._t} WHERE key = ANY(:k)"), {"k": list(keys)}
+            ).all()
         found = {r.key: bytes(r.value) for r in rows}
         return [found.get(key) for key in keys]
 
@@ -218,20 +269,29 @@ class PostgresByteStore(BaseStore[str, bytes]):
         values = dict(key_value_pairs)  # the last value of a repeated key wins
         if values:
             with self.engine.begin() as conn:  # sorted: concurrent writers lock rows in order
-                conn.execute(sa.text(
-                    f"INSERT INTO {self._t} (key, value) VALUES (:k, :v) "
-                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-                ), [{"k": k, "v": values[k]} for k in sorted(values)])  # fmt: skip
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {self._t} (key, value) VALUES (:k, :v) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+                    ),
+                    [{"k": k, "v": values[k]} for k in sorted(values)],
+                )
 
     def mdelete(self, keys: Sequence[str]) -> None:
         if keys:
             with self.engine.begin() as conn:
-                conn.execute(sa.text(f"DELETE FROM {self._t} WHERE key = ANY(:k)"),
-                             {"k": sorted(set(keys))})  # fmt: skip
+                conn.execute(
+                    sa.text(f"DELETE FROM {self._t} WHERE key = ANY(:k)"), {"k": sorted(set(keys))}
+                )
 
     def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
         with self.engine.connect() as conn:
-            keys = conn.execute(sa.text(
-                f"SELECT key FROM {self._t} WHERE starts_with(key, :p) ORDER BY key"
-            ), {"p": prefix or ""}).scalars().all()  # fmt: skip
+            keys = (
+                conn.execute(
+                    sa.text(f"SELECT key FROM {self._t} WHERE starts_with(key, :p) ORDER BY key"),
+                    {"p": prefix or ""},
+                )
+                .scalars()
+                .all()
+            )
         yield from keys

@@ -93,9 +93,14 @@ class BM25Index:
         """Renumber the index when at least this many, and more than half, of the
         document numbers are deleted ones."""
         self._bm25 = IncrementalBM25(
-            k1, b, _VARIANT[engine], epsilon, merge_factor,  # type: ignore[arg-type]
-            sync_merge_postings, max_segment_postings,
-        )  # fmt: skip
+            k1,
+            b,
+            _VARIANT[engine],
+            epsilon,
+            merge_factor,  # type: ignore[arg-type]
+            sync_merge_postings,
+            max_segment_postings,
+        )
         self._groups: dict[str, dict[str, Any]] = {}
         """Metadata per group (a document version): what filters are checked against."""
         self._gid: dict[str, int] = {}
@@ -248,8 +253,9 @@ class BM25Index:
             self._bm25.merge(self._schedule if self.background_merges else None)
         except Exception:
             self.merge_errors += 1
-            logger.exception("BM25 segment merge failed; the segments stay unmerged "
-                             "(scores are unaffected)")  # fmt: skip
+            logger.exception(
+                "BM25 segment merge failed; the segments stay unmerged (scores are unaffected)"
+            )
 
     def _schedule(self, run: list[Segment]) -> bool:
         """Start a background merge of ``run`` unless one is running (called under the lock)."""
@@ -267,8 +273,11 @@ class BM25Index:
         try:
             merged = bm.merged(run)  # outside the lock: searches and writes go on
         except Exception:
-            logger.exception("background BM25 merge of %d segments failed; they stay "
-                             "unmerged (scores are unaffected)", len(run))  # fmt: skip
+            logger.exception(
+                "background BM25 merge of %d segments failed; they stay "
+                "unmerged (scores are unaffected)",
+                len(run),
+            )
             with self._rw.write():
                 bm.busy.difference_update(id(s) for s in run)
                 self.merge_errors += 1
@@ -369,8 +378,13 @@ class BM25Index:
         keys, vocab, indptr, terms, tf, _ = self._export()
         buffer = io.BytesIO()
         np.savez_compressed(buffer, doc_indptr=indptr, terms=terms, tf=tf)
-        header = {"format": SAVE_FORMAT, "stemmer": self.stemmer, "keys": keys, "vocab": vocab,
-                  "groups": self.groups()}  # fmt: skip
+        header = {
+            "format": SAVE_FORMAT,
+            "stemmer": self.stemmer,
+            "keys": keys,
+            "vocab": vocab,
+            "groups": self.groups(),
+        }
         return header, buffer.getvalue()
 
     def load_state(self, header: Mapping[str, Any], arrays: bytes) -> None:
@@ -412,5 +426,11 @@ class BM25Index:
         with self._rw.write():
             self._reset(groups)
             gids = self._group_ids(keys)
-            self._bm25.load(keys, vocab, indptr.astype(np.int64), terms.astype(np.int64),
-                            tf.astype(np.int64), gids)  # fmt: skip
+            self._bm25.load(
+                keys,
+                vocab,
+                indptr.astype(np.int64),
+                terms.astype(np.int64),
+                tf.astype(np.int64),
+                gids,
+            )

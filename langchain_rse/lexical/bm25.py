@@ -44,8 +44,9 @@ def _grow(array: np.ndarray, size: int, fill: float = 0) -> np.ndarray:
     return out
 
 
-def _postings(tf: np.ndarray, terms: np.ndarray, docs: np.ndarray, shape: tuple[int, int]
-              ) -> sparse.csr_array:  # fmt: skip
+def _postings(
+    tf: np.ndarray, terms: np.ndarray, docs: np.ndarray, shape: tuple[int, int]
+) -> sparse.csr_array:
     """The term-major matrix of these ``(term, document, frequency)`` triples. Document
     numbers and offsets are 32-bit while they fit (scipy keeps the index width of the
     coordinates it is given: 64-bit ones make a posting 10 bytes instead of 6), and term
@@ -171,8 +172,9 @@ class IncrementalBM25:
 
     # ------------------------------------------------------------------ writes
 
-    def add(self, keys: Sequence[str], token_ids: Sequence[Sequence[int]], gids: Sequence[int]
-            ) -> None:  # fmt: skip
+    def add(
+        self, keys: Sequence[str], token_ids: Sequence[Sequence[int]], gids: Sequence[int]
+    ) -> None:
         """Add documents (keys already present are replaced) as one new segment (call
         :meth:`merge` next)."""
         self.df = _grow(self.df, len(self.terms))  # terms given ids since the last add
@@ -247,9 +249,11 @@ class IncrementalBM25:
         for i in range(len(segs) - f, -1, -1):
             run = segs[i : i + f]
             levels = [s.level for s in run]
-            if (max(levels) - min(levels) <= 1
-                    and not any(id(s) in self.busy for s in run)
-                    and sum(s.postings for s in run) <= self.max_segment_postings):  # fmt: skip
+            if (
+                max(levels) - min(levels) <= 1
+                and not any(id(s) in self.busy for s in run)
+                and sum(s.postings for s in run) <= self.max_segment_postings
+            ):
                 return run
         return None
 
@@ -320,8 +324,14 @@ class IncrementalBM25:
         doc_major = sparse.csr_array((v, (r, c)), shape=(len(live), len(used)))
         doc_major.sort_indices()
         vocab = [self.terms[t] for t in used.tolist()]
-        return (keys, vocab, doc_major.indptr.astype(np.int64), doc_major.indices.astype(np.int32),
-                doc_major.data.astype(np.int32), self.gid[live].copy())  # fmt: skip
+        return (
+            keys,
+            vocab,
+            doc_major.indptr.astype(np.int64),
+            doc_major.indices.astype(np.int32),
+            doc_major.data.astype(np.int32),
+            self.gid[live].copy(),
+        )
 
     def load(
         self,
