@@ -1,4 +1,4 @@
-"""The Guarantees table (docs/guarantees.md): every row names tests, and every test it names exists."""
+"""docs/guarantees.md: every row names tests, and every test it names exists."""
 
 from __future__ import annotations
 
