@@ -8,7 +8,20 @@ from langchain_core.documents import Document
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from hypothesis import HealthCheck, settings  # noqa: E402
+
 from helpers import HashingEmbeddings, make_contract  # noqa: E402
+
+# Property tests: the same examples on every run (failures found while developing are kept
+# as @example regressions), no per-example deadline on a loaded 2-core machine.
+settings.register_profile(
+    "repo",
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("repo")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
