@@ -80,3 +80,15 @@ def test_every_guarantee_names_a_test_that_exists() -> None:
             source = found[0].read_text(encoding="utf-8")
             if name:
                 assert re.search(rf"^(async )?def {name}\b", source, re.M), f"{current}::{name}"
+
+
+def test_every_python_block_in_the_pages_compiles() -> None:
+    """Blocks that need keys or servers are not run (docs/retrievers.md's are, by
+    test_docs.py), but none may be a syntax error."""
+    block = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+    count = 0
+    for page in PAGES:
+        for n, body in enumerate(block.findall(page.read_text(encoding="utf-8")), start=1):
+            compile(body, f"{page.relative_to(ROOT)} python block {n}", "exec")
+            count += 1
+    assert count >= 10
