@@ -125,7 +125,7 @@ def load_corpus(n_docs: int, synthetic: bool) -> tuple[list[Document], str]:
             else folder
         )
         return docs, f"CUAD contracts (first {len(docs)} of {shown})"
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))
     from helpers import make_contract
 
     topics = [

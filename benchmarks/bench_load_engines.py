@@ -7,7 +7,7 @@ replacing documents (a new revision line under the same id) while the query proc
 p50/p95/max latency, writes, and errors (an exception, or a segment that is not an exact slice
 of its source); errors must be 0.
 
-Engines (``tests/engines.py``): ``chroma_redis`` (Chroma vector store, Redis record store,
+Engines (``tests/support/engines.py``): ``chroma_redis`` (Chroma vector store, Redis record store,
 in-process BM25 in each worker, refreshed through the shared generation token),
 ``milvus`` (Milvus dense and BM25 collections from ``milvus-lite server``, Redis record
 store) and ``postgres`` (PGVector, ``PostgresLexicalStore`` and ``PostgresByteStore`` in
@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 
 BENCH = Path(__file__).resolve().parent
-TESTS = BENCH.parent / "tests"
+TESTS = BENCH.parent / "tests" / "support"
 sys.path[:0] = [str(BENCH), str(TESTS)]
 
 # The servers start as the tests start them, and every process opens the index the way
-# the multi-process test's workers do (tests/engines.py).
+# the multi-process test's workers do (tests/support/engines.py).
 from bench_load import QUERIES, Checker, FastHashingEmbeddings, load_corpus  # noqa: E402
 from engines import ENGINES, new_index, servers_for  # noqa: E402
 from engines import build as build_engine  # noqa: E402

@@ -6,7 +6,10 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 
-sys.path.insert(0, str(Path(__file__).parent))
+# tests/support holds the servers, fakes and helpers; the integration suites also reuse a few
+# corpora and runners of the unit suites (``from test_cli import run``).
+sys.path.insert(0, str(Path(__file__).parent / "unit"))
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

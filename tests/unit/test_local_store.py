@@ -27,7 +27,7 @@ from langchain_rse.integrations.faiss import FaissStore
 
 faiss = pytest.importorskip("faiss")
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 FIXTURE = TESTS / "data" / "index_localfaiss_0_1"
 WORDS = ["fees", "notice", "term", "audit", "warranty", "liability", "assignment", "law"]
 
@@ -187,7 +187,7 @@ def test_the_default_path_imports_no_sunset_package() -> None:
 
 
 def test_an_index_saved_with_localfaiss_loads(tmp_path: Path) -> None:
-    """``tests/data/index_localfaiss_0_1`` was saved by main at acba546, whose default
+    """``tests/support/data/index_localfaiss_0_1`` was saved by main at acba546, whose default
     store was ``LocalFAISS`` (LangChain's ``FAISS`` with an L2 index over unit vectors and
     a text-less docstore): it loads into a ``FaissStore``, answers as it did, and takes
     writes and a new save."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from server_check import missing_servers
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 
 
 def test_a_missing_server_is_named(monkeypatch, tmp_path) -> None:
@@ -28,13 +28,13 @@ def test_ci_stops_the_session_before_any_test_when_a_server_is_missing(tmp_path)
             "-q",
             "-p",
             "no:cacheprovider",
-            str(TESTS / "test_fusion.py"),
+            str(TESTS.parent / "unit" / "test_fusion.py"),
         ],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
-        cwd=TESTS.parent,
+        cwd=TESTS.parents[1],
     )
     assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
     assert "redis-server" in out.stdout + out.stderr

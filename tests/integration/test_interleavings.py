@@ -38,7 +38,7 @@ from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import RSERetriever
 from langchain_rse.indexing.records import DocBody, DocRecord
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 DOCS = ("alpha", "beta")
 TOPICS = ("payment", "escrow", "termination", "royalties", "insurance", "audit")
 SEEDS = range(12)

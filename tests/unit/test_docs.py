@@ -19,7 +19,7 @@ import pytest
 
 from fake_openai_server import FakeOpenAIServer, prompt_parts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "retrievers.md"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 

@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.packaging
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 IN_CI = os.environ.get("CI") == "true"
 
 CHECK = """

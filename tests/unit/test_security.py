@@ -32,7 +32,7 @@ from langchain_rse.enrichment import ContextualEnricher, FileByteStore
 from langchain_rse.persistence import LOCK_FILE, MANIFEST, IndexFormatError
 from langchain_rse.rerank import CohereReranker, RerankError
 
-PACKAGE = Path(__file__).resolve().parent.parent / "langchain_rse"
+PACKAGE = Path(__file__).resolve().parents[2] / "langchain_rse"
 OPENAI_KEY = "sk-test-SECRET-Zq7Xk2Wm9P"
 COHERE_KEY = "co-test-SECRET-Jh4Tn8Rv3L"
 SECRETS = (OPENAI_KEY, COHERE_KEY)

@@ -26,7 +26,7 @@ from langchain_rse.indexing.records import pointer_key
 from langchain_rse.indexing.store import ReadWriteLock
 from langchain_rse.persistence import default_vectorstore
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 
 
 # ---------------------------------------------------------------- bug 1: writers starve

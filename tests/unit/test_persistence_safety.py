@@ -27,8 +27,8 @@ from langchain_rse.persistence import MANIFEST, IndexFormatError
 LOCK_FILE = ".rse_index.lock"  # persistence.LOCK_FILE (not imported: the test runs on older code)
 
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
+ROOT = TESTS.parents[1]
 
 
 def _env() -> dict[str, str]:

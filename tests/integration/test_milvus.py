@@ -36,7 +36,7 @@ from langchain_rse.indexing.records import chunk_key, chunk_uuid, pointer_key
 
 pytestmark = pytest.mark.integration
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 
 
 @pytest.fixture(scope="module")

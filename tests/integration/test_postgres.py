@@ -43,7 +43,7 @@ else:
 
 pytestmark = pytest.mark.integration
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 TABLES = ("langchain_pg_embedding", "rse_lexical", "rse_records")
 CODE = "ZX-4417-QUOKKA"
 RARE = Document(

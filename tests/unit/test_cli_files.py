@@ -13,7 +13,7 @@ from test_cli import minimal_pdf, run
 
 from langchain_rse.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LEASE = (
     "# Office Lease\n\n## Termination\n\nThe tenant may terminate the lease with three "
     "months notice.\n"

@@ -24,7 +24,7 @@ import pytest
 from helpers import cached_vectors, write_corpus
 from langchain_rse.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "The vault combination is 4921 and only the treasurer holds it."
 LEASE = "# Office Lease\n\nThe tenant may terminate the lease with three months notice.\n"
 

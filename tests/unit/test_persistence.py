@@ -19,7 +19,7 @@ from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
 from langchain_rse.persistence import LOCK_FILE, MANIFEST, IndexFormatError
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 QUERIES = ["termination provisions", "royalties and audit rights", "insurance"]
 
 

@@ -118,7 +118,7 @@ def test_a_lone_surrogate_writes_nothing_to_redis(redis_port: int) -> None:
 
 def cli(*argv: str) -> subprocess.CompletedProcess[str]:
     """The command in a subprocess (its stderr writes a surrogate as ``\\udcff``)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     argv = (sys.executable, "-m", "langchain_rse.cli", *argv)
     return subprocess.run(
         argv, env=env, capture_output=True, text=True, errors="replace", timeout=300

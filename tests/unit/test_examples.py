@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OFFLINE = {
     "quickstart.py": ["chars", "chain answer"],
     "agent_tool.py": ["segments:\n  employee_handbook.md", "agent answer"],

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from helpers import cached_vectors, write_corpus
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CACHE_BATCH = 32
 """Vectors the command's cache stores at a time (``cached_embeddings``' batch size)."""
 

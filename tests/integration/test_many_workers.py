@@ -36,7 +36,7 @@ from langchain_rse.indexing.records import doc_of
 
 pytestmark = pytest.mark.integration
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1] / "support"
 ROUNDS = 5
 READERS = 3
 REPLACED = ("alpha", "beta")

@@ -25,7 +25,7 @@ from langchain_rse import RSERetriever
 from langchain_rse.agents import MAX_READ_CHARS
 from langchain_rse.indexing.chunking import combine_pages
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 HANDBOOK = (
     "# Employee Handbook\n\nStaff may work remotely from another country for up to 20 "
