@@ -36,7 +36,8 @@ def run_python(
     code: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter, stdout and stderr pipes (not terminals)."""
-    full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'support'}", **(env or {})}
+    path = f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'support'}"
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
