@@ -20,14 +20,23 @@ import anyio
 import httpx2
 import pytest
 from langchain_core.documents import Document
+from langchain_core.vectorstores import InMemoryVectorStore
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 from mcp.types import ResourceLink
 from servers import _server, free_port
 
+from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
-from langchain_rse.agents import DOCUMENT_URI, MAX_READ_CHARS, SearchArgs, document_uri
+from langchain_rse.agents import (
+    DOCUMENT_URI,
+    MAX_READ_CHARS,
+    SearchArgs,
+    build_server,
+    document_uri,
+)
 from langchain_rse.indexing.chunking import combine_pages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,24 +201,29 @@ async def test_search_fetch_and_resources_over_stdio(index: Path, mode: str) -> 
     assert cited.contents[0].text == lease_text[14:40]
 
 
-async def test_fetch_is_bounded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", list(ERAS))
+async def test_fetch_is_bounded(mode: str) -> None:
     """At most 20,000 characters a call: the default window, and a longer range refused.
-    (One chunk per document keeps the bundled model's indexing short.)"""
-    path = tmp_path / "idx"
+    (The server in process, over a retriever with hashing embeddings: the bundled model
+    would take minutes to embed a 25,000-character document on a busy machine.)"""
     long = Document(LONG, id="long.txt", metadata={"source": "long.txt"})
-    RSERetriever.from_documents([long], chunk_size=len(LONG), chunk_overlap=0).save(path)
-    with anyio.fail_after(180):
-        async with Client(stdio(path), mode="legacy") as client:
-            window, too_long = [
-                await client.call_tool("fetch", args)
-                for args in [
-                    {"id": "long.txt", "start": 1},
-                    {"id": "long.txt", "start": 0, "end": MAX_READ_CHARS + 1},
-                ]
+    retriever = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()))
+    retriever.add_documents([long])
+    async with Client(build_server(retriever), mode=mode) as client:
+        window, too_long = [
+            await client.call_tool("fetch", args)
+            for args in [
+                {"id": "long.txt", "start": 1},
+                {"id": "long.txt", "start": 0, "end": MAX_READ_CHARS + 1},
             ]
+        ]
+        part = await client.read_resource(document_uri("long.txt", 6_000, 30_000))  # cut at the end
+        with pytest.raises(MCPError, match="read at most 20,000 at a time"):
+            await client.read_resource(document_uri("long.txt", 0, MAX_READ_CHARS + 1))
     assert text(window) == LONG[1 : 1 + MAX_READ_CHARS]
     assert window.structured_content["length"] == len(LONG)
     assert too_long.is_error and "read at most 20,000 at a time" in text(too_long)
+    assert part.contents[0].text == LONG[6_000:]
 
 
 async def test_streamable_http_with_a_bearer_token_in_both_eras(
