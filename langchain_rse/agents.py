@@ -320,8 +320,8 @@ def search_documents(
 ) -> list[Document]:
     """The segments a search tool returns for ``args``: ``retriever.invoke``'s, or, when a
     context budget left nothing although a passage matches, the best passage cut to the
-    budget (an exact slice; ``cut_start``/``cut_from``: the whole passage's range). ``ToolException`` for input the
-    retriever rejects."""
+    budget (an exact slice; ``cut_start``/``cut_from``: the whole passage's range).
+    ``ToolException`` for input the retriever rejects."""
     try:
         documents = retriever.invoke(args.query, **_options(args, callbacks))
         budget = _over_budget(retriever, args) if not documents else None
@@ -645,10 +645,12 @@ def build_server(retriever: "RSERetriever", *, name: str = "langchain-rse") -> "
         return Tool(
             fn=fn,
             name=fn.__name__,
+            title=None,
             description=description,
             parameters=schema.model_json_schema(),
             fn_metadata=Unchecked(arg_model=ArgModelBase, output_model=output),
             is_async=True,
+            context_kwarg=None,
             annotations=read_only,
         )
 

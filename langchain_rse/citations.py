@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from langchain_core.documents import Document
@@ -128,25 +128,24 @@ def _check(
     n: int, quote: tuple[str, int] | None, marker: re.Match[str], artifact: Sequence[Document]
 ) -> CitationCheck:
     text, at = quote if quote is not None else (None, marker.start())
-    where = {"n": n, "answer_start": at, "answer_end": marker.end(), "quote": text}
+    check = CitationCheck(n, at, marker.end(), text, "no such source")
     if not 1 <= n <= len(artifact):
-        return CitationCheck(**where, status="no such source")
+        return check
     meta = artifact[n - 1].metadata
-    doc = {
-        "doc_id": None if meta.get("doc_id") is None else str(meta["doc_id"]),
-        "source": None if meta.get("source") is None else str(meta["source"]),
-        "title": None if meta.get("title") is None else str(meta["title"]),
-    }
+    check = replace(
+        check,
+        doc_id=None if meta.get("doc_id") is None else str(meta["doc_id"]),
+        source=None if meta.get("source") is None else str(meta["source"]),
+        title=None if meta.get("title") is None else str(meta["title"]),
+    )
     offset = int(meta["start_index"])
     if text is None:
-        return CitationCheck(
-            **where, **doc, status="unquoted", start=offset, end=int(meta["end_index"])
-        )
+        return replace(check, status="unquoted", start=offset, end=int(meta["end_index"]))
     found = _find(text, artifact[n - 1].page_content)
     if found is None:
-        return CitationCheck(**where, **doc, status="misquoted")
+        return replace(check, status="misquoted")
     status, start, end = found
-    return CitationCheck(**where, **doc, status=status, start=offset + start, end=offset + end)
+    return replace(check, status=status, start=offset + start, end=offset + end)
 
 
 def citation_annotations(answer: str, artifact: Sequence[Document]) -> list[Citation]:
