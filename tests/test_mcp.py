@@ -19,6 +19,8 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 from mcp import Client, StdioServerParameters
@@ -27,6 +29,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import ResourceLink
 from servers import _server, free_port
+from test_agent_tool import bad_argument
 
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
@@ -280,3 +283,31 @@ def test_without_the_mcp_sdk_the_command_says_what_to_install(index: Path) -> No
     assert "Traceback" not in done.stderr
     assert 'pip install "langchain-rse[mcp]"' in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def hashing_retriever() -> RSERetriever:
+    retriever = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=3)
+    retriever.show_progress = False
+    retriever.add_documents(list(source_documents().values()))
+    return retriever
+
+
+@settings(max_examples=40)
+@example(bad=[("filter", {"source": "handbook.md"})])
+@example(bad=[("max_chars", 10**400)])
+@given(bad=st.lists(bad_argument, min_size=1, max_size=3))
+def test_mcp_search_answers_every_bad_argument_as_the_tool_does(
+    hashing_retriever: RSERetriever, bad: list[tuple[str, Any]]
+) -> None:
+    args: dict[str, Any] = {"query": "remote work abroad"} | dict(bad)
+    tool = hashing_retriever.as_tool()
+    message = tool.invoke({"type": "tool_call", "id": "c", "name": "search", "args": args})
+
+    async def over_mcp() -> Any:
+        async with Client(build_server(hashing_retriever), mode="legacy") as client:
+            return await client.call_tool("search", args)
+
+    result = anyio.run(over_mcp)
+    assert message.status == "error" and result.is_error
+    assert text(result) == message.text
