@@ -59,6 +59,7 @@ from langchain_rse.pipeline import MAX_MAX_CHARS, MAX_QUERIES, MAX_QUERY_CHARS, 
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
     from langchain_rse.retriever import RSERetriever
 
@@ -698,12 +699,12 @@ def build_server(retriever: "RSERetriever", *, name: str = "langchain-rse") -> "
     return server
 
 
-def _bearer(app: Any, token: str) -> Any:
+def _bearer(app: "ASGIApp", token: str) -> "ASGIApp":
     """``app`` (ASGI) answering 401 to HTTP requests without ``Authorization: Bearer
     token`` (compared in constant time)."""
     expected = f"Bearer {token}".encode()
 
-    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def guarded(scope: "Scope", receive: "Receive", send: "Send") -> None:
         if scope["type"] == "http":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, expected):
@@ -740,7 +741,7 @@ def serve(
     import anyio
     import uvicorn
 
-    app = server.streamable_http_app(host="127.0.0.1")
+    app: ASGIApp = server.streamable_http_app(host="127.0.0.1")
     if token is not None:
         app = _bearer(app, token)
     config = uvicorn.Config(app, host="127.0.0.1", port=http_port, log_level="warning")

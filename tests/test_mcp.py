@@ -117,6 +117,7 @@ async def test_search_fetch_and_resources_over_stdio(index: Path, mode: str) -> 
     with anyio.fail_after(180):
         async with Client(stdio(index), mode=mode) as client:
             version = client.protocol_version
+            handshake = (client.session.initialize_result, client.session.discover_result)
             tools = {tool.name: tool for tool in (await client.list_tools()).tools}
             found = await client.call_tool(
                 "search", {"query": "How long may I work remotely from abroad?", "k": 1}
@@ -144,6 +145,8 @@ async def test_search_fetch_and_resources_over_stdio(index: Path, mode: str) -> 
                 document_uri("contracts/lease.pdf", 14, 40)  # the id's slash encoded
             )
     assert version == ERAS[mode]
+    initialized, discovered = handshake  # legacy: `initialize`; auto: `server/discover`
+    assert (initialized is not None, discovered is not None) == (mode == "legacy", mode == "auto")
 
     # the same schema as the LangChain tool; the model sees every cap there
     assert set(tools) == {"search", "fetch"}
