@@ -482,3 +482,14 @@ def test_a_small_budget_returns_the_best_passage_cut_to_it(
         (label,) = [label for _, label, _ in source_blocks(message.text)]
         assert "cut to the budget" in label
         assert phrase in message.text  # cut around the words that match
+
+
+def test_a_huge_budget_is_a_clear_error_in_python_too(sample_tool_retriever: RSERetriever) -> None:
+    """``max_chars=10**400`` raised ``OverflowError`` inside ``invoke``: now the argument
+    check names the range (for ``invoke``, ``ainvoke`` and the field)."""
+    for huge in (10**400, 10**9 + 1):
+        with pytest.raises(ValueError, match="max_chars must be an integer from 100 to"):
+            sample_tool_retriever.invoke("termination notice", max_chars=huge)
+        with pytest.raises(ValueError, match="max_chars"):
+            RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), max_chars=huge)
+    assert sample_tool_retriever.invoke("termination notice", max_chars=10**9)
