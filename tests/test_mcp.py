@@ -314,3 +314,29 @@ def test_mcp_search_answers_every_bad_argument_as_the_tool_does(
     result = anyio.run(over_mcp)
     assert message.status == "error" and result.is_error
     assert text(result) == message.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "token", "says"),
+    [
+        ([], "s3cret-token-0123456789", "--token-file protects --http"),
+        (["--http", "8765"], "short", "at least 16 printable characters"),
+        (["--http", "8765"], "two words and more than sixteen", "without spaces"),
+        (["--http", "8765"], None, "cannot read the token file"),
+    ],
+)
+def test_a_bad_token_file_is_a_one_line_error(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    token: str | None,
+    says: str,
+) -> None:
+    from langchain_rse.cli import main
+
+    token_file = tmp_path / "token"
+    if token is not None:
+        token_file.write_text(token)
+    assert main(["mcp", str(tmp_path / "no-index"), *extra, "--token-file", str(token_file)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
