@@ -40,6 +40,7 @@ from langchain_rse.segments import (
 )
 
 __all__ = [
+    "MAX_MAX_CHARS",
     "MAX_QUERIES",
     "MAX_QUERY_CHARS",
     "Expand",
@@ -191,13 +192,25 @@ def check_k(k: Any) -> int:
 MIN_MAX_CHARS = 100
 """The smallest context budget accepted: below it hardly a chunk fits."""
 
+MAX_MAX_CHARS = 1_000_000_000
+"""The largest context budget accepted (a billion characters: more than any call returns)."""
+
 
 def check_max_chars(value: Any) -> int | None:
-    """A context budget: None or an int of at least :data:`MIN_MAX_CHARS`, else ``ValueError``."""
+    """A context budget: None or an int from :data:`MIN_MAX_CHARS` to :data:`MAX_MAX_CHARS`,
+    else ``ValueError``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_MAX_CHARS:
-        raise ValueError(f"max_chars must be an integer >= {MIN_MAX_CHARS} or None, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not MIN_MAX_CHARS <= value <= MAX_MAX_CHARS
+    ):
+        shown = repr(value) if not isinstance(value, int) or value < 10**30 else "a larger one"
+        raise ValueError(
+            f"max_chars must be an integer from {MIN_MAX_CHARS} to {MAX_MAX_CHARS:,} or None, "
+            f"got {shown}"
+        )
     return value
 
 

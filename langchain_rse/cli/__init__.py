@@ -363,10 +363,25 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     try:
-        from langchain_rse.agents import serve
+        import mcp.server.mcpserver  # noqa: F401  (the optional SDK, before the index loads)
     except ImportError as exc:
         raise CLIError(f'the MCP server needs `pip install "langchain-rse[mcp]"` ({exc})') from None
-    serve(_open_index(Path(args.index)), http_port=args.http)
+    from langchain_rse.agents import serve
+
+    token = None
+    if args.token_file is not None:
+        if args.http is None:
+            raise CLIError("--token-file protects --http; stdio needs no token")
+        try:
+            token = Path(args.token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CLIError(f"cannot read the token file {args.token_file}: {exc}") from None
+        if len(token) < 16 or any(c.isspace() or not c.isprintable() for c in token):
+            raise CLIError(
+                f"the token in {args.token_file} must be one line of at least 16 printable "
+                "characters without spaces"
+            )
+    serve(_open_index(Path(args.index)), http_port=args.http, token=token)
     return 0
 
 
@@ -521,14 +536,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(
-        "mcp", parents=[common], help="serve an index to MCP clients (search, read) over stdio"
+        "mcp", parents=[common], help="serve an index to MCP clients (search, fetch) over stdio"
     )
     p.add_argument("index", metavar="DIR")
     p.add_argument(
         "--http",
         type=positive_int,
         metavar="PORT",
-        help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead",
+        help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead (without --token-file, any "
+        "local process can read every document)",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="with --http: require `Authorization: Bearer TOKEN`, TOKEN read from FILE",
     )
     p.set_defaults(func=cmd_mcp)
 
