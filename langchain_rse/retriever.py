@@ -384,8 +384,8 @@ class RSERetriever(DocumentIndex):
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
         """Remove documents (by doc id) from the vector store, lexical index and record
         store. With a bound :attr:`filter`, only documents it allows: other ids are treated
-        as unknown (not removed, not in ``succeeded``)."""
-        doc_ids = check_delete_ids(ids)
+        as unknown (not removed, not in ``succeeded``). An id named twice counts once."""
+        doc_ids = list(dict.fromkeys(check_delete_ids(ids)))
         f = parse(self.filter) if self.filter else None
         with self._writer.lock:
             if f is not None:

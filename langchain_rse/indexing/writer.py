@@ -410,6 +410,7 @@ class Writer:
         self.records.delete([version_key(v.doc_id, v.version) for v in versions])
 
     def _delete(self, doc_ids: Sequence[str]) -> list[str]:
+        doc_ids = list(dict.fromkeys(doc_ids))  # a store may refuse an id named twice
         if not doc_ids:
             return []
         pointers = self.records.pointers(list(doc_ids))
