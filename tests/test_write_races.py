@@ -7,15 +7,134 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 from langchain_core.documents import Document
-from langchain_core.stores import InMemoryByteStore
+from langchain_core.stores import BaseStore, InMemoryByteStore
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
-from langchain_rse import NoEnricher, RSERetriever
+from langchain_rse import BaseEnricher, NoEnricher, RSERetriever
+from langchain_rse.enrichment import ChunkContext
+from langchain_rse.indexing.chunking import Chunk
+
+ACME = {"tenant": "acme"}
+GLOBEX = {"tenant": "globex"}
+
+# ---------------------------------------------------------------- 1: a tenant's add races
+
+
+class PausedEnricher(BaseEnricher):
+    """A user's enricher that, once started, waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.go = threading.Event()
+
+    def enrich(
+        self, doc_id: str, text: str, metadata: dict[str, Any], chunks: Sequence[Chunk]
+    ) -> list[ChunkContext]:
+        self.started.set()
+        assert self.go.wait(60), "never let go"
+        return NoEnricher().enrich(doc_id, text, metadata, chunks)
+
+    async def aenrich(
+        self, doc_id: str, text: str, metadata: dict[str, Any], chunks: Sequence[Chunk]
+    ) -> list[ChunkContext]:
+        self.started.set()
+        assert await asyncio.to_thread(self.go.wait, 60), "never let go"
+        return NoEnricher().enrich(doc_id, text, metadata, chunks)
+
+
+class SharedStore(BaseStore[str, bytes]):
+    """A record store other workers share, as Redis would be (not in-process)."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryByteStore()
+
+    def mget(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self.inner.mget(keys)
+
+    def mset(self, pairs: Sequence[tuple[str, bytes]]) -> None:
+        self.inner.mset(pairs)
+
+    def mdelete(self, keys: Sequence[str]) -> None:
+        self.inner.mdelete(keys)
+
+    def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
+        return iter(list(self.inner.yield_keys(prefix=prefix)))
+
+
+def _tenant_views(how: str, paused: PausedEnricher) -> tuple[RSERetriever, RSERetriever]:
+    """acme's and globex's retrievers over one index: two filter-bound views of one
+    retriever, or two retrievers (workers) over the same stores."""
+    settings: dict[str, Any] = {"chunk_size": 200, "show_progress": False}
+    if how == "views":
+        base = RSERetriever(
+            vectorstore=InMemoryVectorStore(HashingEmbeddings()), enricher=NoEnricher(), **settings
+        )
+        acme = base.model_copy(update={"filter": ACME, "enricher": paused})
+        return acme, base.model_copy(update={"filter": GLOBEX})
+    vs, store = InMemoryVectorStore(HashingEmbeddings()), SharedStore()
+    acme = RSERetriever(vectorstore=vs, docstore=store, enricher=paused, filter=ACME, **settings)
+    globex = RSERetriever(
+        vectorstore=vs, docstore=store, enricher=NoEnricher(), filter=GLOBEX, **settings
+    )
+    return acme, globex
+
+
+NOTES_ACME = Document("acme's meeting notes: the budget is final. " * 8, metadata=ACME)
+NOTES_GLOBEX = Document("globex's meeting notes: the launch slips. " * 8, metadata=GLOBEX)
+
+
+@pytest.mark.parametrize("how", ["views", "instances"])
+async def test_an_async_add_cannot_overwrite_another_tenants_document(how: str) -> None:
+    paused = PausedEnricher()
+    acme, globex = _tenant_views(how, paused)
+    adding = asyncio.create_task(acme.aadd_documents([NOTES_ACME], ids=["notes.txt"]))
+    assert await asyncio.to_thread(paused.started.wait, 60)
+    await globex.aadd_documents([NOTES_GLOBEX], ids=["notes.txt"])  # while acme enriches
+    paused.go.set()
+    with pytest.raises(ValueError, match="outside this retriever's filter"):
+        await adding
+    _globex_kept_its_document(acme, globex)
+
+
+def test_a_sync_add_cannot_overwrite_another_tenants_document() -> None:
+    """Separate workers over shared stores (one retriever's views share its write lock)."""
+    paused = PausedEnricher()
+    acme, globex = _tenant_views("instances", paused)
+    errors: list[BaseException] = []
+
+    def add() -> None:
+        try:
+            acme.add_documents([NOTES_ACME], ids=["notes.txt"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=add)
+    thread.start()
+    assert paused.started.wait(60)
+    globex.add_documents([NOTES_GLOBEX], ids=["notes.txt"])
+    paused.go.set()
+    thread.join(60)
+    assert len(errors) == 1 and isinstance(errors[0], ValueError)
+    assert "outside this retriever's filter" in str(errors[0])
+    _globex_kept_its_document(acme, globex)
+
+
+def _globex_kept_its_document(acme: RSERetriever, globex: RSERetriever) -> None:
+    assert [d.page_content for d in globex.get(["notes.txt"])] == [NOTES_GLOBEX.page_content]
+    assert acme.get(["notes.txt"]) == []
+    assert all("acme" not in d.page_content for d in globex.invoke("meeting notes"))
+    # acme's half-written version is gone, and globex can still write its document
+    assert globex.vacuum() == 0
+    again = Document(NOTES_GLOBEX.page_content + " Updated.", metadata=GLOBEX)
+    assert globex.add_documents([again], ids=["notes.txt"]) == ["notes.txt"]
+    assert [d.page_content for d in globex.get(["notes.txt"])] == [again.page_content]
+
 
 # ---------------------------------------------------------------- 12: delete(["a", "a"])
 

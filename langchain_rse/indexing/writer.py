@@ -38,6 +38,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 
 from langchain_rse.enrichment import index_text
+from langchain_rse.filters import Filter
 from langchain_rse.indexing.chunking import split_text, validate_documents
 from langchain_rse.indexing.records import (
     DocBody,
@@ -51,7 +52,7 @@ from langchain_rse.indexing.records import (
     pointer_key,
     version_key,
 )
-from langchain_rse.indexing.steps import Plan, Prepared, Todo
+from langchain_rse.indexing.steps import Plan, Prepared, Todo, check_owner
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.routing import DocumentRouter, LeadIndex
@@ -254,13 +255,20 @@ class Writer:
         router: DocumentRouter | None = None,
         batch_size: int = 256,
         progress: Callable[[int], None] | None = None,
+        owner: Filter | None = None,
     ) -> None:
         """Write new versions (skipping any another writer already wrote), swap their
         pointers, remove what they replaced, and remove ``removals``; keep ``router``'s
         leads in step. ``progress`` is told the number of chunks of each batch written
-        to the vector store (the stage that embeds them)."""
+        to the vector store (the stage that embeds them).
+
+        With ``owner`` (a retriever's bound filter), every indexed document the write would
+        replace or remove must pass it, checked when the write starts and again on the
+        pointers read right before the swap (another tenant may have written the id since
+        the caller checked): else a ``ValueError``, and this write's versions are removed."""
         with self.lock:
             pointers = self.records.pointers([p.record.doc_id for p in prepared])
+            self._check_owner(owner, pointers, removals)
             pairs = [(p, o) for p, o in zip(prepared, pointers) if not p.written_meanwhile(o)]
             todo, planned = [p for p, _ in pairs], [o for _, o in pairs]
             if len(todo) < len(prepared):
@@ -279,6 +287,11 @@ class Writer:
                 progress(sum(len(p.chunks) for p in prepared) - sum(len(p.chunks) for p in todo))
             ids = [p.record.doc_id for p in todo]
             before = self.records.pointers(ids)
+            try:
+                self._check_owner(owner, before, removals)
+            except ValueError:
+                self._discard(versions)
+                raise
             self.records.put([(pointer_key(p.record.doc_id), p.record) for p in todo])
             after = self.records.pointers(ids)
             stale: list[VersionRecord] = []
@@ -311,6 +324,15 @@ class Writer:
                 if router.retriever is self.leads:
                     self._lead_versions.update((p.record.doc_id, p.record.version) for p in todo)
                     self._forget_leads(removals)
+
+    def _check_owner(
+        self, owner: Filter | None, pointers: Sequence[DocRecord | None], removals: Sequence[str]
+    ) -> None:
+        """:func:`~langchain_rse.indexing.steps.check_owner` of ``pointers`` and the current
+        pointers of ``removals``."""
+        if owner is not None:
+            removed = self.records.pointers(list(removals)) if removals else []
+            check_owner(owner, [*pointers, *removed])
 
     def _forget_leads(self, doc_ids: Sequence[str]) -> None:
         """Forget the lead versions of removed documents."""
