@@ -73,7 +73,7 @@ def is_local(vectorstore: VectorStore) -> bool:
 
 
 def _keyed(
-    hits: list[tuple[Document, float | None]], f: Filter | None
+    hits: Sequence[tuple[Document, float | None]], f: Filter | None
 ) -> tuple[list[Hit], dict[str, str]]:
     """The hits written by this retriever that ``f`` allows (each chunk carries its
     document's scalar metadata and ``doc_id``), as chunk keys, and their texts. A store

@@ -170,3 +170,48 @@ def test_an_id_named_twice_is_deleted_from_chroma() -> None:
     left = {m["doc_id"] for m in vs.get()["metadatas"]}
     assert left == {"b"} and len(vs.get()["ids"]) < held
     assert r.vacuum() == 0  # nothing left behind
+
+
+# ---------------------------------------------------------------- 15: queries during replaces
+
+THIRTY = "The payment terms of the escrow agreement are net thirty days. " * 3
+SIXTY = "The payment terms of the escrow agreement are net sixty days here. " * 3
+REPLACES = 300
+
+
+def test_queries_during_replaces_always_find_the_old_or_the_new_version() -> None:
+    """Two reader threads on a one-document index while it is replaced back and forth
+    (issue 54, item 15): before the fix, one run in two of this one found nothing once."""
+    r = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        enricher=NoEnricher(),
+        chunk_size=200,
+        show_progress=False,
+    )
+    r.add_documents([Document(THIRTY, id="d")])
+    stop = threading.Event()
+    problems: list[str] = []
+    queries = [0, 0]
+
+    def read(n: int) -> None:
+        while not stop.is_set():
+            found = r.invoke("payment terms escrow", mode="segments" if n else "chunks")
+            queries[n] += 1
+            if not found:
+                problems.append("nothing found")
+            for d in found:
+                start, end = d.metadata["start_index"], d.metadata["end_index"]
+                if d.page_content not in (THIRTY[start:end], SIXTY[start:end]):
+                    problems.append(f"not a slice of either version: {d.page_content!r}")
+
+    readers = [threading.Thread(target=read, args=(n,)) for n in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        for n in range(REPLACES):
+            r.add_documents([Document(SIXTY if n % 2 == 0 else THIRTY, id="d")])
+    finally:
+        stop.set()
+        for t in readers:
+            t.join(60)
+    assert sum(queries) > 0 and not problems, (problems[:3], queries)

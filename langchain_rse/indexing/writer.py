@@ -84,10 +84,18 @@ class Writer:
     leads: LeadIndex | None = None
     """The built-in document lead index, when routing uses it (reloaded with the lexical
     index; rebuilt from the records after a load)."""
+    swaps: ReadWriteLock = field(init=False)
+    """Held exclusively from a pointer swap (or a pointer's removal) to the removal of the
+    versions it replaced; a query that kept losing the race to replaces holds it shared for
+    its last attempt, so that attempt reads one consistent state (in-process record stores:
+    other processes' writers cannot be held off)."""
     _seen: bytes | None = field(default=None, init=False)
     """The generation the in-process indexes reflect (None: unknown)."""
     _lead_versions: dict[str, str] = field(default_factory=dict, init=False)
     """The document version each reloaded lead reflects."""
+
+    def __post_init__(self) -> None:
+        self.swaps = ReadWriteLock(enabled=not self.shared)
 
     def _bump(self) -> None:
         """Leave a new generation token after a write."""
@@ -285,33 +293,11 @@ class Writer:
                 raise
             if progress is not None and len(todo) < len(prepared):
                 progress(sum(len(p.chunks) for p in prepared) - sum(len(p.chunks) for p in todo))
-            ids = [p.record.doc_id for p in todo]
-            before = self.records.pointers(ids)
-            try:
-                self._check_owner(owner, before, removals)
-            except ValueError:
-                self._discard(versions)
-                raise
-            self.records.put([(pointer_key(p.record.doc_id), p.record) for p in todo])
-            after = self.records.pointers(ids)
-            stale: list[VersionRecord] = []
-            for p, old, seen, now in zip(todo, planned, before, after):
-                mine = p.record.version
-                if now is None or now.version != mine:  # lost the race: another writer won
-                    logger.info(
-                        "document %r changed meanwhile; dropping version %s", p.record.doc_id, mine
-                    )
-                    stale.append(p.record.version_record())
-                    continue
-                replaced = {
-                    r.version: r for r in (old, seen) if r is not None and r.version != mine
-                }
-                stale += [r.version_record() for r in replaced.values()]
-            self._remove_versions(stale)
+            with self.swaps.write():
+                self._swap(todo, planned, removals, owner, versions)
             if todo:
                 n = sum(len(p.chunks) for p in todo)
                 logger.info("indexed %d documents (%d chunks)", len(todo), n)
-            self._delete(removals)
             self._bump()
             if router is not None:
                 sources = [
@@ -324,6 +310,39 @@ class Writer:
                 if router.retriever is self.leads:
                     self._lead_versions.update((p.record.doc_id, p.record.version) for p in todo)
                     self._forget_leads(removals)
+
+    def _swap(
+        self,
+        todo: Sequence[Prepared],
+        planned: Sequence[DocRecord | None],
+        removals: Sequence[str],
+        owner: Filter | None,
+        versions: Sequence[VersionRecord],
+    ) -> None:
+        """Swap the pointers of ``todo`` (written) after the owner check, remove what they
+        replaced (or, having lost a race, their own versions), and remove ``removals``."""
+        ids = [p.record.doc_id for p in todo]
+        before = self.records.pointers(ids)
+        try:
+            self._check_owner(owner, before, removals)
+        except ValueError:
+            self._discard(versions)
+            raise
+        self.records.put([(pointer_key(p.record.doc_id), p.record) for p in todo])
+        after = self.records.pointers(ids)
+        stale: list[VersionRecord] = []
+        for p, old, seen, now in zip(todo, planned, before, after):
+            mine = p.record.version
+            if now is None or now.version != mine:  # lost the race: another writer won
+                logger.info(
+                    "document %r changed meanwhile; dropping version %s", p.record.doc_id, mine
+                )
+                stale.append(p.record.version_record())
+                continue
+            replaced = {r.version: r for r in (old, seen) if r is not None and r.version != mine}
+            stale += [r.version_record() for r in replaced.values()]
+        self._remove_versions(stale)
+        self._delete(removals)
 
     def _check_owner(
         self, owner: Filter | None, pointers: Sequence[DocRecord | None], removals: Sequence[str]
@@ -447,7 +466,8 @@ class Writer:
         """Remove documents everywhere; returns the ids that were indexed."""
         self._check_deletes()
         with self.lock:
-            found = self._delete(doc_ids)
+            with self.swaps.write():
+                found = self._delete(doc_ids)
             self._bump()
             if router is not None:
                 router.sync_leads((), found)
