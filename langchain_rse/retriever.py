@@ -361,7 +361,9 @@ class RSERetriever(DocumentIndex):
         skipped with a warning (its indexed version removed). All are validated and split
         first, then enriched and written in groups (:mod:`langchain_rse.indexing.steps`).
         With a bound :attr:`filter`, a document it rejects, or whose id another tenant's
-        holds, is a ``ValueError`` before anything is written.
+        holds, is a ``ValueError`` before anything is written; the write checks the ids
+        again right before it makes its documents current (another tenant, or worker, may
+        have written one meanwhile): a ``ValueError`` then too, that group left unwritten.
         """
         with self._writer.lock:
             check_writable(self, documents, ids)
@@ -371,7 +373,8 @@ class RSERetriever(DocumentIndex):
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
     ) -> list[str]:
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
-        (under the same lock as the sync path, re-checking what another writer wrote)."""
+        (under the same lock as the sync path, re-checking what another writer wrote, and
+        with a bound :attr:`filter` who owns each id)."""
         if self.filter:
             await asyncio.to_thread(check_writable, self, documents, ids)
         return await adrive(*index_steps(self, documents, ids, True))  # type: ignore[no-any-return]

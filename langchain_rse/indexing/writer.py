@@ -6,9 +6,14 @@ For each document a writer
 1. records the new version (``ver/`` record) before any of its chunks is written;
 2. writes the chunks everywhere (vector store, lexical index) and the version's body;
 3. swaps the document's pointer to the new version — readers keep only chunks of the
-   pointer's version, so they see the old document or the new one, never a mix;
+   pointer's version, so they see the old document or the new one, never a mix (with a
+   bound filter, after checking that the pointers read right before still belong to it);
 4. reads the pointer again: if another writer swapped after it, it *lost* and deletes its
    own version; otherwise it deletes the versions it replaced.
+
+Steps 3 and 4 run under :attr:`Writer.swaps`, which a query that kept finding replaced
+versions holds shared for its last attempt (in process), so that one reads a consistent
+state.
 
 Every write makes a new version id (the content fingerprint and a random suffix), so a
 version that stopped being current never becomes current again: a cleanup that deletes it
