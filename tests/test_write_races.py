@@ -125,6 +125,32 @@ def test_a_sync_add_cannot_overwrite_another_tenants_document() -> None:
     _globex_kept_its_document(acme, globex)
 
 
+def test_a_sync_add_on_views_of_one_retriever_holds_the_other_tenant_off() -> None:
+    """Views of one retriever share its write lock, held by a sync add from its check to
+    its swap: globex's add waits, then finds acme's document and is refused."""
+    paused = PausedEnricher()
+    acme, globex = _tenant_views("views", paused)
+    errors: list[BaseException] = []
+
+    def add(r: RSERetriever, doc: Document) -> None:
+        try:
+            r.add_documents([doc], ids=["notes.txt"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=add, args=(acme, NOTES_ACME))
+    first.start()
+    assert paused.started.wait(60)
+    second = threading.Thread(target=add, args=(globex, NOTES_GLOBEX))
+    second.start()
+    paused.go.set()
+    first.join(60)
+    second.join(60)
+    assert len(errors) == 1 and "outside this retriever's filter" in str(errors[0])
+    assert [d.page_content for d in acme.get(["notes.txt"])] == [NOTES_ACME.page_content]
+    assert globex.get(["notes.txt"]) == []
+
+
 def _globex_kept_its_document(acme: RSERetriever, globex: RSERetriever) -> None:
     assert [d.page_content for d in globex.get(["notes.txt"])] == [NOTES_GLOBEX.page_content]
     assert acme.get(["notes.txt"]) == []
