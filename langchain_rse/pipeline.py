@@ -20,6 +20,7 @@ import inspect
 import logging
 import re
 from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -472,8 +473,9 @@ def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
     A document replaced between the search and the read of its pointer: the query searches
     again. Those attempts hold nothing, so writers never wait for queries; a writer that
     replaces within each of them could starve the query, so the last of the
-    :data:`READ_ATTEMPTS` is :class:`Settled`: in process, no pointer swap or cleanup runs
-    during it, and it reads the old version or the new one, never nothing."""
+    :data:`READ_ATTEMPTS` is :class:`Settled`: no pointer swap or cleanup of this process
+    runs during it (over an in-process record store), and it reads the old version or the
+    new one, never nothing."""
     seen: set[tuple[str, str]] = set()
     for _ in range(READ_ATTEMPTS - 1):
         try:
@@ -538,6 +540,12 @@ def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
     return out
 
 
+def _give_back(taking: asyncio.Future[None], hold: AbstractContextManager[None]) -> None:
+    """Give back a hold whose taking finished after its query was cancelled."""
+    if not taking.cancelled() and taking.exception() is None:
+        hold.__exit__(None, None, None)
+
+
 def _settled(swaps: ReadWriteLock, handlers: Handlers, steps: Steps) -> list[Document]:
     """``steps`` driven while ``swaps`` is held shared."""
     with swaps.read():
@@ -551,7 +559,7 @@ async def _asettled(swaps: ReadWriteLock, handlers: Handlers, steps: Steps) -> l
     try:
         await asyncio.shield(taking)
     except asyncio.CancelledError:  # the thread still takes it: give it back then
-        taking.add_done_callback(lambda t: t.cancelled() or hold.__exit__(None, None, None))
+        taking.add_done_callback(lambda t: _give_back(t, hold))
         raise
     try:
         return await adrive(steps, handlers)  # type: ignore[no-any-return]

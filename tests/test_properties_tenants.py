@@ -186,7 +186,7 @@ def test_no_other_tenant_reaches_callbacks_events_or_the_tool(
     docs: list[Document], query: str, k: int, translator: str, lexical_store: bool, year: int
 ) -> None:
     r = build(docs, translator, lexical_store)
-    call = {"filter": {"year": {"$gte": year}}} if year else {}
+    call: dict[str, Any] = {"filter": {"year": {"$gte": year}}} if year else {}
     rec = Recorder()
     found = r.invoke(query, k=k, config={"callbacks": [rec]}, **call)
     assert {d.metadata["tenant"] for d in found} <= {"acme"}
