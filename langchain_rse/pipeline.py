@@ -2,7 +2,8 @@
 
 :func:`retrieval` checks a call and returns a generator that *yields* each I/O it needs as
 a typed request (:class:`Expand`, :class:`Search`, :class:`Focus`, :class:`ReadPointers`,
-:class:`ReadBodies`, :class:`Rerank`, :class:`Record`) and receives the answer.
+:class:`ReadBodies`, :class:`Rerank`, :class:`Record`, :class:`Settled`) and receives the
+answer.
 :func:`drive` answers the requests synchronously and :func:`adrive` awaits them, with the
 handlers :func:`handlers` binds, so the sync and async paths share every line of logic.
 The write path (:mod:`langchain_rse.indexing.steps`) is driven the same way.
@@ -19,6 +20,7 @@ import inspect
 import logging
 import re
 from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -30,6 +32,7 @@ from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import Candidate, Route, candidates, confirmed_route, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
+from langchain_rse.indexing.store import ReadWriteLock
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.segments import (
@@ -51,6 +54,7 @@ __all__ = [
     "Record",
     "Rerank",
     "Search",
+    "Settled",
     "Trace",
     "adrive",
     "drive",
@@ -113,6 +117,13 @@ class Rerank(NamedTuple):
 
     queries: list[str]
     documents: list[Document]
+
+
+class Settled(NamedTuple):
+    """Run ``steps`` (a query's last attempt) while no write swaps a pointer or removes a
+    version (in process) → their result."""
+
+    steps: Generator[Any, Any, list[Document]]
 
 
 class Record(NamedTuple):
@@ -470,19 +481,30 @@ def retrieval(
 
 def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
     """Search → fuse → :func:`run_pipeline`. When a route holds and the router focuses,
-    :class:`Focus` adds the query's other clauses searched inside the routed documents. A
-    document replaced between the search and the read of its pointer: the query searches
-    again (up to :data:`READ_ATTEMPTS` times): old or new, not nothing."""
+    :class:`Focus` adds the query's other clauses searched inside the routed documents.
+
+    A document replaced between the search and the read of its pointer: the query searches
+    again. Those attempts hold nothing, so writers never wait for queries; a writer that
+    replaces within each of them could starve the query, so the last of the
+    :data:`READ_ATTEMPTS` is :class:`Settled`: no pointer swap or cleanup of this process
+    runs during it (over an in-process record store), and it reads the old version or the
+    new one, never nothing."""
     seen: set[tuple[str, str]] = set()
-    for attempt in range(READ_ATTEMPTS):
-        settings, found = yield from _search(s, router)
-        last = attempt == READ_ATTEMPTS - 1
+    for _ in range(READ_ATTEMPTS - 1):
         try:
-            return (yield from _retrying(settings, *found, None if last else seen))
+            return (yield from _attempt(s, router, seen))
         except Replaced as exc:
             logger.debug("documents %s were replaced during a query; searching again", exc)
             seen |= exc.versions
-    raise AssertionError("unreachable: the last attempt does not raise Replaced")
+    return (yield Settled(_attempt(s, router, None)))
+
+
+def _attempt(
+    s: QuerySettings, router: DocumentRouter | None, seen: set[tuple[str, str]] | None
+) -> Steps:
+    """One search and its pipeline (:class:`Replaced` with ``seen``: see :func:`run_pipeline`)."""
+    settings, found = yield from _search(s, router)
+    return (yield from _retrying(settings, *found, seen))
 
 
 def _search(
@@ -526,7 +548,36 @@ def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
         out[Expand] = partial(expander.aexpand if a else expander.expand, callbacks=callbacks)
     if r.reranker is not None:
         out[Rerank] = partial(_arerank if a else _rerank, r.reranker, callbacks)
+    swaps = r._writer.swaps
+    out[Settled] = partial(_asettled, swaps, out) if a else partial(_settled, swaps, out)
     return out
+
+
+def _give_back(taking: asyncio.Future[None], hold: AbstractContextManager[None]) -> None:
+    """Give back a hold whose taking finished after its query was cancelled."""
+    if not taking.cancelled() and taking.exception() is None:
+        hold.__exit__(None, None, None)
+
+
+def _settled(swaps: ReadWriteLock, handlers: Handlers, steps: Steps) -> list[Document]:
+    """``steps`` driven while ``swaps`` is held shared."""
+    with swaps.read():
+        return drive(steps, handlers)  # type: ignore[no-any-return]
+
+
+async def _asettled(swaps: ReadWriteLock, handlers: Handlers, steps: Steps) -> list[Document]:
+    """Async :func:`_settled` (the hold is taken in a thread, and always given back)."""
+    hold = swaps.read()
+    taking = asyncio.ensure_future(asyncio.to_thread(hold.__enter__))
+    try:
+        await asyncio.shield(taking)
+    except asyncio.CancelledError:  # the thread still takes it: give it back then
+        taking.add_done_callback(lambda t: _give_back(t, hold))
+        raise
+    try:
+        return await adrive(steps, handlers)  # type: ignore[no-any-return]
+    finally:
+        hold.__exit__(None, None, None)
 
 
 def _rerank(

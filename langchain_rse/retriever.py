@@ -361,7 +361,9 @@ class RSERetriever(DocumentIndex):
         skipped with a warning (its indexed version removed). All are validated and split
         first, then enriched and written in groups (:mod:`langchain_rse.indexing.steps`).
         With a bound :attr:`filter`, a document it rejects, or whose id another tenant's
-        holds, is a ``ValueError`` before anything is written.
+        holds, is a ``ValueError`` before anything is written; the write checks the ids
+        again right before it makes its documents current (another tenant, or worker, may
+        have written one meanwhile): a ``ValueError`` then too, that group left unwritten.
         """
         with self._writer.lock:
             check_writable(self, documents, ids)
@@ -371,7 +373,8 @@ class RSERetriever(DocumentIndex):
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
     ) -> list[str]:
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
-        (under the same lock as the sync path, re-checking what another writer wrote)."""
+        (under the same lock as the sync path, re-checking what another writer wrote, and
+        with a bound :attr:`filter` who owns each id)."""
         if self.filter:
             await asyncio.to_thread(check_writable, self, documents, ids)
         return await adrive(*index_steps(self, documents, ids, True))  # type: ignore[no-any-return]
@@ -384,8 +387,8 @@ class RSERetriever(DocumentIndex):
     def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
         """Remove documents (by doc id) from the vector store, lexical index and record
         store. With a bound :attr:`filter`, only documents it allows: other ids are treated
-        as unknown (not removed, not in ``succeeded``)."""
-        doc_ids = check_delete_ids(ids)
+        as unknown (not removed, not in ``succeeded``). An id named twice counts once."""
+        doc_ids = list(dict.fromkeys(check_delete_ids(ids)))
         f = parse(self.filter) if self.filter else None
         with self._writer.lock:
             if f is not None:

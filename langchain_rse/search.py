@@ -72,12 +72,18 @@ def is_local(vectorstore: VectorStore) -> bool:
     return vectorstore_kind(vectorstore) != "external"
 
 
-def _keyed(hits: list[tuple[Document, float | None]]) -> tuple[list[Hit], dict[str, str]]:
+def _keyed(
+    hits: Sequence[tuple[Document, float | None]], f: Filter | None
+) -> tuple[list[Hit], dict[str, str]]:
+    """The hits written by this retriever that ``f`` allows (each chunk carries its
+    document's scalar metadata and ``doc_id``), as chunk keys, and their texts. A store
+    may filter less than asked (a partial ``filter_translator``): what it let through
+    never reaches a callback, a trace or the candidates."""
     out: list[Hit] = []
     texts: dict[str, str] = {}
     for doc, score in hits:
         key = key_of(doc)
-        if key is not None:  # not ours (a shared vector store) otherwise
+        if key is not None and matches(f, doc.metadata):  # not ours (a shared store) otherwise
             out.append((key, score))
             if doc.page_content:  # the default store keeps no text: read from the records
                 texts[key] = doc.page_content
@@ -178,29 +184,31 @@ class SearchBranches:
         if isinstance(vs, FaissStore):  # the default store: chunk keys and scores only
             with self.lock.read():
                 return DenseResult(vs.ranked(query, k, request["filter"]))
-        kw = _dense_kwargs(vs, request["filter"], self.translator, k)
+        f = request["filter"]
+        kw = _dense_kwargs(vs, f, self.translator, k)
         with self.lock.read(), _one_faiss_thread(vs):
             if isinstance(vs, InMemoryVectorStore):  # no relevance function; scores are cosines
-                return DenseResult(*_keyed(list(vs.similarity_search_with_score(query, k, **kw))))
+                found = list(vs.similarity_search_with_score(query, k, **kw))
+                return DenseResult(*_keyed(found, f))
             hits: list[tuple[Document, float | None]]
             try:
                 hits = list(vs._similarity_search_with_relevance_scores(query, k=k, **kw))
             except NotImplementedError:
                 hits = [(d, None) for d in vs.similarity_search(query, k=k, **kw)]
-        return DenseResult(*_keyed(hits))
+        return DenseResult(*_keyed(hits, f))
 
     async def adense(self, request: SearchRequest, callbacks: Any = None) -> DenseResult:
         if self.lock.enabled or sync_only(self.vectorstore):
             # in process (under the lock), or a client without async search: in a thread
             return await asyncio.to_thread(self.dense, request)
-        vs, k, query = self.vectorstore, self.k, request["query"]
-        kw = _dense_kwargs(vs, request["filter"], self.translator, k)
+        vs, k, query, f = self.vectorstore, self.k, request["query"], request["filter"]
+        kw = _dense_kwargs(vs, f, self.translator, k)
         hits: list[tuple[Document, float | None]]
         try:
             hits = list(await vs._asimilarity_search_with_relevance_scores(query, k=k, **kw))
         except NotImplementedError:
             hits = [(d, None) for d in await vs.asimilarity_search(query, k=k, **kw)]
-        return DenseResult(*_keyed(hits))
+        return DenseResult(*_keyed(hits, f))
 
     def search(
         self, queries: list[str], f: Filter | None, router: Any = None, callbacks: Any = None
@@ -320,7 +328,7 @@ class SearchBranches:
             return self.lexical.search(query, self.k, allowed)
         kw = search_kwargs(self.lexical_store, f, self.translator)
         hits = self.lexical_store.similarity_search_with_score(query, k=self.k, **kw)
-        return _keyed([(doc, float(score)) for doc, score in hits])[0]
+        return _keyed([(doc, float(score)) for doc, score in hits], f)[0]
 
 
 T = TypeVar("T")

@@ -33,7 +33,7 @@ from langchain_core.documents import Document
 from tqdm.auto import tqdm
 
 from langchain_rse.enrichment import ChunkContext
-from langchain_rse.filters import matches, parse
+from langchain_rse.filters import Filter, matches, parse
 from langchain_rse.indexing.chunking import Chunk, doc_id_for, make_splitter
 from langchain_rse.indexing.records import (
     Contexts,
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INDEX_BATCH_SIZE",
     "WRITE_GROUP_CHUNKS",
+    "check_owner",
     "check_writable",
     "Plan",
     "Prepared",
@@ -81,13 +82,19 @@ def check_writable(r: Any, documents: Sequence[Document], ids: Sequence[str] | N
                 f"{r.filter!r}; a retriever bound to a filter writes only documents "
                 "that pass it"
             )
-    if not named:
+    if named:
+        check_owner(f, r._records.pointers([doc_id for doc_id, _ in named]))
+
+
+def check_owner(f: Filter | None, held: Sequence[DocRecord | None]) -> None:
+    """A ``ValueError`` naming the first of the indexed documents ``held`` (pointers; None:
+    not indexed) that the bound filter ``f`` rejects: a write must not replace or remove it."""
+    if f is None:
         return
-    held = r._records.pointers([doc_id for doc_id, _ in named])
-    for (doc_id, _), record in zip(named, held):
+    for record in held:
         if record is not None and not matches(f, {**record.metadata, "doc_id": record.doc_id}):
             raise ValueError(
-                f"document id {doc_id!r} is indexed for a document outside this "
+                f"document id {record.doc_id!r} is indexed for a document outside this "
                 "retriever's filter; it cannot be replaced from here (use another id)"
             )
 
@@ -224,7 +231,8 @@ def index_steps(
 ) -> tuple[Generator[Any, Any, list[str]], Handlers]:
     """:func:`indexing` of ``documents`` by retriever ``r``, and its handlers: plan (with
     ``r``'s splitter and fingerprints), enrich (natively async on the async path) and write
-    (in a thread there, under the writer's lock, re-checking what another writer wrote)."""
+    (in a thread there, under the writer's lock, re-checking what another writer wrote and,
+    with a bound filter, that every document it replaces or removes is the filter's)."""
     steps = indexing(max(WRITE_GROUP_CHUNKS, INDEX_BATCH_SIZE), r.show_progress, r.enricher)
     writer, enricher = r._writer, r.enricher
 
@@ -239,10 +247,12 @@ def index_steps(
             max_document_chars=r.max_document_chars,
         )
 
+    owner = parse(r.filter) if r.filter else None
+
     def write(
         prepared: list[Prepared], removals: list[str], progress: Callable[[int], None]
     ) -> None:
-        writer.write(prepared, removals, r.router, INDEX_BATCH_SIZE, progress)
+        writer.write(prepared, removals, r.router, INDEX_BATCH_SIZE, progress, owner)
 
     def enrich(todo: Todo) -> Any:
         return enricher.enrich(*todo.enrich_args)

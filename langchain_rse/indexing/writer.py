@@ -6,9 +6,14 @@ For each document a writer
 1. records the new version (``ver/`` record) before any of its chunks is written;
 2. writes the chunks everywhere (vector store, lexical index) and the version's body;
 3. swaps the document's pointer to the new version — readers keep only chunks of the
-   pointer's version, so they see the old document or the new one, never a mix;
+   pointer's version, so they see the old document or the new one, never a mix (with a
+   bound filter, after checking that the pointers read right before still belong to it);
 4. reads the pointer again: if another writer swapped after it, it *lost* and deletes its
    own version; otherwise it deletes the versions it replaced.
+
+Steps 3 and 4 run under :attr:`Writer.swaps`, which a query that kept finding replaced
+versions holds shared for its last attempt (in process), so that one reads a consistent
+state.
 
 Every write makes a new version id (the content fingerprint and a random suffix), so a
 version that stopped being current never becomes current again: a cleanup that deletes it
@@ -38,6 +43,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_text_splitters import TextSplitter
 
 from langchain_rse.enrichment import index_text
+from langchain_rse.filters import Filter
 from langchain_rse.indexing.chunking import split_text, validate_documents
 from langchain_rse.indexing.records import (
     DocBody,
@@ -51,7 +57,7 @@ from langchain_rse.indexing.records import (
     pointer_key,
     version_key,
 )
-from langchain_rse.indexing.steps import Plan, Prepared, Todo
+from langchain_rse.indexing.steps import Plan, Prepared, Todo, check_owner
 from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.routing import DocumentRouter, LeadIndex
@@ -83,10 +89,18 @@ class Writer:
     leads: LeadIndex | None = None
     """The built-in document lead index, when routing uses it (reloaded with the lexical
     index; rebuilt from the records after a load)."""
+    swaps: ReadWriteLock = field(init=False)
+    """Held exclusively from a pointer swap (or a pointer's removal) to the removal of the
+    versions it replaced; a query that kept losing the race to replaces holds it shared for
+    its last attempt, so that attempt reads one consistent state (in-process record stores:
+    other processes' writers cannot be held off)."""
     _seen: bytes | None = field(default=None, init=False)
     """The generation the in-process indexes reflect (None: unknown)."""
     _lead_versions: dict[str, str] = field(default_factory=dict, init=False)
     """The document version each reloaded lead reflects."""
+
+    def __post_init__(self) -> None:
+        self.swaps = ReadWriteLock(enabled=not self.shared)
 
     def _bump(self) -> None:
         """Leave a new generation token after a write."""
@@ -254,13 +268,20 @@ class Writer:
         router: DocumentRouter | None = None,
         batch_size: int = 256,
         progress: Callable[[int], None] | None = None,
+        owner: Filter | None = None,
     ) -> None:
         """Write new versions (skipping any another writer already wrote), swap their
         pointers, remove what they replaced, and remove ``removals``; keep ``router``'s
         leads in step. ``progress`` is told the number of chunks of each batch written
-        to the vector store (the stage that embeds them)."""
+        to the vector store (the stage that embeds them).
+
+        With ``owner`` (a retriever's bound filter), every indexed document the write would
+        replace or remove must pass it, checked when the write starts and again on the
+        pointers read right before the swap (another tenant may have written the id since
+        the caller checked): else a ``ValueError``, and this write's versions are removed."""
         with self.lock:
             pointers = self.records.pointers([p.record.doc_id for p in prepared])
+            self._check_owner(owner, pointers, removals)
             pairs = [(p, o) for p, o in zip(prepared, pointers) if not p.written_meanwhile(o)]
             todo, planned = [p for p, _ in pairs], [o for _, o in pairs]
             if len(todo) < len(prepared):
@@ -277,28 +298,11 @@ class Writer:
                 raise
             if progress is not None and len(todo) < len(prepared):
                 progress(sum(len(p.chunks) for p in prepared) - sum(len(p.chunks) for p in todo))
-            ids = [p.record.doc_id for p in todo]
-            before = self.records.pointers(ids)
-            self.records.put([(pointer_key(p.record.doc_id), p.record) for p in todo])
-            after = self.records.pointers(ids)
-            stale: list[VersionRecord] = []
-            for p, old, seen, now in zip(todo, planned, before, after):
-                mine = p.record.version
-                if now is None or now.version != mine:  # lost the race: another writer won
-                    logger.info(
-                        "document %r changed meanwhile; dropping version %s", p.record.doc_id, mine
-                    )
-                    stale.append(p.record.version_record())
-                    continue
-                replaced = {
-                    r.version: r for r in (old, seen) if r is not None and r.version != mine
-                }
-                stale += [r.version_record() for r in replaced.values()]
-            self._remove_versions(stale)
+            with self.swaps.write():
+                self._swap(todo, planned, removals, owner, versions)
             if todo:
                 n = sum(len(p.chunks) for p in todo)
                 logger.info("indexed %d documents (%d chunks)", len(todo), n)
-            self._delete(removals)
             self._bump()
             if router is not None:
                 sources = [
@@ -311,6 +315,48 @@ class Writer:
                 if router.retriever is self.leads:
                     self._lead_versions.update((p.record.doc_id, p.record.version) for p in todo)
                     self._forget_leads(removals)
+
+    def _swap(
+        self,
+        todo: Sequence[Prepared],
+        planned: Sequence[DocRecord | None],
+        removals: Sequence[str],
+        owner: Filter | None,
+        versions: Sequence[VersionRecord],
+    ) -> None:
+        """Swap the pointers of ``todo`` (written) after the owner check, remove what they
+        replaced (or, having lost a race, their own versions), and remove ``removals``."""
+        ids = [p.record.doc_id for p in todo]
+        before = self.records.pointers(ids)
+        try:
+            self._check_owner(owner, before, removals)
+        except ValueError:
+            self._discard(versions)
+            raise
+        self.records.put([(pointer_key(p.record.doc_id), p.record) for p in todo])
+        after = self.records.pointers(ids)
+        stale: list[VersionRecord] = []
+        for p, old, seen, now in zip(todo, planned, before, after):
+            mine = p.record.version
+            if now is None or now.version != mine:  # lost the race: another writer won
+                logger.info(
+                    "document %r changed meanwhile; dropping version %s", p.record.doc_id, mine
+                )
+                stale.append(p.record.version_record())
+                continue
+            replaced = {r.version: r for r in (old, seen) if r is not None and r.version != mine}
+            stale += [r.version_record() for r in replaced.values()]
+        self._remove_versions(stale)
+        self._delete(removals)
+
+    def _check_owner(
+        self, owner: Filter | None, pointers: Sequence[DocRecord | None], removals: Sequence[str]
+    ) -> None:
+        """:func:`~langchain_rse.indexing.steps.check_owner` of ``pointers`` and the current
+        pointers of ``removals``."""
+        if owner is not None:
+            removed = self.records.pointers(list(removals)) if removals else []
+            check_owner(owner, [*pointers, *removed])
 
     def _forget_leads(self, doc_ids: Sequence[str]) -> None:
         """Forget the lead versions of removed documents."""
@@ -410,6 +456,7 @@ class Writer:
         self.records.delete([version_key(v.doc_id, v.version) for v in versions])
 
     def _delete(self, doc_ids: Sequence[str]) -> list[str]:
+        doc_ids = list(dict.fromkeys(doc_ids))  # a store may refuse an id named twice
         if not doc_ids:
             return []
         pointers = self.records.pointers(list(doc_ids))
@@ -424,7 +471,8 @@ class Writer:
         """Remove documents everywhere; returns the ids that were indexed."""
         self._check_deletes()
         with self.lock:
-            found = self._delete(doc_ids)
+            with self.swaps.write():
+                found = self._delete(doc_ids)
             self._bump()
             if router is not None:
                 router.sync_leads((), found)
