@@ -262,9 +262,9 @@ def index_steps(
         await asyncio.to_thread(write, *args)
 
     if not asynchronous:
-        handlers = {MakePlan: plan, Enrich: enrich, WriteGroup: write}
+        handlers: Handlers = {MakePlan: plan, Enrich: enrich, WriteGroup: write}
         return steps, {kind: _closing(steps, h) for kind, h in handlers.items()}
-    ahandlers = {MakePlan: aplan, Enrich: aenrich, WriteGroup: awrite}
+    ahandlers: Handlers = {MakePlan: aplan, Enrich: aenrich, WriteGroup: awrite}
     return steps, {kind: _aclosing(steps, h) for kind, h in ahandlers.items()}
 
 
