@@ -220,7 +220,7 @@ def _skipped_summary(skipped: Sequence[tuple[Path, str]], left_out: Counter[str]
     summary = f"skipped {len(skipped)} file(s): {', '.join(parts)}{listed}" if parts else ""
     if left_out:
         more = ", ".join(f"{n} {why}" for why, n in left_out.most_common())
-        summary += ("; " if summary else "") + f"left out {sum(left_out.values())}: {more}"
+        summary += ("; " if summary else "") + f"left out: {more}"
     return summary
 
 
