@@ -224,10 +224,11 @@ def _skipped_summary(skipped: Sequence[tuple[Path, str]], left_out: Counter[str]
     return summary
 
 
-SECONDS_PER_MILLION_CHARS = {"markup": 1.0, "plain": 1.0}
-"""Indexing time with the bundled model and the offline enricher on a busy 2-core machine
-(``benchmarks/bench_cli_indexing.py``; ``benchmarks/RESULTS.md``): Markdown/reST/HTML,
-whose chunks are shorter, and plain text."""
+SECONDS_PER_MILLION_CHARS = {"markup": 1140.0, "plain": 1190.0}
+"""CPU seconds to index a million characters with the bundled model and the offline
+enricher (``benchmarks/bench_cli_indexing.py``, ``benchmarks/RESULTS.md``: reST docs and
+plain text, ~215 characters per chunk with the default chunk size): the wall time on one
+free core, e.g. a 2-core machine busy with one other job."""
 MARKUP_SUFFIXES = (".md", ".rst", ".adoc", ".html", ".htm")
 ANNOUNCE_FROM_S = 120.0
 """Indexing expected to take longer than this is announced before it starts."""
@@ -251,11 +252,11 @@ def _announce(docs: Sequence[Document]) -> None:
     markup, plain = (SECONDS_PER_MILLION_CHARS[k] / 60 for k in ("markup", "plain"))
     print(
         f"note: {len(docs)} file(s), {chars / 1e6:.1f} million characters: indexing takes "
-        f"{indexing.about(seconds)} on a 2-core machine with the bundled model (measured "
-        f"{markup:.0f} min per million characters of Markdown/reST, {plain:.0f} min of plain "
-        "text; chunks already embedded are faster). To shorten it, index a subfolder, "
-        "narrow it with --include/--exclude, or build the index from Python with a hosted "
-        "embedding model. Ctrl-C keeps what was embedded.",
+        f"{indexing.about(seconds)} with the bundled model on one free core (measured: "
+        f"{markup:.0f} min per million characters of Markdown/reST, {plain:.0f} of plain "
+        "text; less with more free cores, chunks already embedded are not redone). To "
+        "shorten it, index a subfolder, narrow it with --include/--exclude, or build the "
+        "index from Python with a hosted embedding model. Ctrl-C keeps what was embedded.",
         file=sys.stderr,
     )
 
