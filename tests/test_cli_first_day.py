@@ -270,3 +270,30 @@ def test_query_help_shows_the_defaults_and_what_the_rerankers_are_for(capsys) ->
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 4)" in text and "--max-chars" in text
     assert "slower and no better in our tests" in text
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_a_prompt_on_a_terminal_when_no_question_is_given(indexed) -> None:
+    import subprocess
+    import sys
+
+    _, index, _ = indexed
+    root = Path(__file__).resolve().parent.parent
+    master, terminal = os.openpty()  # the child's stdin is a terminal (no fork here)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "langchain_rse.cli", "query", str(index), "-k", "1"],
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            text=True,
+        )
+        os.write(master, b"hotel per night\nthree months notice\n\n")
+        out, err = proc.communicate(timeout=300)
+    finally:
+        os.close(terminal)
+        os.close(master)
+    assert proc.returncode == 0, err
+    assert "ask a question" in err
+    assert out.count("[1] ") == 2 and "guide/policy.txt" in out and "lease.md" in out
