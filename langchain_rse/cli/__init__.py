@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,13 @@ from langchain_core.documents import Document
 
 from langchain_rse.cli.loaders import (
     FILES_RECORD,
+    SKIPPED_RECORD,
     SUFFIXES,
     CLIError,
     changed_files,
     list_files,
     load_files_record,
+    port_number,
     positive_int,
     text_encoding,
 )
@@ -65,10 +68,10 @@ def screen(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text.replace("\r\n", "\n"))
 
 
-def _json(obj: Any) -> str:
+def _json(obj: Any, indent: int | None = 2) -> str:
     """``obj`` as JSON with the exact text; the C1 controls and DEL, which JSON allows raw,
     are written as ``\\u00XX`` escapes so that printing it cannot drive a terminal."""
-    text = json.dumps(obj, ensure_ascii=False, indent=2)
+    text = json.dumps(obj, ensure_ascii=False, indent=indent)
     return re.sub(r"[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
@@ -182,48 +185,140 @@ def _finish_before_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+def _check_writable(index_dir: Path) -> None:
+    """A :class:`CLIError` now, before any reading or embedding, when the index cannot be
+    written at ``index_dir`` (a file there, a read-only folder or parent)."""
+    if index_dir.exists() and not index_dir.is_dir():
+        raise CLIError(f"--index {index_dir} is a file, not a folder")
+    folder = index_dir
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise CLIError(f"cannot write the index at {index_dir}: {folder} is not writable")
+    for name in os.listdir(index_dir) if index_dir.is_dir() else []:
+        inner = index_dir / name
+        if inner.is_dir() and not os.access(inner, os.W_OK | os.X_OK):
+            raise CLIError(f"cannot write the index at {index_dir}: {inner} is not writable")
+
+
+LIST_SKIPPED_UP_TO = 5
+"""Skipped files are listed one per line up to this many (all with -v), then summarised."""
+
+
+def _skipped_summary(skipped: Sequence[tuple[Path, str]], left_out: Counter[str]) -> str:
+    """One line: how many files were skipped or left out, counted by reason."""
+    kinds: Counter[str] = Counter()
+    for path, reason in skipped:
+        if reason.startswith("unsupported file type"):
+            kinds[f"{path.suffix.lower() or 'no suffix'} (unsupported)"] += 1
+        elif "--max-document-chars" in reason:
+            kinds["over --max-document-chars"] += 1
+        else:
+            kinds[re.sub(r"\s*\(.*", "", reason)] += 1
+    parts = [f"{n} {kind}" for kind, n in kinds.most_common()]
+    listed = "" if len(skipped) <= LIST_SKIPPED_UP_TO else " (-v lists them)"
+    summary = f"skipped {len(skipped)} file(s): {', '.join(parts)}{listed}" if parts else ""
+    if left_out:
+        more = ", ".join(f"{n} {why}" for why, n in left_out.most_common())
+        summary += ("; " if summary else "") + f"left out: {more}"
+    return summary
+
+
+SECONDS_PER_MILLION_CHARS = {"markup": 1140.0, "plain": 1190.0}
+"""CPU seconds to index a million characters with the bundled model and the offline
+enricher (``benchmarks/bench_cli_indexing.py``, ``benchmarks/RESULTS.md``: reST docs and
+plain text, ~215 characters per chunk with the default chunk size): the wall time on one
+free core, e.g. a 2-core machine busy with one other job."""
+MARKUP_SUFFIXES = (".md", ".rst", ".adoc", ".html", ".htm")
+ANNOUNCE_FROM_S = 120.0
+"""Indexing expected to take longer than this is announced before it starts."""
+
+
+def estimate(docs: Sequence[Document]) -> tuple[float, float]:
+    """Characters of ``docs`` and the seconds indexing them is expected to take here
+    (every chunk embedded: chunks already in the embedding cache make it faster)."""
+    chars = seconds = 0.0
+    for doc in docs:
+        kind = "markup" if Path(str(doc.id)).suffix.lower() in MARKUP_SUFFIXES else "plain"
+        chars += len(doc.page_content)
+        seconds += len(doc.page_content) / 1e6 * SECONDS_PER_MILLION_CHARS[kind]
+    return chars, seconds
+
+
+def _announce(docs: Sequence[Document]) -> None:
+    chars, seconds = estimate(docs)
+    if seconds < ANNOUNCE_FROM_S:
+        return
+    markup, plain = (SECONDS_PER_MILLION_CHARS[k] / 60 for k in ("markup", "plain"))
+    print(
+        f"note: {len(docs)} file(s), {chars / 1e6:.1f} million characters: indexing takes "
+        f"{indexing.about(seconds)} with the bundled model on one free core (measured: "
+        f"{markup:.0f} min per million characters of Markdown/reST, {plain:.0f} of plain "
+        "text; less with more free cores, chunks already embedded are not redone). To "
+        "shorten it, index a subfolder, narrow it with --include/--exclude, or build the "
+        "index from Python with a hosted embedding model. Ctrl-C keeps what was embedded.",
+        file=sys.stderr,
+    )
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from langchain_rse.embeddings import EMBEDDING_CACHE_DIR
     from langchain_rse.persistence import MANIFEST, atomic_write
 
     index_dir = Path(args.index)
-    listing = list_files(args.paths, index_dir, getattr(args, "follow_links", False))
+    _check_writable(index_dir)
+    listing = list_files(
+        args.paths,
+        index_dir,
+        getattr(args, "follow_links", False),
+        include=getattr(args, "include", None) or (),
+        exclude=getattr(args, "exclude", None) or (),
+        ignore_files=not getattr(args, "no_ignore_files", False),
+        base=Path(args.base) if getattr(args, "base", None) else None,
+    )
     for note in listing.notes:
         print(screen(f"note: {note}"), file=sys.stderr)
     skipped = listing.skipped
     if not listing.files and not skipped:
-        raise CLIError(f"no files under {' '.join(args.paths)}")
+        why = f" ({_skipped_summary([], listing.left_out)})" if listing.left_out else ""
+        raise CLIError(f"no files under {' '.join(args.paths)}{why}")
     encoding = getattr(args, "encoding", None)
     enricher = _make_enricher(args.llm, index_dir)  # a bad --llm fails before any reading
     record = load_files_record(index_dir)
-    todo, unchanged, gone, notes = changed_files(
-        listing, record, args.paths, encoding, args.max_document_chars
-    )
-    for note in notes:
+    refused = load_files_record(index_dir, SKIPPED_RECORD)
+    changes = changed_files(listing, record, args.paths, encoding, args.max_document_chars, refused)
+    for note in changes.notes:
         print(screen(note), file=sys.stderr)
-    for path, reason in skipped:
-        print(screen(f"skipped {path}: {reason}"), file=sys.stderr)
-    if not todo and not unchanged and not gone:
+    if getattr(args, "verbose", False) or len(skipped) <= LIST_SKIPPED_UP_TO:
+        for path, reason in skipped:
+            print(screen(f"skipped {path}: {reason}"), file=sys.stderr)
+    summary = _skipped_summary(skipped, listing.left_out)
+    if summary:
+        print(screen(summary), file=sys.stderr)
+    if not changes.todo and not changes.unchanged and not changes.delete:
         raise CLIError(f"nothing could be indexed: {len(skipped)} file(s) skipped (see above)")
+    _announce(changes.todo)
     retriever, cached = _open_for_indexing(args, index_dir, enricher)
     cached_before = cached()
     saved = False
     try:
-        if gone:
-            retriever.delete(gone)
-            for key in gone:
-                record.pop(key)
-        if todo:
-            retriever.add_documents(todo)
+        if changes.delete:
+            retriever.delete(changes.delete)
+            for key in changes.dropped:
+                record.pop(key, None)
+        if changes.todo:
+            retriever.add_documents(changes.todo)
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            for doc, meta in zip(todo, retriever._records.pointers([str(d.id) for d in todo])):
+            ids = [str(d.id) for d in changes.todo]
+            for doc_id, meta in zip(ids, retriever._records.pointers(ids)):
                 if meta is not None:  # LLM contexts that fell back are retried next run
-                    record[str(doc.id)].update(
+                    record[changes.keys[doc_id]].update(
                         fallbacks=meta.fallbacks, chunks=len(meta.spans), indexed_at=now
                     )
         with _finish_before_interrupt():
             retriever.save(index_dir)
             atomic_write(index_dir / FILES_RECORD, json.dumps(record, indent=1).encode())
+            atomic_write(index_dir / SKIPPED_RECORD, json.dumps(refused, indent=1).encode())
             saved = True
     except KeyboardInterrupt:
         if saved:
@@ -234,16 +329,23 @@ def cmd_index(args: argparse.Namespace) -> int:
             f"embedded so far are cached in {index_dir / EMBEDDING_CACHE_DIR}, so re-run the "
             "same command to finish without embedding them again"
         ) from None
+    except PermissionError as exc:
+        raise CLIError(f"cannot write the index at {index_dir}: {exc}") from None
     embedded = cached() - cached_before
-    chunks = sum(record[str(d.id)].get("chunks", 0) for d in todo)
+    chunks = sum(record[changes.keys[str(d.id)]].get("chunks", 0) for d in changes.todo)
     print(
         screen(
-            f"indexed {len(todo)} file(s), {unchanged} unchanged, {len(skipped)} skipped, "
-            f"{len(gone)} removed; {embedded} of their {chunks} chunk(s) newly embedded "
-            f"(the others were cached); index at {index_dir}"
+            f"indexed {len(changes.todo)} file(s), {changes.unchanged} unchanged, "
+            f"{len(skipped)} skipped, {len(changes.dropped)} removed; {embedded} of their "
+            f"{chunks} chunk(s) newly embedded (the others were cached); index at {index_dir}"
         )
     )
     return 0
+
+
+CHUNK_FIELDS = ("chunk_index", "fused_score", "dense_rank", "lexical_rank", "context")
+"""What ``--mode chunks --json`` adds to each result: the chunk, its fused score, its rank
+in each search (``null``: not found there) and the situating context it was indexed with."""
 
 
 def _result_json(d: Document) -> dict[str, Any]:
@@ -257,9 +359,8 @@ def _result_json(d: Document) -> dict[str, Any]:
         "chunk_end": m["chunk_end"],
         "score": m["score"],
     }
-    for key in ("page_start", "page_end"):
-        if key in m:
-            out[key] = m[key]
+    extra = ("page_start", "page_end", *CHUNK_FIELDS, "rerank_score", "rerank_fallback")
+    out.update((key, m[key]) for key in extra if key in m)
     out["text"] = d.page_content
     return out
 
@@ -286,7 +387,42 @@ def _print_results(docs: list[Document], as_json: bool, name_key: str = "source"
         print()
 
 
+def _check_output(path: Path) -> None:
+    """A :class:`CLIError` now, before any work, when ``path`` cannot be written."""
+    folder = path.parent
+    if path.is_dir():
+        raise CLIError(f"--html {path} is a folder")
+    if not folder.is_dir():
+        raise CLIError(f"cannot write {path}: no folder {folder}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CLIError(f"cannot write {path}: {folder} is not writable")
+
+
+def _questions(args: argparse.Namespace) -> Iterator[str]:
+    """The question given, else one per line of standard input, or a prompt on a
+    terminal (until an empty line, end of input or Ctrl-C)."""
+    if args.question is not None:
+        yield args.question
+        return
+    if not sys.stdin.isatty():
+        yield from (line.strip() for line in sys.stdin if line.strip())
+        return
+    print("ask a question (an empty line or Ctrl-D ends)", file=sys.stderr)
+    while True:
+        try:
+            question = input("? ").strip()
+        except EOFError:
+            print(file=sys.stderr)
+            return
+        if not question:
+            return
+        yield question
+
+
 def cmd_query(args: argparse.Namespace) -> int:
+    html = getattr(args, "html", None)
+    if html:
+        _check_output(Path(html))
     # Reranked only with --reranker: not by a network service the index names.
     kwargs: dict[str, Any] = {"mode": args.mode, "reranker": _make_reranker(args.reranker)}
     if getattr(args, "preset", None) or args.reranker:
@@ -299,23 +435,37 @@ def cmd_query(args: argparse.Namespace) -> int:
         if embeddings is None:
             raise CLIError("--reranker embedding needs a vector store with an embedding model")
         retriever.reranker = EmbeddingReranker(embeddings=embeddings)
-    explain = getattr(args, "explain", False) or getattr(args, "html", None)
-    try:
-        if explain:
-            explanation = retriever.explain(args.question, k=args.k)
-            docs = explanation.results
-        else:
-            docs = retriever.invoke(args.question, k=args.k)
-    except (ValueError, TypeError) as exc:
-        raise CLIError(str(exc)) from None
-    if getattr(args, "html", None):
-        from langchain_rse.persistence import atomic_write
+    explain = getattr(args, "explain", False) or html
+    budget = {"max_chars": args.max_chars} if getattr(args, "max_chars", None) else {}
+    asked = 0
+    for question in _questions(args):
+        if asked and not args.json:
+            print(screen(f"=== {question}"))
+        asked += 1
+        try:
+            if explain:
+                explanation = retriever.explain(question, k=args.k, **budget)
+                docs = explanation.results
+            else:
+                docs = retriever.invoke(question, k=args.k, **budget)
+        except (ValueError, TypeError) as exc:
+            raise CLIError(str(exc)) from None
+        if html:
+            from langchain_rse.persistence import atomic_write
 
-        atomic_write(Path(args.html), explanation.to_html().encode("utf-8", "surrogatepass"))
-        print(screen(f"wrote {args.html}"), file=sys.stderr)
-    if getattr(args, "explain", False) and not args.json:
-        print(screen(explanation.to_text()), end="\n\n")
-    _print_results(docs, args.json, getattr(args, "name_key", "source"))
+            page = explanation.to_html().encode("utf-8", "surrogatepass")
+            atomic_write(Path(html), page)
+            print(screen(f"wrote {html}"), file=sys.stderr)
+        if getattr(args, "explain", False) and not args.json:
+            print(screen(explanation.to_text()), end="\n\n")
+        if args.json and args.question is None:  # JSON Lines: one object per question
+            line = {"question": question, "results": [_result_json(d) for d in docs]}
+            print(_json(line, indent=None))
+        else:
+            _print_results(docs, args.json, getattr(args, "name_key", "source"))
+        sys.stdout.flush()
+    if not asked and args.question is None and not sys.stdin.isatty():
+        raise CLIError("no question given, and none on standard input")
     return 0
 
 
@@ -501,19 +651,65 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="decode .txt .md .html files with this encoding (default: UTF-8, else detected)",
     )
+    p.add_argument(
+        "--include",
+        action="append",
+        metavar="GLOB",
+        help="index only files matching GLOB inside the folders (.gitignore rules: '*.md' "
+        "at any depth, 'guide/**'); repeatable",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        metavar="GLOB",
+        help="leave out files matching GLOB (e.g. '_build/', '*.pdf'); repeatable",
+    )
+    p.add_argument(
+        "--no-ignore-files",
+        action="store_true",
+        help="index files that .gitignore files in the folders ignore",
+    )
+    p.add_argument(
+        "--base",
+        metavar="DIR",
+        help="ids and sources are paths relative to DIR (default: the folder given, or "
+        "the folder holding all the paths given)",
+    )
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("query", parents=[common], help="print the best segments for a question")
+    p = sub.add_parser(
+        "query",
+        parents=[common],
+        help="print the best segments for a question",
+        description="Print the best segments for each question. Without QUESTION: one "
+        "question per line from standard input, or a prompt on a terminal (the index and "
+        "model are loaded once).",
+    )
     p.add_argument("index", metavar="DIR")
-    p.add_argument("question")
-    p.add_argument("-k", type=positive_int, default=4, help="maximum number of results (>= 1)")
+    p.add_argument("question", nargs="?", help="the question (default: read questions)")
+    p.add_argument(
+        "-k", type=positive_int, default=4, help="maximum number of results (default: 4)"
+    )
+    p.add_argument(
+        "--max-chars",
+        type=positive_int,
+        metavar="N",
+        help="at most N characters of results in all (default: no budget)",
+    )
     p.add_argument("--json", action="store_true", help="JSON output for scripts")
-    p.add_argument("--mode", choices=["segments", "chunks"], default="segments")
+    p.add_argument(
+        "--mode",
+        choices=["segments", "chunks"],
+        default="segments",
+        help="segments of adjacent relevant chunks (default), or the best chunks alone",
+    )
     p.add_argument(
         "--reranker",
         choices=["cohere", "embedding"],
-        help="rerank with Cohere (needs COHERE_API_KEY) or offline by embedding "
-        "similarity; either uses the 'reranked' RSE preset",
+        help="cohere: Cohere's hosted reranker (needs COHERE_API_KEY), for better "
+        "ranking; embedding: re-scores candidates by the bundled model's similarity - "
+        "slower and no better in our tests, for trying the reranked preset offline. "
+        "Either uses the 'reranked' RSE preset",
     )
     p.add_argument(
         "--preset",
@@ -541,7 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("index", metavar="DIR")
     p.add_argument(
         "--http",
-        type=positive_int,
+        type=port_number,
         metavar="PORT",
         help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead (without --token-file, any "
         "local process can read every document)",

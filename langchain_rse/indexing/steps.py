@@ -7,22 +7,28 @@ The generator asks for a :class:`Plan` (documents checked, split and versioned b
 (:class:`Enrich`), then each group of about :data:`WRITE_GROUP_CHUNKS` chunks is written
 (:class:`WriteGroup`, by :meth:`~langchain_rse.indexing.writer.Writer.write`).
 
-**Progress.** Progress of the long indexing stages: a tqdm bar on a terminal, plain lines elsewhere.
+**Progress.** One display for the long part of indexing: the chunks embedded and written,
+with the chunks enriched beside them — a tqdm bar on a terminal, plain lines elsewhere.
 
-``show=True`` draws a tqdm bar on stderr; ``show=None`` (the retriever's default) draws one
-when stderr is a terminal and otherwise writes a line every ``interval`` seconds with the
-same figures — done, total, rate, ETA — so a job log shows that indexing is alive; work
-expected to take :data:`LONG_WORK_S` or more is announced after its first batch with the
-time it will take at that rate. The lines go to stderr, or to the ``langchain_rse.progress``
-logger (level INFO) when the application has set up logging that shows it (a handler, INFO
-enabled), so they need no configuration. ``show=False`` reports nothing.
+``show=True`` draws a tqdm bar on stderr at once; ``show=None`` (the retriever's default)
+draws one when stderr is a terminal and otherwise writes a line every ``interval`` seconds
+(from a timer thread, so a slow batch does not delay it) with the same figures — done,
+total, enriched, rate, ETA — so a job log shows that indexing is alive. With ``None``, work
+done within :data:`PROGRESS_DELAY_S` shows nothing at all (a service adding a document per
+request prints nothing). Work expected to take :data:`LONG_WORK_S` or more is announced
+after its first batch with the time it will take at that rate. The lines go to stderr, or
+to the ``langchain_rse.progress`` logger (level INFO) when the application has set up
+logging that shows it (a handler, INFO enabled), so they need no configuration.
+``show=False`` reports nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -205,18 +211,17 @@ def indexing(
     :func:`~langchain_rse.pipeline.drive`): :class:`MakePlan`, then per document
     :class:`Enrich`, per group :class:`WriteGroup`. Documents go in groups of about
     ``group_chunks`` chunks, enriched then written, so memory holds one group's contexts,
-    index texts and vectors; progress is reported per stage. Returns every document's id.
+    index texts and vectors; one progress display counts the chunks written, and beside
+    them the chunks enriched. Returns every document's id.
     """
     plan: Plan = yield MakePlan()
-    enriching = Progress("enriching", plan.chunks, show=show_progress)
-    writing = Progress("embedding + writing", plan.chunks, show=show_progress)
-    with enriching, writing:
+    with Progress("embedding + writing", plan.chunks, show=show_progress) as progress:
         for n, group in enumerate(plan.groups(group_chunks)):
             prepared = []
             for todo in group:
                 prepared.append(Prepared.of(todo, (yield Enrich(todo)), enricher))
-                enriching.update(len(todo.chunks))
-            yield WriteGroup(prepared, plan.removals if n == 0 else [], writing.update)
+                progress.prepared(len(todo.chunks))
+            yield WriteGroup(prepared, plan.removals if n == 0 else [], progress.update)
     return plan.doc_ids
 
 
@@ -267,8 +272,39 @@ def index_steps(
         await asyncio.to_thread(write, *args)
 
     if not asynchronous:
-        return steps, {MakePlan: plan, Enrich: enrich, WriteGroup: write}
-    return steps, {MakePlan: aplan, Enrich: aenrich, WriteGroup: awrite}
+        handlers: Handlers = {MakePlan: plan, Enrich: enrich, WriteGroup: write}
+        return steps, {kind: _closing(steps, h) for kind, h in handlers.items()}
+    ahandlers: Handlers = {MakePlan: aplan, Enrich: aenrich, WriteGroup: awrite}
+    return steps, {kind: _aclosing(steps, h) for kind, h in ahandlers.items()}
+
+
+def _closing(steps: Generator[Any, Any, Any], handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler``, closing the suspended ``steps`` when it raises (Ctrl-C included), so the
+    progress display ends before the caller reports the error, not when the traceback is
+    collected."""
+
+    def run(*args: Any) -> Any:
+        try:
+            return handler(*args)
+        except BaseException:
+            steps.close()
+            raise
+
+    return run
+
+
+def _aclosing(steps: Generator[Any, Any, Any], handler: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_closing` for an asynchronous handler."""
+
+    async def run(*args: Any) -> Any:
+        try:
+            reply = handler(*args)
+            return await reply if inspect.isawaitable(reply) else reply
+        except BaseException:
+            steps.close()
+            raise
+
+    return run
 
 
 # ---------------------------------------------------------------- progress
@@ -279,6 +315,9 @@ LOG_INTERVAL_S = 10.0
 """Seconds between two progress lines when stderr is not a terminal."""
 LONG_WORK_S = 30.0
 """Work expected to take this long or longer is announced with its expected time."""
+PROGRESS_DELAY_S = 2.0
+"""With ``show_progress=None``, work done within this many seconds shows nothing (tqdm's
+``delay``): a service adding one document per request prints no progress."""
 
 
 def progress_mode(show: bool | None) -> str:
@@ -294,7 +333,7 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def _about(seconds: float) -> str:
+def about(seconds: float) -> str:
     """A rough duration for people: ``about 40 s``, ``about 12 min``, ``about 2 h 5 min``."""
     if seconds < 90:
         return f"about {int(round(seconds))} s"
@@ -313,7 +352,13 @@ def _emit(text: str) -> None:
 
 
 class Progress:
-    """One stage's progress, counted in ``unit`` (e.g. chunks) out of ``total``."""
+    """One stage's progress, counted in ``unit`` (e.g. chunks) out of ``total``, with an
+    optional count of the units prepared ahead of it (:meth:`prepared`: chunks enriched).
+
+    On a terminal, one tqdm bar; elsewhere a line every ``interval`` seconds from a timer
+    thread, whether or not a batch finished in between. With ``show=None`` nothing appears
+    for work done within ``delay`` seconds; ``show=True`` shows it at once.
+    """
 
     def __init__(
         self,
@@ -322,55 +367,96 @@ class Progress:
         unit: str = "chunk",
         show: bool | None = None,
         interval: float | None = None,
+        delay: float | None = None,
+        prepared_desc: str = "enriched",
     ) -> None:
-        self.desc, self.total, self.unit = desc, total, unit
+        self.desc, self.total, self.unit, self.prepared_desc = desc, total, unit, prepared_desc
         self.interval = LOG_INTERVAL_S if interval is None else interval
+        self.delay = 0.0 if show else PROGRESS_DELAY_S if delay is None else delay
         self.mode = progress_mode(show) if total > 0 else "off"
         self.done = 0
-        self._started = self._last_log = time.monotonic()
+        self.ahead: int | None = None
+        """Units prepared for this stage (e.g. enriched); ``None`` until counted."""
+        self._started = time.monotonic()
+        self._shown = False  # whether a line was written (the final line only follows one)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._bar = (
-            tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True)
+            tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, delay=self.delay)
             if self.mode == "bar"
             else None
         )
+        self._ticker: threading.Thread | None = None
+        if self.mode == "log":
+            self._ticker = threading.Thread(
+                target=self._tick, name="langchain-rse-progress", daemon=True
+            )
+            self._ticker.start()
 
     def line(self) -> str:
-        """The figures as one line: ``embedding: 120/480 chunks, 6.1 chunks/s, ETA 0:59``."""
+        """The figures as one line: ``embedding: 120/480 chunks (25%), enriched 480, 6.1
+        chunks/s, elapsed 0:20, ETA 0:59``."""
         elapsed = max(time.monotonic() - self._started, 1e-9)
         rate = self.done / elapsed
         eta = f"ETA {_duration((self.total - self.done) / rate)}" if rate > 0 else "ETA ?"
+        ahead = "" if self.ahead is None else f", {self.prepared_desc} {self.ahead}"
         return (
-            f"{self.desc}: {self.done}/{self.total} {self.unit}s ({self.done / self.total:.0%}),"
-            f" {rate:.1f} {self.unit}s/s, elapsed {_duration(elapsed)}, {eta}"
+            f"{self.desc}: {self.done}/{self.total} {self.unit}s ({self.done / self.total:.0%})"
+            f"{ahead}, {rate:.1f} {self.unit}s/s, elapsed {_duration(elapsed)}, {eta}"
         )
+
+    def _say(self, text: str) -> None:
+        with self._lock:
+            if self.mode == "log":
+                self._shown = True
+                _emit(text)
+
+    def _tick(self) -> None:
+        """Off a terminal: a line every ``interval`` seconds until the stage ends (the
+        first after ``delay`` at the earliest)."""
+        if self._stop.wait(max(self.delay - self.interval, 0.0)):
+            return
+        while not self._stop.wait(self.interval):
+            self._say(self.line())
+
+    def _due(self) -> bool:
+        return time.monotonic() - self._started >= self.delay
+
+    def prepared(self, n: int) -> None:
+        """Count ``n`` more units prepared for this stage (shown beside the bar's count)."""
+        self.ahead = (self.ahead or 0) + n
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{self.prepared_desc} {self.ahead}", refresh=False)
+            if self._due():
+                self._bar.refresh()
 
     def update(self, n: int) -> None:
         """Count ``n`` more units done."""
         self.done += n
         if self._bar is not None:
             self._bar.update(n)
-        elif self.mode == "log":
-            now = time.monotonic()
-            if self.done == n and n < self.total:  # the first batch gives the rate
-                expected = self.total * (now - self._started) / n
-                if expected >= LONG_WORK_S:
-                    rate = f"{n / (now - self._started):.1f} {self.unit}s/s"
-                    _emit(
-                        f"{self.desc}: {self.total:,} {self.unit}s, {_about(expected)} at the "
-                        f"measured rate of {rate}"
-                    )
-            if now - self._last_log >= self.interval:
-                self._last_log = now
-                _emit(self.line())
+        elif self.mode == "log" and self.done == n and n < self.total:
+            now = time.monotonic()  # the first batch gives the rate
+            expected = self.total * (now - self._started) / n
+            if expected >= LONG_WORK_S:
+                rate = f"{n / (now - self._started):.1f} {self.unit}s/s"
+                self._say(
+                    f"{self.desc}: {self.total:,} {self.unit}s, {about(expected)} at the "
+                    f"measured rate of {rate}"
+                )
 
     def close(self, finished: bool = True) -> None:
-        """End the stage: close the bar, or log the final figures (``(done)`` only when
-        the stage ``finished``; a stage cut short by an error or Ctrl-C logs nothing more)."""
+        """End the stage: close the bar (left on screen only if it was drawn), or log the
+        final figures (``(done)``) when lines were logged and the stage ``finished``; a
+        stage cut short by an error or Ctrl-C logs nothing more."""
+        self._stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join()
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        elif self.mode == "log" and self.done and finished:
-            _emit(f"{self.line()} (done)")
+        elif self.mode == "log" and self._shown and finished:
+            self._say(f"{self.line()} (done)")
         self.mode = "off"
 
     def __enter__(self) -> Progress:

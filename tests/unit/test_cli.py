@@ -81,7 +81,8 @@ def test_index_query_reindex_info(folder: Path, tmp_path: Path, capsys) -> None:
     code, out, _ = run(capsys, "query", index, "hotel reimbursement per night", "-k", "1", "--json")
     hits = json.loads(out)
     assert code == 0 and len(hits) == 1
-    source = Path(hits[0]["source"]).read_text(encoding="utf-8")
+    source = (folder / hits[0]["source"]).read_text(encoding="utf-8")
+    assert hits[0]["source"] == "sub/policy.txt"  # relative to the folder indexed
     assert hits[0]["text"] == source[hits[0]["start_index"] : hits[0]["end_index"]]
     assert hits[0]["source"].endswith("policy.txt")
 
@@ -95,7 +96,7 @@ def test_index_query_reindex_info(folder: Path, tmp_path: Path, capsys) -> None:
     reranked = json.loads(out)
     assert code == 0 and reranked[0]["source"].endswith("policy.txt")
     for hit in reranked:
-        text = Path(hit["source"]).read_text(encoding="utf-8")
+        text = (folder / hit["source"]).read_text(encoding="utf-8")
         assert hit["text"] == text[hit["start_index"] : hit["end_index"]]
     code, out, _ = run(capsys, *question, "--reranker", "embedding", "--mode", "chunks", "-k", "50")
     scores = [h["score"] for h in json.loads(out)]  # min-max calibrated: best 1, worst 0

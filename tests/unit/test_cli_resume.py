@@ -59,9 +59,11 @@ def test_killed_index_resumes_with_fewer_embedding_calls(tmp_path: Path) -> None
     assert total > done_before >= CACHE_BATCH  # it was killed half-way
     assert embedded == total - done_before  # only what the killed run had not finished
     assert cached_vectors(index) == total
-    # the resumed run reported progress in its log (stderr is a pipe, not a terminal)
-    assert "langchain_rse.progress: embedding + writing:" in resumed.stderr
-    assert f"{total}/{total} chunks" in resumed.stderr
+    # progress, when the resumed run took long enough to report any (a line every 10 s),
+    # went to its log (stderr is a pipe, not a terminal) and ended with the total
+    if "embedding + writing:" in resumed.stderr:
+        assert "langchain_rse.progress: embedding + writing:" in resumed.stderr
+        assert f"{total}/{total} chunks" in resumed.stderr
     assert "bm25s" not in resumed.stderr
 
     query = subprocess.run(

@@ -577,13 +577,10 @@ async def test_aexpand_runs_concurrently() -> None:
     llm = ScriptedChat(delay=0.2)
     exp = expander(llm)
     queries = [f"question {i}" for i in range(6)]
-    started = time.perf_counter()
     results = await asyncio.gather(*(exp.aexpand(q) for q in queries))
-    elapsed = time.perf_counter() - started
     assert [r[0] for r in results] == queries
     assert all(len(r) == 4 for r in results)
-    assert llm.calls == 6 and llm.max_in_flight == 6
-    assert elapsed < 0.2 * 6 / 2
+    assert llm.calls == 6 and llm.max_in_flight == 6  # all six in flight at once: concurrent
 
 
 async def test_aexpand_many_runs_concurrently_within_the_limit() -> None:

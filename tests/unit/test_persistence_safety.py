@@ -58,14 +58,14 @@ def test_cli_index_and_html_page_follow_the_umask(tmp_path: Path, umask: int, mo
     folder.mkdir()
     for doc in corpus_documents():
         (folder / doc.metadata["source"]).write_text(doc.page_content, encoding="utf-8")
-    cli = [sys.executable, "-m", "langchain_rse.cli"]
-    run = {
-        "env": _env(),
-        "check": True,
-        "capture_output": True,
-        "timeout": 300,
-        "preexec_fn": lambda: os.umask(umask),
-    }
+    # The child sets its own umask before running the command: no preexec_fn, which forks
+    # a copy of this process that runs Python while other tests' threads may hold locks.
+    start = (
+        f"import os, runpy, sys; os.umask({umask}); sys.argv[0] = 'langchain-rse'; "
+        "runpy.run_module('langchain_rse.cli', run_name='__main__')"
+    )
+    cli = [sys.executable, "-c", start]
+    run = {"env": _env(), "check": True, "capture_output": True, "timeout": 300}
     subprocess.run(
         [*cli, "index", str(folder), "--index", str(tmp_path / "idx"), "--no-progress"], **run
     )

@@ -4,7 +4,9 @@ so one call never holds every chunk's vectors and index texts at once."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -52,31 +54,122 @@ class RecordingEnricher(HeaderEnricher):
         return super().enrich(doc_id, text, metadata, chunks)
 
 
-def test_log_lines_when_not_on_a_terminal(caplog, monkeypatch) -> None:
-    monkeypatch.setattr(steps, "LOG_INTERVAL_S", 0.0)  # a line for every batch
+class SlowBatches(HashingEmbeddings):
+    """Each batch waits ``pause`` seconds, or until ``until`` is set when it is given."""
+
+    def __init__(self, pause: float = 0.0, until: threading.Event | None = None) -> None:
+        super().__init__()
+        self.pause, self.until, self.waited = pause, until, []
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        if self.until is not None:
+            self.waited.append(self.until.wait(60))
+        elif self.pause:
+            time.sleep(self.pause)
+        return super().embed_documents(texts)
+
+
+class Flag(logging.Handler):
+    """A logging handler that sets an event at the first progress line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event, self.lines = threading.Event(), []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+        self.event.set()
+
+
+@pytest.fixture
+def progress_log() -> Iterator[Flag]:
+    flag = Flag()
+    log = logging.getLogger("langchain_rse.progress")
+    old = log.level
+    log.addHandler(flag)
+    log.setLevel(logging.INFO)
+    try:
+        yield flag
+    finally:
+        log.removeHandler(flag)
+        log.setLevel(old)
+
+
+def test_log_lines_when_not_on_a_terminal(progress_log, monkeypatch) -> None:
+    monkeypatch.setattr(steps, "LOG_INTERVAL_S", 0.05)
+    monkeypatch.setattr(steps, "PROGRESS_DELAY_S", 0.0)
     monkeypatch.setattr(steps, "INDEX_BATCH_SIZE", 8)
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200)
-    with caplog.at_level(logging.INFO, logger="langchain_rse.progress"):
-        r.add_documents(corpus(3))  # pytest's stderr is not a terminal: log lines
+    r = RSERetriever(vectorstore=InMemoryVectorStore(SlowBatches(pause=0.2)), chunk_size=200)
+    r.add_documents(corpus(2))  # pytest's stderr is not a terminal: log lines
     total = len(r._lexical)
-    lines = [rec.getMessage() for rec in caplog.records if rec.name == "langchain_rse.progress"]
-    writing = [line for line in lines if line.startswith("embedding + writing:")]
-    assert len(writing) >= total // 8  # one per store batch, plus the final line
-    assert writing[-1].startswith(f"embedding + writing: {total}/{total} chunks (100%)")
-    assert "chunks/s" in writing[0] and "ETA" in writing[0]
-    assert any(line.startswith(f"enriching: {total}/{total} chunks") for line in lines)
+    lines = progress_log.lines
+    assert lines and all(line.startswith("embedding + writing: ") for line in lines)
+    assert lines[-1].startswith(f"embedding + writing: {total}/{total} chunks (100%), enriched")
+    assert lines[-1].endswith("(done)")
+    assert "chunks/s" in lines[0] and "ETA" in lines[0]
 
 
-def test_bar_and_silence(capsys, caplog) -> None:
-    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), show_progress=True)
-    r.add_documents(corpus(2))
-    err = capsys.readouterr().err
-    assert "enriching" in err and "embedding + writing" in err and "100%" in err
-    quiet = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), show_progress=False)
-    with caplog.at_level(logging.INFO, logger="langchain_rse.progress"):
-        quiet.add_documents(corpus(2))
+def test_log_lines_come_while_a_slow_batch_runs(progress_log, monkeypatch) -> None:
+    # Issue 57.5: a line every interval from a timer, not one per finished batch. The one
+    # batch waits (up to a minute) for a progress line: only a timer can write it.
+    monkeypatch.setattr(steps, "LOG_INTERVAL_S", 0.05)
+    monkeypatch.setattr(steps, "PROGRESS_DELAY_S", 0.0)
+    embeddings = SlowBatches(until=progress_log.event)
+    r = RSERetriever(vectorstore=InMemoryVectorStore(embeddings), chunk_size=200)
+    r.add_documents(corpus(1))
+    assert embeddings.waited and embeddings.waited[0], "no progress line during the batch"
+    assert progress_log.lines[0].startswith("embedding + writing: 0/")
+
+
+def test_a_tiny_write_prints_no_progress(capsys, progress_log) -> None:
+    # Issue 54.17: a service adding one document per request prints nothing per call.
+    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200)
+    for n in range(3):
+        r.add_documents([Document(f"request {n}: the notice period is {n} days.")])
     assert capsys.readouterr().err == ""
-    assert not [rec for rec in caplog.records if rec.name == "langchain_rse.progress"]
+    assert progress_log.lines == []
+
+
+def test_bar_and_silence(capsys, progress_log) -> None:
+    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), show_progress=True)
+    r.add_documents(corpus(2))  # asked for: shown at once, however short
+    err = capsys.readouterr().err
+    assert "embedding + writing" in err and "100%" in err and "enriched" in err
+    quiet = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), show_progress=False)
+    quiet.add_documents(corpus(2))
+    assert capsys.readouterr().err == ""
+    assert progress_log.lines == []
+
+
+class InterruptedEmbeddings(HashingEmbeddings):
+    """Ctrl-C during the second batch."""
+
+    batches = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.batches += 1
+        if self.batches == 2:
+            raise KeyboardInterrupt
+        return super().embed_documents(texts)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_an_interrupt_ends_the_bar_line_before_it_is_reported(
+    capsys, monkeypatch, use_async
+) -> None:
+    # Issue 57.5: the bar is closed (its line ended) when the interrupt leaves
+    # add_documents, so the caller's message starts on a line of its own.
+    monkeypatch.setattr(steps, "INDEX_BATCH_SIZE", 4)
+    store = InMemoryVectorStore(InterruptedEmbeddings())
+    r = RSERetriever(vectorstore=store, chunk_size=200, show_progress=True)
+    with pytest.raises(KeyboardInterrupt):
+        if use_async:
+            await r.aadd_documents(corpus(2))
+        else:
+            r.add_documents(corpus(2))
+        err = capsys.readouterr().err  # the traceback is still held here
+    err = capsys.readouterr().err
+    assert "embedding + writing" in err and err.endswith("\n"), repr(err[-200:])
 
 
 def test_progress_line_figures() -> None:

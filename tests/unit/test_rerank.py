@@ -184,7 +184,7 @@ def test_retry_after_beyond_the_deadline_fails_at_once(server: FakeCohereServer)
     started = time.monotonic()
     with pytest.raises(RerankError, match="429"):
         make_reranker(server, timeout=20.0).rerank(QUERY, make_docs(TEXTS))
-    assert time.monotonic() - started < 10.0  # neither the 60s asked for nor the 20s budget
+    assert time.monotonic() - started < 15.0  # neither the 60s asked for nor the 20s budget
     assert len(server.requests) == 1
 
 
@@ -291,11 +291,11 @@ def test_malformed_responses_raise(server: FakeCohereServer, body: Any) -> None:
 
 
 def test_deadline_holds_when_the_server_hangs(server: FakeCohereServer) -> None:
-    server.enqueue(Reply(delay=8.0), Reply(delay=8.0))
+    server.enqueue(Reply(delay=120.0), Reply(delay=120.0))  # cut short when the server stops
     started = time.monotonic()
     with pytest.raises(RerankError, match="time"):
         make_reranker(server, timeout=1.0).rerank(QUERY, make_docs(TEXTS))
-    assert time.monotonic() - started < 1.0 + 5.0
+    assert time.monotonic() - started < 1.0 + 30.0  # the deadline, not the hang
 
 
 def test_deadline_covers_all_batches_of_a_query() -> None:
@@ -309,7 +309,7 @@ def test_deadline_covers_all_batches_of_a_query() -> None:
         started = time.monotonic()
         with pytest.raises(RerankError, match="time"):
             reranker.rerank(QUERY, make_docs(texts))
-        assert time.monotonic() - started < 2.0 + 5.0
+        assert time.monotonic() - started < 2.0 + 30.0  # generous: the count below is the check
         time.sleep(0.5)
         assert len(srv.requests) == 1 + 2  # the 2nd batch ran out of time, the 3rd never went
 
@@ -318,17 +318,22 @@ def test_deadline_covers_all_batches_of_a_query() -> None:
 def test_a_failed_batch_stops_the_other_batches(path: str) -> None:
     texts = [f"doc-{i}" for i in range(8)]  # 4 batches in 2 lanes: 2 requests at a time
     with running_server() as srv:
-        srv.enqueue(Reply(400, {"message": "bad request"}), Reply(delay=2.5))
-        reranker = make_reranker(srv, max_documents_per_request=2, max_concurrent_requests=2)
+        # The slow reply would take 10 minutes (cut short when the server stops): the error
+        # coming back at all shows nobody waited for it; no tight clock on a busy machine.
+        srv.enqueue(Reply(400, {"message": "bad request"}), Reply(delay=600.0))
+        reranker = make_reranker(
+            srv, max_documents_per_request=2, max_concurrent_requests=2, timeout=900.0
+        )
         started = time.monotonic()
         with pytest.raises(RerankError, match="HTTP 400"):
             if path == "sync":
                 reranker.rerank(QUERY, make_docs(texts))
             else:
                 asyncio.run(reranker.arerank(QUERY, make_docs(texts)))
-        assert time.monotonic() - started < 2.0  # no waiting for the slow batch
-        time.sleep(started + 3.0 - time.monotonic())  # the slow reply has come and gone
-        assert len(srv.requests) == 2
+        assert time.monotonic() - started < 300.0  # not the slow batch's 600 s
+        time.sleep(0.5)  # a batch wrongly started after the failure would arrive now
+        sent = [doc for r in srv.requests for doc in r.body["documents"]]
+        assert len(srv.requests) <= 2 and not set(sent) & set(texts[4:])  # 3rd, 4th never went
 
 
 def test_sync_calls_share_one_bounded_thread_pool(server: FakeCohereServer) -> None:
@@ -393,11 +398,11 @@ async def test_async_errors_and_deadline(server: FakeCohereServer) -> None:
     with pytest.raises(RerankError, match="unreadable"):
         await make_reranker(server).arerank(QUERY, make_docs(TEXTS))
 
-    server.enqueue(Reply(delay=8.0), Reply(delay=8.0))
+    server.enqueue(Reply(delay=120.0), Reply(delay=120.0))  # cut short when the server stops
     started = time.monotonic()
     with pytest.raises(RerankError, match="time"):
         await make_reranker(server, timeout=1.0).arerank(QUERY, make_docs(TEXTS))
-    assert time.monotonic() - started < 1.0 + 5.0
+    assert time.monotonic() - started < 1.0 + 30.0  # the deadline, not the hang
 
 
 def test_async_client_works_across_event_loops(server: FakeCohereServer) -> None:
