@@ -1,11 +1,12 @@
-"""The query path, written once as a sans-I/O generator, and its two drivers.
+"""The query path, written once as a sans-I/O generator.
 
 :func:`retrieval` checks a call and returns a generator that *yields* each I/O it needs as
 a typed request (:class:`Expand`, :class:`Search`, :class:`Focus`, :class:`ReadPointers`,
 :class:`ReadBodies`, :class:`Rerank`, :class:`Record`) and receives the answer.
-:func:`drive` answers the requests synchronously and :func:`adrive` awaits them, with the
-handlers :func:`handlers` binds, so the sync and async paths share every line of logic.
-The write path (:mod:`langchain_rse.indexing.steps`) is driven the same way.
+:func:`~langchain_rse.driver.drive` answers the requests synchronously and
+:func:`~langchain_rse.driver.adrive` awaits them, with the handlers :func:`handlers` binds,
+so the sync and async paths share every line of logic. The write path
+(:mod:`langchain_rse.indexing.steps`) is driven the same way.
 
 One query: expand → search → fuse → read records → rerank → relevance → segments → exact
 slices of the source (``docs/architecture.md``).
@@ -15,16 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
 import re
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
 from langchain_core.documents import Document
 
+from langchain_rse.driver import Handlers
 from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
@@ -51,8 +52,6 @@ __all__ = [
     "Rerank",
     "Search",
     "Trace",
-    "adrive",
-    "drive",
     "handlers",
     "retrieval",
     "tracing",
@@ -123,47 +122,11 @@ class Record(NamedTuple):
     bodies: dict[str, Body]
 
 
-Handlers = dict[type, Callable[..., Any]]
-"""A handler per request type, called with the request's fields."""
 Steps = Generator[Any, Any, list[Document]]
 """A retrieval generator: it yields requests and returns the documents."""
 
 THROWN = (RerankError, StaleRead)
 """Handler errors raised inside the generator (failed rerank: fused ranking; stale: re-read)."""
-
-
-async def _run(gen: Generator[Any, Any, Any], handlers: Handlers, awaiting: bool) -> Any:
-    """The one driver loop: answer each request with its handler (awaited if ``awaiting``);
-    a handler's :data:`THROWN` exception is raised inside the generator."""
-    reply, error = None, None
-    while True:
-        try:
-            request = gen.throw(error) if error is not None else gen.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply, error = None, None
-        try:
-            reply = handlers[type(request)](*request)
-            if awaiting and inspect.isawaitable(reply):
-                reply = await reply
-        except THROWN as exc:
-            error = exc
-
-
-def drive(gen: Generator[Any, Any, Any], handlers: Handlers) -> Any:
-    """Run ``gen`` to its return value with the synchronous ``handlers`` (one step)."""
-    coro = _run(gen, handlers, False)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("a synchronous handler suspended")
-
-
-async def adrive(gen: Generator[Any, Any, Any], handlers: Handlers) -> Any:
-    """Run ``gen`` to its return value, awaiting the asynchronous ``handlers``."""
-    return await _run(gen, handlers, True)
 
 
 def clean_query(query: Any, max_chars: int = MAX_QUERY_CHARS) -> str:

@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from langchain_rse import pipeline
+from langchain_rse.driver import adrive, drive
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation, tracing
 from langchain_rse.filters import Filter, check_filter, matches, parse
@@ -53,7 +54,6 @@ from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.persistence import default_vectorstore, load_index, save_index
-from langchain_rse.pipeline import adrive, drive
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
 from langchain_rse.search import SearchBranches, is_local, ls_params
@@ -365,7 +365,7 @@ class RSERetriever(DocumentIndex):
         """
         with self._writer.lock:
             check_writable(self, documents, ids)
-            return drive(*index_steps(self, documents, ids, False))  # type: ignore[no-any-return]
+            return drive(*index_steps(self, documents, ids, False))
 
     async def aadd_documents(
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
@@ -374,7 +374,7 @@ class RSERetriever(DocumentIndex):
         (under the same lock as the sync path, re-checking what another writer wrote)."""
         if self.filter:
             await asyncio.to_thread(check_writable, self, documents, ids)
-        return await adrive(*index_steps(self, documents, ids, True))  # type: ignore[no-any-return]
+        return await adrive(*index_steps(self, documents, ids, True))
 
     @staticmethod
     def _allows(f: Filter | None, doc_id: str, metadata: dict[str, Any]) -> bool:
@@ -478,7 +478,9 @@ class RSERetriever(DocumentIndex):
         **kwargs: Any,
     ) -> list[Document]:
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
-        return drive(steps, pipeline.handlers(self, run_manager.get_child(), False))  # type: ignore[no-any-return]
+        return drive(
+            steps, pipeline.handlers(self, run_manager.get_child(), False), pipeline.THROWN
+        )
 
     async def _aget_relevant_documents(
         self,
@@ -493,7 +495,9 @@ class RSERetriever(DocumentIndex):
         **kwargs: Any,
     ) -> list[Document]:
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
-        return await adrive(steps, pipeline.handlers(self, run_manager.get_child(), True))  # type: ignore[no-any-return]
+        return await adrive(
+            steps, pipeline.handlers(self, run_manager.get_child(), True), pipeline.THROWN
+        )
 
     def as_tool(  # type: ignore[override]
         self, *, name: str = "search", description: str | None = None, allow_filter: bool = False

@@ -95,9 +95,9 @@ class BM25Index:
         self._bm25 = IncrementalBM25(
             k1,
             b,
-            _VARIANT[engine],
+            _VARIANT[engine],  # type: ignore[arg-type]
             epsilon,
-            merge_factor,  # type: ignore[arg-type]
+            merge_factor,
             sync_merge_postings,
             max_segment_postings,
         )
