@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.documents import Document
 
 if TYPE_CHECKING:
-    from langchain_rse.fusion import Candidate
     from langchain_rse.indexing.records import Body, DocRecord
+    from langchain_rse.query import Candidate
 
 __all__ = [
     "TRACES",

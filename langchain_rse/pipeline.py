@@ -29,8 +29,9 @@ from langchain_rse.driver import Handlers
 from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
-from langchain_rse.fusion import Candidate, Route, candidates, confirmed_route, quotes_code
+from langchain_rse.fusion import candidates, confirmed_route, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
+from langchain_rse.query import Candidate, Route
 from langchain_rse.rerank import RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.segments import (
