@@ -48,8 +48,8 @@ from langchain_rse.index_schema import (
     overlap_settings,
 )
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
+from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.indexing.steps import check_writable, index_steps
-from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer

@@ -35,7 +35,7 @@ from langchain_rse.filters import (
     to_dict,
 )
 from langchain_rse.indexing.records import chunk_key, parse_chunk_key
-from langchain_rse.indexing.store import ReadWriteLock
+from langchain_rse.indexing.recordstore import ReadWriteLock
 from langchain_rse.integrations.faiss import FaissStore, one_thread
 from langchain_rse.lexical import BM25Index
 from langchain_rse.query import DenseResult, Hit

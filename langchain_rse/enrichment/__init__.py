@@ -27,7 +27,7 @@ from typing import Any
 
 from langchain_rse.indexing.chunking import Chunk
 from langchain_rse.indexing.records import ChunkContext
-from langchain_rse.indexing.store import FileByteStore
+from langchain_rse.indexing.recordstore import FileByteStore
 
 __all__ = [
     "CHARS_PER_TOKEN",

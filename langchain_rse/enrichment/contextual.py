@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from langchain_rse.enrichment import BaseEnricher, ChunkContext, clip, collapse
 from langchain_rse.enrichment.headers import HeaderEnricher
 from langchain_rse.indexing.chunking import Chunk
-from langchain_rse.indexing.store import file_store
+from langchain_rse.indexing.recordstore import file_store
 from langchain_rse.llm import (
     CallJob,
     CallsModel,

@@ -51,8 +51,8 @@ from langchain_rse.indexing.records import (
     pointer_key,
     version_key,
 )
+from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.indexing.steps import Plan, Prepared, Todo
-from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.routing import DocumentRouter, LeadIndex
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from langchain_rse.indexing.store import ReadWriteLock
+from langchain_rse.indexing.recordstore import ReadWriteLock
 from langchain_rse.lexical.bm25 import IncrementalBM25, Segment
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
 
