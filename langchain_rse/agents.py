@@ -45,9 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from langchain_rse.pipeline import MIN_MAX_CHARS
 
 if TYPE_CHECKING:
+    from langchain_core.indexing import DocumentIndex
     from mcp.server.mcpserver import MCPServer
-
-    from langchain_rse.retriever import RSERetriever
 
 __all__ = [
     "MAX_READ_CHARS",
@@ -171,7 +170,7 @@ def _content(documents: Sequence[Document]) -> list[TextContentBlock]:
 
 
 def create_search_tool(
-    retriever: "RSERetriever",
+    retriever: "DocumentIndex",
     *,
     name: str = "search",
     description: str | None = None,
@@ -292,7 +291,7 @@ def _source(n: int, doc: Document) -> Source:
     )
 
 
-def build_server(retriever: "RSERetriever", *, name: str = "langchain-rse") -> "MCPServer":
+def build_server(retriever: "DocumentIndex", *, name: str = "langchain-rse") -> "MCPServer":
     """An MCP server with ``search`` and ``read`` tools over ``retriever``.
 
     Args:
@@ -363,7 +362,7 @@ def build_server(retriever: "RSERetriever", *, name: str = "langchain-rse") -> "
     return server
 
 
-def serve(retriever: "RSERetriever", http_port: int | None = None) -> None:
+def serve(retriever: "DocumentIndex", http_port: int | None = None) -> None:
     """Serve ``retriever`` over stdio, or streamable HTTP on ``127.0.0.1:http_port``
     (path ``/mcp``) when a port is given. Returns when the client disconnects (stdio)."""
     server = build_server(retriever)
