@@ -36,6 +36,7 @@ from langchain_rse.filters import (
 )
 from langchain_rse.indexing.records import chunk_key, parse_chunk_key
 from langchain_rse.indexing.recordstore import ReadWriteLock
+from langchain_rse.integrations import vectorstore_kind
 from langchain_rse.integrations.faiss import FaissStore, one_thread
 from langchain_rse.lexical import BM25Index
 from langchain_rse.query import DenseResult, Hit
@@ -64,8 +65,6 @@ def key_of(chunk: Document) -> str | None:
 
 def is_local(vectorstore: VectorStore) -> bool:
     """An in-process store (FAISS, in-memory) that must not be searched while written."""
-    from langchain_rse.persistence import vectorstore_kind
-
     return vectorstore_kind(vectorstore) != "external"
 
 

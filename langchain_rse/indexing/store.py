@@ -12,6 +12,8 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
+from langchain_rse.integrations import vectorstore_kind
+
 __all__ = [
     "default_vectorstore",
     "load_vectorstore",
@@ -81,18 +83,6 @@ def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
 
 _OUR_FAISS = {"FaissStore", "LocalFAISS"}
 """The default store's class names, now and before 0.2 (LangChain's FAISS subclassed)."""
-
-
-def vectorstore_kind(vs: VectorStore) -> str:
-    """``"faiss"``, ``"in_memory"`` or ``"external"`` (saved elsewhere by its owner)."""
-    from langchain_rse.integrations.faiss import FaissStore, is_langchain_faiss
-
-    # ours, or LangChain's FAISS itself (not a user's subclass of it)
-    if isinstance(vs, FaissStore) or (is_langchain_faiss(vs) and type(vs).__name__ == "FAISS"):
-        return "faiss"
-    if isinstance(vs, InMemoryVectorStore):
-        return "in_memory"
-    return "external"
 
 
 def save_vectorstore(vs: VectorStore, writer: VectorWriter) -> dict[str, Any]:
