@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Generator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 __all__ = ["Handlers", "Thrown", "adrive", "drive"]
 
-Handlers = dict[type, Callable[..., Any]]
-"""A handler per request type, called with the request's fields."""
+Handlers = dict[type, Callable[..., object]]  # type: ignore[explicit-any]
+"""A handler per request type, called with the request's fields (each type its own
+signature, hence ``...``)."""
 Thrown = tuple[type[BaseException], ...]
 """Handler errors raised inside the generator (which may recover from them) rather than
 out of the driver."""
@@ -23,11 +24,15 @@ T = TypeVar("T")
 
 
 async def _run(
-    gen: Generator[object, Any, T], handlers: Handlers, awaiting: bool, thrown: Thrown
+    gen: Generator[tuple[object, ...], object, T],
+    handlers: Handlers,
+    awaiting: bool,
+    thrown: Thrown,
 ) -> T:
     """The one driver loop: answer each request with its handler (awaited if ``awaiting``);
     a handler's ``thrown`` exception is raised inside the generator."""
-    reply, error = None, None
+    reply: object = None
+    error: BaseException | None = None
     while True:
         try:
             request = gen.throw(error) if error is not None else gen.send(reply)
@@ -35,14 +40,16 @@ async def _run(
             return done.value
         reply, error = None, None
         try:
-            reply = handlers[type(request)](*request)  # type: ignore[misc]
+            reply = handlers[type(request)](*request)
             if awaiting and inspect.isawaitable(reply):
                 reply = await reply
         except thrown as exc:
             error = exc
 
 
-def drive(gen: Generator[object, Any, T], handlers: Handlers, thrown: Thrown = ()) -> T:
+def drive(
+    gen: Generator[tuple[object, ...], object, T], handlers: Handlers, thrown: Thrown = ()
+) -> T:
     """Run ``gen`` to its return value with the synchronous ``handlers`` (one step)."""
     coro = _run(gen, handlers, False, thrown)
     try:
@@ -53,6 +60,8 @@ def drive(gen: Generator[object, Any, T], handlers: Handlers, thrown: Thrown = (
     raise RuntimeError("a synchronous handler suspended")
 
 
-async def adrive(gen: Generator[object, Any, T], handlers: Handlers, thrown: Thrown = ()) -> T:
+async def adrive(
+    gen: Generator[tuple[object, ...], object, T], handlers: Handlers, thrown: Thrown = ()
+) -> T:
     """Run ``gen`` to its return value, awaiting the asynchronous ``handlers``."""
     return await _run(gen, handlers, True, thrown)

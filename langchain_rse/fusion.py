@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from langchain_rse.indexing.records import doc_of, in_docs, parse_chunk_key
 from langchain_rse.query import Candidate, DenseResult, FusionSettings, Hit, Route, RouteCheck
@@ -74,13 +75,13 @@ class FusedHit(NamedTuple):
     ranks: tuple[int | None, ...]
 
 
-def _branch_scores(branch: Branch) -> np.ndarray:
+def _branch_scores(branch: Branch) -> NDArray[np.float64]:
     if any(s is None for _, s in branch):
         return 1.0 / np.arange(1, len(branch) + 1, dtype=np.float64)
     return np.asarray([s for _, s in branch], dtype=np.float64)
 
 
-def _normalise(scores: np.ndarray, method: FusionMethod) -> np.ndarray:
+def _normalise(scores: NDArray[np.float64], method: FusionMethod) -> NDArray[np.float64]:
     if scores.size == 0:
         return scores
     if method == "relative_score":
@@ -102,7 +103,11 @@ class Fused:
     __slots__ = ("ids", "order", "ranks", "scores")
 
     def __init__(
-        self, ids: list[str], scores: np.ndarray, ranks: np.ndarray, order: np.ndarray
+        self,
+        ids: list[str],
+        scores: NDArray[np.float64],
+        ranks: NDArray[np.intp],
+        order: NDArray[np.intp],
     ) -> None:
         self.ids, self.scores, self.ranks, self.order = ids, scores, ranks, order
 
@@ -120,7 +125,7 @@ class Fused:
         ids = self.ids
         return [ids[i] for i in self.order[:n].tolist()]
 
-    def boosted(self, favoured: Callable[[list[str]], np.ndarray], factor: float) -> Fused:
+    def boosted(self, favoured: Callable[[list[str]], NDArray[np.bool_]], factor: float) -> Fused:
         """The scores of the ids that ``favoured`` marks (a boolean per id, given all ids)
         multiplied by ``factor``, and the ranking re-sorted by them (ties keep this
         ranking's order)."""
