@@ -21,8 +21,9 @@ import re
 from collections.abc import Generator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
 
 from langchain_rse.driver import Handlers
@@ -31,9 +32,11 @@ from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import candidates, confirmed_route, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
+from langchain_rse.indexing.recordstore import RecordStore
 from langchain_rse.query import Candidate, Route
-from langchain_rse.rerank import RerankError, RerankResult
+from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
+from langchain_rse.search import SearchBranches
 from langchain_rse.segments import (
     RSEParams,
     choose_segments,
@@ -454,9 +457,25 @@ def _search(
     return s, candidates(s, dense, lexical, routed, router, confirmed)
 
 
-def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
-    """The handlers of one retrieval by retriever ``r`` (child runs under ``callbacks``)."""
-    branches, router, records = r._search(), r.router, r._records
+class Expander(Protocol):
+    """What a query expander (:class:`~langchain_rse.expansion.QueryExpander`) answers."""
+
+    def expand(self, query: str, *, callbacks: Callbacks = None) -> list[str]: ...
+
+    async def aexpand(self, query: str, *, callbacks: Callbacks = None) -> list[str]: ...
+
+
+def handlers(
+    branches: SearchBranches,
+    router: DocumentRouter | None,
+    records: RecordStore,
+    expander: Expander | None,
+    reranker: BaseReranker | None,
+    callbacks: Callbacks,
+    asynchronous: bool,
+) -> Handlers:
+    """The handlers of one retrieval over these parts of an index (child runs under
+    ``callbacks``)."""
     traces = TRACES.get()
     record = (
         (lambda *seen: traces.append(Trace(*seen))) if traces is not None else (lambda *_: None)
@@ -473,21 +492,21 @@ def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
         ReadBodies: records.abodies if a else records.bodies,
         Record: record,
     }
-    if (expander := r.query_expander) is not None:
+    if expander is not None:
         out[Expand] = partial(expander.aexpand if a else expander.expand, callbacks=callbacks)
-    if r.reranker is not None:
-        out[Rerank] = partial(_arerank if a else _rerank, r.reranker, callbacks)
+    if reranker is not None:
+        out[Rerank] = partial(_arerank if a else _rerank, reranker, callbacks)
     return out
 
 
 def _rerank(
-    reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]
+    reranker: BaseReranker, callbacks: Callbacks, queries: list[str], docs: list[Document]
 ) -> list[RerankResult]:
     return [reranker.rerank(q, docs, callbacks=callbacks) for q in queries]
 
 
 async def _arerank(
-    reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]
+    reranker: BaseReranker, callbacks: Callbacks, queries: list[str], docs: list[Document]
 ) -> list[RerankResult]:
     return list(
         await asyncio.gather(*(reranker.arerank(q, docs, callbacks=callbacks) for q in queries))

@@ -19,6 +19,7 @@ import pydantic
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
+    Callbacks,
 )
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -37,7 +38,7 @@ from pydantic import (
 )
 
 from langchain_rse import pipeline
-from langchain_rse.driver import adrive, drive
+from langchain_rse.driver import Handlers, adrive, drive
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation, tracing
 from langchain_rse.filters import Filter, check_filter, matches, parse
@@ -288,6 +289,18 @@ class RSERetriever(DocumentIndex):
         """Before an in-process search (BM25, leads): a shared record store's generation check."""
         return self._writer.sync_local if self._writer.shared else None
 
+    def _handlers(self, callbacks: Callbacks, asynchronous: bool) -> Handlers:
+        """The handlers of one retrieval (:func:`~langchain_rse.pipeline.handlers`)."""
+        return pipeline.handlers(
+            self._search(),
+            self.router,
+            self._records,
+            self.query_expander,
+            self.reranker,
+            callbacks,
+            asynchronous,
+        )
+
     def _search(self) -> SearchBranches:
         """The search branches for the current settings (built once per setting)."""
         k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
@@ -478,9 +491,7 @@ class RSERetriever(DocumentIndex):
         **kwargs: Any,
     ) -> list[Document]:
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
-        return drive(
-            steps, pipeline.handlers(self, run_manager.get_child(), False), pipeline.THROWN
-        )
+        return drive(steps, self._handlers(run_manager.get_child(), False), pipeline.THROWN)
 
     async def _aget_relevant_documents(
         self,
@@ -495,9 +506,7 @@ class RSERetriever(DocumentIndex):
         **kwargs: Any,
     ) -> list[Document]:
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
-        return await adrive(
-            steps, pipeline.handlers(self, run_manager.get_child(), True), pipeline.THROWN
-        )
+        return await adrive(steps, self._handlers(run_manager.get_child(), True), pipeline.THROWN)
 
     def as_tool(  # type: ignore[override]
         self, *, name: str = "search", description: str | None = None, allow_filter: bool = False
