@@ -41,7 +41,7 @@ import re
 import secrets
 import unicodedata
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 from urllib.parse import quote
 
 from langchain_core.callbacks import Callbacks
@@ -58,10 +58,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from langchain_rse.pipeline import MAX_MAX_CHARS, MAX_QUERIES, MAX_QUERY_CHARS, MIN_MAX_CHARS
 
 if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
     from mcp.server.mcpserver import MCPServer
     from starlette.types import ASGIApp, Receive, Scope, Send
-
-    from langchain_rse.retriever import RSERetriever
 
 __all__ = [
     "MAX_EXTRA_QUERIES",
@@ -78,6 +77,24 @@ __all__ = [
     "format_sources",
     "serve",
 ]
+
+
+class SearchIndex(Protocol):
+    """What the tool and the MCP server need of a retriever (:class:`RSERetriever` is one):
+    searches with the tool's arguments, documents by id, and the retriever's own budget."""
+
+    max_chars: int | None
+
+    def invoke(
+        self, input: str, config: "RunnableConfig | None" = None, **kwargs: Any
+    ) -> list[Document]: ...
+
+    async def ainvoke(
+        self, input: str, config: "RunnableConfig | None" = None, **kwargs: Any
+    ) -> list[Document]: ...
+
+    async def aget(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]: ...
+
 
 MAX_K = 20
 """The most sources a model may ask for in one call."""
@@ -311,13 +328,13 @@ def _options(args: SearchArgs, callbacks: Callbacks) -> dict[str, Any]:
     return {"config": {"callbacks": callbacks}, **values}
 
 
-def _over_budget(retriever: "RSERetriever", args: SearchArgs) -> int | None:
+def _over_budget(retriever: "SearchIndex", args: SearchArgs) -> int | None:
     """The budget of a call whose sources came back empty (None: no budget)."""
     return args.max_chars if args.max_chars is not None else retriever.max_chars
 
 
 def search_documents(
-    retriever: "RSERetriever", args: SearchArgs, callbacks: Callbacks = None
+    retriever: "SearchIndex", args: SearchArgs, callbacks: Callbacks = None
 ) -> list[Document]:
     """The segments a search tool returns for ``args``: ``retriever.invoke``'s, or, when a
     context budget left nothing although a passage matches, the best passage cut to the
@@ -337,7 +354,7 @@ def search_documents(
 
 
 async def asearch_documents(
-    retriever: "RSERetriever", args: SearchArgs, callbacks: Callbacks = None
+    retriever: "SearchIndex", args: SearchArgs, callbacks: Callbacks = None
 ) -> list[Document]:
     """Async :func:`search_documents`."""
     try:
@@ -354,7 +371,7 @@ async def asearch_documents(
 
 
 def create_search_tool(
-    retriever: "RSERetriever",
+    retriever: "SearchIndex",
     *,
     name: str = "search",
     description: str | None = None,
@@ -540,7 +557,7 @@ def _slice(doc_id: str, text: str, start: int, end: int | None) -> tuple[int, in
     return start, end
 
 
-def build_server(retriever: "RSERetriever", *, name: str = "langchain-rse") -> "MCPServer":
+def build_server(retriever: "SearchIndex", *, name: str = "langchain-rse") -> "MCPServer":
     """An MCP server with ``search`` and ``fetch`` tools and a document resource template.
 
     ``search`` takes the arguments of the LangChain tool (:class:`SearchArgs`, the same JSON
@@ -726,7 +743,7 @@ def _bearer(app: "ASGIApp", token: str) -> "ASGIApp":
 
 
 def serve(
-    retriever: "RSERetriever", http_port: int | None = None, *, token: str | None = None
+    retriever: "SearchIndex", http_port: int | None = None, *, token: str | None = None
 ) -> None:
     """Serve ``retriever`` over stdio, or streamable HTTP on ``127.0.0.1:http_port`` (path
     ``/mcp``) when a port is given. Returns when the client disconnects (stdio).

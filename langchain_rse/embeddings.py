@@ -35,7 +35,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.stores import BaseStore
 from pydantic import BaseModel, ConfigDict, Field
 
-from langchain_rse.indexing.store import FileByteStore
+from langchain_rse.indexing.recordstore import FileByteStore
 
 if TYPE_CHECKING:
     import numpy as np

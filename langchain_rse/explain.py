@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from langchain_core.documents import Document
 
 if TYPE_CHECKING:
-    from langchain_rse.fusion import Candidate
     from langchain_rse.indexing.records import Body, DocRecord
+    from langchain_rse.query import Candidate
 
 __all__ = [
     "TRACES",
@@ -71,7 +71,7 @@ class DocumentExplanation:
     """One document's chunks as the retrieval saw them."""
 
     doc_id: str
-    metadata: dict[str, Any]
+    metadata: dict[str, object]
     spans: list[tuple[int, int]]
     """Each chunk's ``(start_index, end_index)`` in the source text."""
     relevance: list[float | None]

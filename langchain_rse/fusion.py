@@ -26,21 +26,16 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from langchain_rse.indexing.records import doc_of, in_docs, parse_chunk_key
-
-if TYPE_CHECKING:
-    from langchain_rse.routing import DocumentRouter
-    from langchain_rse.search import DenseResult, Hit
+from langchain_rse.query import Candidate, DenseResult, FusionSettings, Hit, Route, RouteCheck
 
 __all__ = [
     "RRF_K",
-    "Candidate",
-    "Route",
     "candidates",
     "confirmed_route",
     "Fused",
@@ -80,13 +75,13 @@ class FusedHit(NamedTuple):
     ranks: tuple[int | None, ...]
 
 
-def _branch_scores(branch: Branch) -> np.ndarray:
+def _branch_scores(branch: Branch) -> NDArray[np.float64]:
     if any(s is None for _, s in branch):
         return 1.0 / np.arange(1, len(branch) + 1, dtype=np.float64)
     return np.asarray([s for _, s in branch], dtype=np.float64)
 
 
-def _normalise(scores: np.ndarray, method: FusionMethod) -> np.ndarray:
+def _normalise(scores: NDArray[np.float64], method: FusionMethod) -> NDArray[np.float64]:
     if scores.size == 0:
         return scores
     if method == "relative_score":
@@ -108,7 +103,11 @@ class Fused:
     __slots__ = ("ids", "order", "ranks", "scores")
 
     def __init__(
-        self, ids: list[str], scores: np.ndarray, ranks: np.ndarray, order: np.ndarray
+        self,
+        ids: list[str],
+        scores: NDArray[np.float64],
+        ranks: NDArray[np.intp],
+        order: NDArray[np.intp],
     ) -> None:
         self.ids, self.scores, self.ranks, self.order = ids, scores, ranks, order
 
@@ -126,7 +125,7 @@ class Fused:
         ids = self.ids
         return [ids[i] for i in self.order[:n].tolist()]
 
-    def boosted(self, favoured: Callable[[list[str]], np.ndarray], factor: float) -> Fused:
+    def boosted(self, favoured: Callable[[list[str]], NDArray[np.bool_]], factor: float) -> Fused:
         """The scores of the ids that ``favoured`` marks (a boolean per id, given all ids)
         multiplied by ``factor``, and the ranking re-sorted by them (ties keep this
         ranking's order)."""
@@ -194,32 +193,6 @@ def fuse(
     return fused(branches, weights, method, rrf_k).top()
 
 
-@dataclass(slots=True)
-class Candidate:
-    """A fused candidate chunk on its way to RSE."""
-
-    key: str
-    doc_id: str
-    version: str
-    chunk_index: int
-    score: float
-    """Fused score."""
-    ranks: list[int]
-    """1-based rank in each fused branch (each query's dense, then lexical); 0: not in it."""
-    text: str | None = None  # enriched index text, when the dense branch returned it
-    relevance: float = 0.0
-    rerank_score: float | None = None
-
-
-@dataclass(frozen=True)
-class Route:
-    """The documents a query was routed to, when the route holds, and the factor their
-    chunks' fused scores were multiplied by (``inf``: only their chunks are candidates)."""
-
-    docs: frozenset[str]
-    factor: float
-
-
 def branches_of(
     dense: Sequence[DenseResult], lexical: Sequence[Sequence[Hit]]
 ) -> tuple[list[Sequence[Hit]], dict[str, str]]:
@@ -234,11 +207,11 @@ def branches_of(
 
 
 def confirmed_route(
-    s: Any,
+    s: FusionSettings,
     dense: Sequence[DenseResult],
     lexical: Sequence[Sequence[Hit]],
     routed: set[str] | None,
-    router: DocumentRouter | None,
+    router: RouteCheck | None,
 ) -> set[str] | None:
     """The routed documents the unrouted ranking agrees with (see
     :meth:`DocumentRouter.confirmed`), None when there are none."""
@@ -250,11 +223,11 @@ def confirmed_route(
 
 
 def candidates(
-    s: Any,
+    s: FusionSettings,
     dense: Sequence[DenseResult],
     lexical: Sequence[Sequence[Hit]],
     routed: set[str] | None = None,
-    router: DocumentRouter | None = None,
+    router: RouteCheck | None = None,
     confirmed: bool = False,
 ) -> tuple[list[Candidate], Route | None]:
     """Fuse (dense, lexical) hits of each query into candidates, best first (weighted RRF

@@ -39,6 +39,7 @@ __all__ = [
     "EXTENSIONS",
     "DocstoreLine",
     "FaissVectors",
+    "IndexFormatError",
     "InMemoryVectors",
     "LegacyLexical",
     "Lexical",
@@ -129,6 +130,10 @@ Role = Literal["lexical", "lexical_tf", "docstore", "vectors", "vectors_index"]
 Plain = str | int | float | bool | None
 Setting = Plain | list[Plain]
 Weights = tuple[float, float]
+
+
+class IndexFormatError(ValueError):
+    """An index directory that is corrupted, truncated or of an unsupported format."""
 
 
 class _Strict(BaseModel):
@@ -222,11 +227,7 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _can_run(self) -> Config:
         """The checks the retriever makes of its settings (``ValueError`` naming the first)."""
-        from langchain_rse.retriever import RSERetriever
-
-        fields = RSERetriever.model_fields
-        values = {name: fields[name].get_default(call_default_factory=False) for name in fields}
-        values.update(self.model_dump(exclude_unset=True, include=set(fields)))
+        values = self.model_dump()  # every setting check_settings reads is saved
         values["rse_params"] = self.rse_params or self.preset
         if not self.custom_splitter:  # chunk_overlap: what make_splitter takes
             make_splitter(self.chunk_size, self.chunk_overlap)
@@ -459,10 +460,8 @@ def _build(
                 values = {"embeddings": LocalEmbeddings(), **settings}
                 return _checked(rerank.EmbeddingReranker, values)
     except (TypeError, ValueError) as exc:
-        from langchain_rse.persistence import MANIFEST, IndexFormatError
-
         raise IndexFormatError(
-            f"{MANIFEST}: the saved settings of {name} do not fit it: {exc}"
+            f"the index manifest: the saved settings of {name} do not fit it: {exc}"
         ) from None
     return None
 

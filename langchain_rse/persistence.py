@@ -45,6 +45,7 @@ __all__ = [
 
 from langchain_rse import index_schema
 from langchain_rse.embeddings import underlying
+from langchain_rse.index_schema import IndexFormatError
 from langchain_rse.indexing.records import default_splitter_params, local_form, plain_form
 from langchain_rse.indexing.store import (
     default_vectorstore,
@@ -67,10 +68,6 @@ _OWN_FILE = re.compile(
     r"|\.rse_index\.json\..+\.tmp)$"
 )
 """Data files of a generation, and the temporary files they are written through."""
-
-
-class IndexFormatError(ValueError):
-    """An index directory that is corrupted, truncated or of an unsupported format."""
 
 
 def atomic_write(path: Path, data: bytes | memoryview) -> None:

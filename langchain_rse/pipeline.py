@@ -1,12 +1,13 @@
-"""The query path, written once as a sans-I/O generator, and its two drivers.
+"""The query path, written once as a sans-I/O generator.
 
 :func:`retrieval` checks a call and returns a generator that *yields* each I/O it needs as
 a typed request (:class:`Expand`, :class:`Search`, :class:`Focus`, :class:`ReadPointers`,
 :class:`ReadBodies`, :class:`Rerank`, :class:`Record`, :class:`Settled`) and receives the
 answer.
-:func:`drive` answers the requests synchronously and :func:`adrive` awaits them, with the
-handlers :func:`handlers` binds, so the sync and async paths share every line of logic.
-The write path (:mod:`langchain_rse.indexing.steps`) is driven the same way.
+:func:`~langchain_rse.driver.drive` answers the requests synchronously and
+:func:`~langchain_rse.driver.adrive` awaits them, with the handlers :func:`handlers` binds,
+so the sync and async paths share every line of logic. The write path
+(:mod:`langchain_rse.indexing.steps`) is driven the same way.
 
 One query: expand → search → fuse → read records → rerank → relevance → segments → exact
 slices of the source (``docs/architecture.md``).
@@ -16,25 +17,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
 import re
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
 
+from langchain_rse.driver import Handlers, adrive, drive
 from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
-from langchain_rse.fusion import Candidate, Route, candidates, confirmed_route, quotes_code
+from langchain_rse.fusion import candidates, confirmed_route, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
-from langchain_rse.indexing.store import ReadWriteLock
-from langchain_rse.rerank import RerankError, RerankResult
+from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
+from langchain_rse.query import Candidate, Route
+from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
+from langchain_rse.search import SearchBranches
 from langchain_rse.segments import (
     RSEParams,
     choose_segments,
@@ -56,8 +60,6 @@ __all__ = [
     "Search",
     "Settled",
     "Trace",
-    "adrive",
-    "drive",
     "handlers",
     "retrieval",
     "tracing",
@@ -135,47 +137,11 @@ class Record(NamedTuple):
     bodies: dict[str, Body]
 
 
-Handlers = dict[type, Callable[..., Any]]
-"""A handler per request type, called with the request's fields."""
 Steps = Generator[Any, Any, list[Document]]
 """A retrieval generator: it yields requests and returns the documents."""
 
 THROWN = (RerankError, StaleRead)
 """Handler errors raised inside the generator (failed rerank: fused ranking; stale: re-read)."""
-
-
-async def _run(gen: Generator[Any, Any, Any], handlers: Handlers, awaiting: bool) -> Any:
-    """The one driver loop: answer each request with its handler (awaited if ``awaiting``);
-    a handler's :data:`THROWN` exception is raised inside the generator."""
-    reply, error = None, None
-    while True:
-        try:
-            request = gen.throw(error) if error is not None else gen.send(reply)
-        except StopIteration as done:
-            return done.value
-        reply, error = None, None
-        try:
-            reply = handlers[type(request)](*request)
-            if awaiting and inspect.isawaitable(reply):
-                reply = await reply
-        except THROWN as exc:
-            error = exc
-
-
-def drive(gen: Generator[Any, Any, Any], handlers: Handlers) -> Any:
-    """Run ``gen`` to its return value with the synchronous ``handlers`` (one step)."""
-    coro = _run(gen, handlers, False)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("a synchronous handler suspended")
-
-
-async def adrive(gen: Generator[Any, Any, Any], handlers: Handlers) -> Any:
-    """Run ``gen`` to its return value, awaiting the asynchronous ``handlers``."""
-    return await _run(gen, handlers, True)
 
 
 def clean_query(query: Any, max_chars: int = MAX_QUERY_CHARS) -> str:
@@ -525,9 +491,26 @@ def _search(
     return s, candidates(s, dense, lexical, routed, router, confirmed)
 
 
-def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
-    """The handlers of one retrieval by retriever ``r`` (child runs under ``callbacks``)."""
-    branches, router, records = r._search(), r.router, r._records
+class Expander(Protocol):
+    """What a query expander (:class:`~langchain_rse.expansion.QueryExpander`) answers."""
+
+    def expand(self, query: str, *, callbacks: Callbacks = None) -> list[str]: ...
+
+    async def aexpand(self, query: str, *, callbacks: Callbacks = None) -> list[str]: ...
+
+
+def handlers(
+    branches: SearchBranches,
+    router: DocumentRouter | None,
+    records: RecordStore,
+    expander: Expander | None,
+    reranker: BaseReranker | None,
+    swaps: ReadWriteLock,
+    callbacks: Callbacks,
+    asynchronous: bool,
+) -> Handlers:
+    """The handlers of one retrieval over these parts of an index (child runs under
+    ``callbacks``; ``swaps``: the writer's lock a query's last attempt holds shared)."""
     traces = TRACES.get()
     record = (
         (lambda *seen: traces.append(Trace(*seen))) if traces is not None else (lambda *_: None)
@@ -544,11 +527,10 @@ def handlers(r: Any, callbacks: Any, asynchronous: bool) -> Handlers:
         ReadBodies: records.abodies if a else records.bodies,
         Record: record,
     }
-    if (expander := r.query_expander) is not None:
+    if expander is not None:
         out[Expand] = partial(expander.aexpand if a else expander.expand, callbacks=callbacks)
-    if r.reranker is not None:
-        out[Rerank] = partial(_arerank if a else _rerank, r.reranker, callbacks)
-    swaps = r._writer.swaps
+    if reranker is not None:
+        out[Rerank] = partial(_arerank if a else _rerank, reranker, callbacks)
     out[Settled] = partial(_asettled, swaps, out) if a else partial(_settled, swaps, out)
     return out
 
@@ -562,7 +544,7 @@ def _give_back(taking: asyncio.Future[None], hold: AbstractContextManager[None])
 def _settled(swaps: ReadWriteLock, handlers: Handlers, steps: Steps) -> list[Document]:
     """``steps`` driven while ``swaps`` is held shared."""
     with swaps.read():
-        return drive(steps, handlers)  # type: ignore[no-any-return]
+        return drive(steps, handlers, THROWN)
 
 
 async def _asettled(swaps: ReadWriteLock, handlers: Handlers, steps: Steps) -> list[Document]:
@@ -575,19 +557,19 @@ async def _asettled(swaps: ReadWriteLock, handlers: Handlers, steps: Steps) -> l
         taking.add_done_callback(lambda t: _give_back(t, hold))
         raise
     try:
-        return await adrive(steps, handlers)  # type: ignore[no-any-return]
+        return await adrive(steps, handlers, THROWN)
     finally:
         hold.__exit__(None, None, None)
 
 
 def _rerank(
-    reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]
+    reranker: BaseReranker, callbacks: Callbacks, queries: list[str], docs: list[Document]
 ) -> list[RerankResult]:
     return [reranker.rerank(q, docs, callbacks=callbacks) for q in queries]
 
 
 async def _arerank(
-    reranker: Any, callbacks: Any, queries: list[str], docs: list[Document]
+    reranker: BaseReranker, callbacks: Callbacks, queries: list[str], docs: list[Document]
 ) -> list[RerankResult]:
     return list(
         await asyncio.gather(*(reranker.arerank(q, docs, callbacks=callbacks) for q in queries))

@@ -19,6 +19,7 @@ import pydantic
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
+    Callbacks,
 )
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -37,6 +38,7 @@ from pydantic import (
 )
 
 from langchain_rse import pipeline
+from langchain_rse.driver import Handlers, adrive, drive
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation, tracing
 from langchain_rse.filters import Filter, check_filter, matches, parse
@@ -47,13 +49,12 @@ from langchain_rse.index_schema import (
     overlap_settings,
 )
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
+from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.indexing.steps import check_writable, index_steps
-from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.indexing.writer import Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
 from langchain_rse.persistence import default_vectorstore, load_index, save_index
-from langchain_rse.pipeline import adrive, drive
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
 from langchain_rse.search import SearchBranches, is_local, ls_params
@@ -288,6 +289,19 @@ class RSERetriever(DocumentIndex):
         """Before an in-process search (BM25, leads): a shared record store's generation check."""
         return self._writer.sync_local if self._writer.shared else None
 
+    def _handlers(self, callbacks: Callbacks, asynchronous: bool) -> Handlers:
+        """The handlers of one retrieval (:func:`~langchain_rse.pipeline.handlers`)."""
+        return pipeline.handlers(
+            self._search(),
+            self.router,
+            self._records,
+            self.query_expander,
+            self.reranker,
+            self._writer.swaps,
+            callbacks,
+            asynchronous,
+        )
+
     def _search(self) -> SearchBranches:
         """The search branches for the current settings (built once per setting)."""
         k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
@@ -367,7 +381,7 @@ class RSERetriever(DocumentIndex):
         """
         with self._writer.lock:
             check_writable(self, documents, ids)
-            return drive(*index_steps(self, documents, ids, False))  # type: ignore[no-any-return]
+            return drive(*index_steps(self, documents, ids, False))
 
     async def aadd_documents(
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
@@ -377,7 +391,7 @@ class RSERetriever(DocumentIndex):
         with a bound :attr:`filter` who owns each id)."""
         if self.filter:
             await asyncio.to_thread(check_writable, self, documents, ids)
-        return await adrive(*index_steps(self, documents, ids, True))  # type: ignore[no-any-return]
+        return await adrive(*index_steps(self, documents, ids, True))
 
     @staticmethod
     def _allows(f: Filter | None, doc_id: str, metadata: dict[str, Any]) -> bool:
@@ -481,7 +495,7 @@ class RSERetriever(DocumentIndex):
         **kwargs: Any,
     ) -> list[Document]:
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
-        return drive(steps, pipeline.handlers(self, run_manager.get_child(), False))  # type: ignore[no-any-return]
+        return drive(steps, self._handlers(run_manager.get_child(), False), pipeline.THROWN)
 
     async def _aget_relevant_documents(
         self,
@@ -496,7 +510,7 @@ class RSERetriever(DocumentIndex):
         **kwargs: Any,
     ) -> list[Document]:
         steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
-        return await adrive(steps, pipeline.handlers(self, run_manager.get_child(), True))  # type: ignore[no-any-return]
+        return await adrive(steps, self._handlers(run_manager.get_child(), True), pipeline.THROWN)
 
     def as_tool(  # type: ignore[override]
         self, *, name: str = "search", description: str | None = None, allow_filter: bool = False

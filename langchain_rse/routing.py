@@ -12,6 +12,7 @@ searched with BM25 and kept in step with the chunks by the retriever.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import re
@@ -491,10 +492,10 @@ def _focusable(clauses: list[str]) -> bool:
 
 
 def _takes_filter(retriever: BaseRetriever) -> bool:
-    """Whether a router retriever can be given a metadata filter: an ``RSERetriever``."""
-    from langchain_rse.retriever import RSERetriever  # it imports this module
-
-    return isinstance(retriever, RSERetriever)
+    """Whether a router retriever can be given a metadata filter: its retrieval method
+    names a ``filter`` parameter (an ``RSERetriever``'s does)."""
+    method = type(retriever)._get_relevant_documents
+    return "filter" in inspect.signature(method).parameters
 
 
 def _lead_scores(

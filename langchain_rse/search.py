@@ -17,7 +17,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
@@ -35,12 +35,13 @@ from langchain_rse.filters import (
     to_dict,
 )
 from langchain_rse.indexing.records import chunk_key, parse_chunk_key
-from langchain_rse.indexing.store import ReadWriteLock
+from langchain_rse.indexing.recordstore import ReadWriteLock
+from langchain_rse.integrations import vectorstore_kind
 from langchain_rse.integrations.faiss import FaissStore, one_thread
 from langchain_rse.lexical import BM25Index
+from langchain_rse.query import DenseResult, Hit
 
 __all__ = [
-    "Hit",
     "SearchBranches",
     "SearchRequest",
     "achild_run",
@@ -53,9 +54,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Hit = tuple[str, "float | None"]
-"""``(chunk key, score)``; the score is None when the store gives none."""
-
 
 def key_of(chunk: Document) -> str | None:
     """The chunk key of a search hit written by this retriever; None for foreign documents."""
@@ -67,8 +65,6 @@ def key_of(chunk: Document) -> str | None:
 
 def is_local(vectorstore: VectorStore) -> bool:
     """An in-process store (FAISS, in-memory) that must not be searched while written."""
-    from langchain_rse.persistence import vectorstore_kind
-
     return vectorstore_kind(vectorstore) != "external"
 
 
@@ -121,15 +117,6 @@ def sync_only(vectorstore: VectorStore) -> bool:
     every ``a*`` method instead of falling back to a thread as ``VectorStore`` does.
     """
     return getattr(vectorstore, "async_mode", None) is False
-
-
-@dataclass
-class DenseResult:
-    hits: Sequence[Hit]
-    """``(chunk key, score)`` best first; a :class:`~langchain_rse.fusion.Ranked` from the
-    default store."""
-    texts: dict[str, str] = field(default_factory=dict)
-    """Enriched index text of each hit, when the store returned it (saves a read)."""
 
 
 Found = tuple[list[DenseResult], list[Sequence[Hit]], "set[str] | None"]

@@ -35,8 +35,8 @@ from langchain_core.documents import Document
 from langchain_rse.indexing.chunking import PAGE_OFFSETS, page_range
 
 if TYPE_CHECKING:
-    from langchain_rse.fusion import Candidate, Route
     from langchain_rse.indexing.records import Body, DocRecord
+    from langchain_rse.query import Candidate, Route
 
 __all__ = [
     "PRESETS",

@@ -129,7 +129,7 @@ def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
         cache_size,
         cached_embeddings,
     )
-    from langchain_rse.indexing.store import FileByteStore
+    from langchain_rse.indexing.recordstore import FileByteStore
 
     model, store = LocalEmbeddings(), FileByteStore(index_dir / EMBEDDING_CACHE_DIR)
     return cached_embeddings(model, store), lambda: cache_size(store, model)

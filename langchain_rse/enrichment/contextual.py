@@ -21,10 +21,11 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.stores import BaseStore, InMemoryByteStore
 from tqdm.auto import tqdm
 
-from langchain_rse.enrichment import BaseEnricher, ChunkContext, clip, collapse
+from langchain_rse.enrichment.base import BaseEnricher, clip, collapse
 from langchain_rse.enrichment.headers import HeaderEnricher
 from langchain_rse.indexing.chunking import Chunk
-from langchain_rse.indexing.store import file_store
+from langchain_rse.indexing.records import ChunkContext
+from langchain_rse.indexing.recordstore import file_store
 from langchain_rse.llm import (
     CallJob,
     CallsModel,

@@ -16,8 +16,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from langchain_rse.enrichment import BaseEnricher, ChunkContext, clip, collapse
+from langchain_rse.enrichment.base import BaseEnricher, clip, collapse
 from langchain_rse.indexing.chunking import Chunk
+from langchain_rse.indexing.records import ChunkContext
 
 __all__ = ["HEADER_VERSION", "HeaderEnricher", "HeaderOutline"]
 

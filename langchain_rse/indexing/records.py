@@ -451,7 +451,7 @@ class DocBody(JsonRecord):
     """The source text of one document version and its chunk contexts.
 
     An in-process record store keeps its JSON LZ4-compressed (see
-    :class:`~langchain_rse.indexing.store.RecordStore`); :meth:`from_bytes` reads either.
+    :class:`~langchain_rse.indexing.recordstore.RecordStore`); :meth:`from_bytes` reads either.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)  # merged with JsonRecord's

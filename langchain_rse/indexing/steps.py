@@ -1,5 +1,5 @@
 """``add_documents`` as a sans-I/O generator (:func:`indexing`, driven like the query path
-by :func:`~langchain_rse.pipeline.drive`), its handlers (:func:`index_steps`) and the
+by :func:`~langchain_rse.driver.drive`), its handlers (:func:`index_steps`) and the
 progress of each stage.
 
 The generator asks for a :class:`Plan` (documents checked, split and versioned by
@@ -33,11 +33,12 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from langchain_core.documents import Document
 from tqdm.auto import tqdm
 
+from langchain_rse.driver import Handlers
 from langchain_rse.enrichment import ChunkContext
 from langchain_rse.filters import Filter, matches, parse
 from langchain_rse.indexing.chunking import Chunk, doc_id_for, make_splitter
@@ -49,9 +50,6 @@ from langchain_rse.indexing.records import (
     is_version_of,
     splitter_fingerprint,
 )
-
-if TYPE_CHECKING:
-    from langchain_rse.pipeline import Handlers
 
 __all__ = [
     "INDEX_BATCH_SIZE",
@@ -208,7 +206,7 @@ def indexing(
     group_chunks: int, show_progress: bool | None, enricher: Any
 ) -> Generator[Any, Any, list[str]]:
     """``add_documents`` as a sans-I/O generator (driven by
-    :func:`~langchain_rse.pipeline.drive`): :class:`MakePlan`, then per document
+    :func:`~langchain_rse.driver.drive`): :class:`MakePlan`, then per document
     :class:`Enrich`, per group :class:`WriteGroup`. Documents go in groups of about
     ``group_chunks`` chunks, enriched then written, so memory holds one group's contexts,
     index texts and vectors; one progress display counts the chunks written, and beside

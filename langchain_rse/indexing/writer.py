@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from langchain_core.documents import Document
 from langchain_core.vectorstores import VectorStore
@@ -57,8 +56,8 @@ from langchain_rse.indexing.records import (
     pointer_key,
     version_key,
 )
+from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.indexing.steps import Plan, Prepared, Todo, check_owner
-from langchain_rse.indexing.store import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.routing import DocumentRouter, LeadIndex
 
@@ -164,7 +163,7 @@ class Writer:
             new.update((g, p) for g, p in current.items() if seen.get(p.doc_id) != p.version)
         keys: list[str] = []
         texts: list[str] = []
-        groups: dict[str, dict[str, Any]] = {}
+        groups: dict[str, dict[str, object]] = {}
         sources: list[Document] = []
         versions: dict[str, str] = {}
         for record, body in zip(new.values(), self._bodies(list(new.values()))):
@@ -396,7 +395,7 @@ class Writer:
                 docs.clear()
 
         texts: list[str] = []
-        groups: dict[str, dict[str, Any]] = {}
+        groups: dict[str, dict[str, object]] = {}
         for p in prepared:
             m = p.record
             # The source's scalar metadata goes on every chunk, so stores can filter on it.

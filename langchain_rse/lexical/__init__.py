@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from langchain_rse.indexing.store import ReadWriteLock
+from langchain_rse.indexing.recordstore import ReadWriteLock
 from langchain_rse.lexical.bm25 import IncrementalBM25, Segment
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
 
@@ -95,9 +95,9 @@ class BM25Index:
         self._bm25 = IncrementalBM25(
             k1,
             b,
-            _VARIANT[engine],
+            _VARIANT[engine],  # type: ignore[arg-type]
             epsilon,
-            merge_factor,  # type: ignore[arg-type]
+            merge_factor,
             sync_merge_postings,
             max_segment_postings,
         )

@@ -23,7 +23,7 @@ from conftest import corpus_documents
 from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import RSERetriever
 from langchain_rse.indexing.records import pointer_key
-from langchain_rse.indexing.store import ReadWriteLock
+from langchain_rse.indexing.recordstore import ReadWriteLock
 from langchain_rse.persistence import default_vectorstore
 
 TESTS = Path(__file__).resolve().parents[1] / "support"

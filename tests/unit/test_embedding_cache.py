@@ -13,7 +13,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever, cached_embeddings
 from langchain_rse.embeddings import cache_size, model_namespace
-from langchain_rse.indexing.store import FileByteStore
+from langchain_rse.indexing.recordstore import FileByteStore
 
 
 class Counting(HashingEmbeddings):

@@ -227,7 +227,7 @@ def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> N
     from langchain_rse import cached_embeddings
     from langchain_rse.cli.loaders import load_documents
     from langchain_rse.embeddings import LocalEmbeddings
-    from langchain_rse.indexing.store import FileByteStore
+    from langchain_rse.indexing.recordstore import FileByteStore
     from langchain_rse.persistence import default_vectorstore
 
     docs = tmp_path / "docs"

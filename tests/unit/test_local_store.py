@@ -22,7 +22,7 @@ from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever, cached_embeddings
 from langchain_rse.embeddings import model_namespace
 from langchain_rse.filters import matches, parse
-from langchain_rse.indexing.store import FileByteStore
+from langchain_rse.indexing.recordstore import FileByteStore
 from langchain_rse.integrations.faiss import FaissStore
 
 faiss = pytest.importorskip("faiss")
@@ -163,7 +163,7 @@ path = tempfile.mkdtemp()
 r.save(path)
 assert RSERetriever.load(path, embedding=HashingEmbeddings()).invoke("notice period")
 from langchain_rse.indexing.chunking import combine_pages
-from langchain_rse.indexing.store import file_store
+from langchain_rse.indexing.recordstore import file_store
 file_store(tempfile.mkdtemp()).mset([("k", b"v")])
 print(sorted(m for m in sys.modules
              if m.split(".")[0] in ("langchain_community", "langchain_classic")))

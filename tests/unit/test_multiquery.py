@@ -165,7 +165,7 @@ def test_each_candidate_keeps_its_rank_in_every_branch() -> None:
     from langchain_rse.fusion import candidates
     from langchain_rse.indexing.records import chunk_key
     from langchain_rse.pipeline import QuerySettings
-    from langchain_rse.search import DenseResult
+    from langchain_rse.query import DenseResult
 
     a, b, c = (chunk_key("d", "v", i) for i in range(3))
     s = QuerySettings(

@@ -27,7 +27,7 @@ from langchain_rse.indexing.records import (
     local_form,
     plain_form,
 )
-from langchain_rse.indexing.store import RecordStore
+from langchain_rse.indexing.recordstore import RecordStore
 from langchain_rse.persistence import default_vectorstore
 
 

@@ -461,9 +461,9 @@ def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
 
 
 def test_off_route_segments_must_clear_the_boosted_bar() -> None:
-    from langchain_rse.fusion import Candidate, Route
     from langchain_rse.indexing.records import DocRecord, chunk_key
     from langchain_rse.pipeline import QuerySettings
+    from langchain_rse.query import Candidate, Route
     from langchain_rse.segments import choose_segments as select
     from langchain_rse.segments import get_preset
 
@@ -551,7 +551,7 @@ def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None
     from langchain_rse.fusion import RRF_K, candidates, fused
     from langchain_rse.indexing.records import chunk_key, in_docs
     from langchain_rse.pipeline import QuerySettings
-    from langchain_rse.search import DenseResult
+    from langchain_rse.query import DenseResult
     from langchain_rse.segments import get_preset
 
     rng = random.Random(seed)

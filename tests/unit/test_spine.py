@@ -15,10 +15,12 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from helpers import HashingEmbeddings, make_contract
 from langchain_rse import RSERetriever
 
-MAX_OWN_FRAMES = 6
-"""The package's own frames from ``invoke`` to the vector store's search, at most."""
-MAX_MODULES = 12
-"""The package's modules one default query touches, at most."""
+MAX_OWN_FRAMES = 8
+"""The package's own frames from ``invoke`` to the vector store's search, at most (a
+tripwire with slack, issue 56: not a limit to shape the code to)."""
+MAX_MODULES = 14
+"""The package's modules one default query touches, at most (with slack: the driver and
+the query's types are modules of their own)."""
 
 
 def documents() -> list[Document]:
@@ -42,7 +44,7 @@ class RecordingStore(InMemoryVectorStore):
         return super().similarity_search_with_score(*args, **kwargs)
 
 
-def test_a_query_reaches_the_vector_store_through_at_most_six_own_frames() -> None:
+def test_a_query_reaches_the_vector_store_through_at_most_eight_own_frames() -> None:
     vs = RecordingStore(HashingEmbeddings())
     r = RSERetriever(vectorstore=vs)
     r.add_documents(documents())
@@ -54,7 +56,7 @@ def test_a_query_reaches_the_vector_store_through_at_most_six_own_frames() -> No
         assert 0 < len(frames) <= MAX_OWN_FRAMES, frames
 
 
-def test_a_default_query_touches_at_most_twelve_package_modules() -> None:
+def test_a_default_query_touches_at_most_fourteen_package_modules() -> None:
     r = RSERetriever.from_documents(documents(), embedding=HashingEmbeddings())
     r.invoke("payment terms")  # warm: first-use imports and caches are not the query's
     touched: set[str] = set()
