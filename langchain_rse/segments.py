@@ -662,6 +662,14 @@ def _starts(text: str, lo: int, hi: int) -> list[int]:
     ]
 
 
+def _word_end(text: str, i: int, hi: int) -> int:
+    """The end of the word at ``i`` (at most ``hi``): a result grown to a length stops
+    between words when no sentence or line ends near."""
+    while i < hi and not text[i].isspace() and not text[i - 1].isspace():
+        i += 1
+    return i
+
+
 def _snap(
     g: _Piece, text: str, lo: int, hi: int, keep_from: int, keep_to: int, reach: int, room: float
 ) -> float:
@@ -706,7 +714,7 @@ def _grow(
     end = g.end
     if end - g.start < least:
         want = min(g.start + least, hi)
-        end = next(iter(_ends(text, want - 1, min(hi, want + reach))), want)
+        end = next(iter(_ends(text, want - 1, min(hi, want + reach))), _word_end(text, want, hi))
     start = g.start
     if end - start < least:
         want = max(end - least, lo)
