@@ -195,6 +195,14 @@ def smaller(corpus: Corpus, n_docs: int) -> Corpus:
     return Corpus(corpus.name, {d: corpus.documents[d] for d in keep}, queries)
 
 
+def first_documents(corpus: Corpus, n_docs: int) -> Corpus:
+    """The first ``n_docs`` documents in the corpus's order and the questions wholly about
+    them (a subset whose embeddings an interrupted first run has already cached)."""
+    keep = list(corpus.documents)[:n_docs]
+    queries = [q for q in corpus.queries if {f for f, _, _ in q.gold} <= set(keep)]
+    return Corpus(corpus.name, {d: corpus.documents[d] for d in keep}, queries)
+
+
 def chosen_questions(corpus: Corpus, half: str, n: int | None, seed: int = 0) -> list[int]:
     """Positions of the scored questions: one half by document (``cuad_data.halves``) or
     all, then a seeded sample of ``n`` of them."""
@@ -531,6 +539,8 @@ def run_corpus(
         return
     if args.quick:
         corpus = smaller(corpus, args.quick_docs)
+    if args.docs is not None:
+        corpus = first_documents(corpus, args.docs)
     n = args.questions if args.questions is not None else (10 if args.quick else None)
     idx = chosen_questions(corpus, args.half, n)
     n_chars = sum(map(len, corpus.documents.values()))
@@ -545,6 +555,7 @@ def run_corpus(
     text = (
         f"## {title}: {len(corpus.documents)} documents ({n_chars / 1e6:.2f}M characters), "
         f"{len(idx)} questions (half {args.half}{', quick' if args.quick else ''}"
+        f"{'' if args.docs is None else f', first {args.docs} documents'}"
         f"{'' if args.wording == 'consider' else ', wording ' + args.wording}"
         f"{', untuned contracts' if args.untuned else ''})\n\n"
         f"Commit {commit()}, {time.strftime('%Y-%m-%d')}, embeddings {model_name}; default = "
@@ -569,7 +580,8 @@ def run_corpus(
         text += "\n\n" + offtopic(methods, target)
     print(text + "\n", flush=True)
     suffix = ("" if args.half == "all" else f"_{args.half}") + ("_quick" if args.quick else "")
-    tuning = args.set or args.wording != "consider" or args.untuned or args.offtopic
+    suffix += "" if args.docs is None else f"_docs{args.docs}"
+    tuning = args.set or args.wording != "consider" or args.untuned or args.offtopic or args.docs
     folder = CACHE_DIR / "results" if args.quick or tuning else RESULTS_DIR  # untracked
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"quality_{name}{suffix}.md"
@@ -597,6 +609,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="smoke run: 3 shortest documents per corpus, 10 questions",
     )
     ap.add_argument("--quick-docs", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--docs",
+        type=int,
+        default=None,
+        help="index only the first N documents (corpus order) and ask their questions",
+    )
     ap.add_argument(
         "--set",
         type=parse_settings,
