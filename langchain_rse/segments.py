@@ -492,7 +492,7 @@ def fit_segments(
     pieces = []
     for rank, (doc_id, first, last, value) in enumerate(selection):
         spans = metas[doc_id].spans
-        pieces.append(_Piece(rank, doc_id, spans[first][0], spans[last - 1][1], value))
+        pieces.append(_Piece(rank, doc_id, spans[first][0], spans[last - 1][1], value, first, last))
     if s.mode == "chunks" or not pieces:
         return [_chosen(g, metas) for g in pieces]
     protect = _dense_first_span(s, cands, metas)
@@ -533,13 +533,19 @@ class _Piece:
     start: int
     end: int
     value: float
+    first: int
+    """The chosen chunks ``[first, last)``."""
+    last: int
 
 
 def _chosen(g: _Piece, metas: dict[str, DocRecord]) -> Chosen:
-    """``g`` with the chunks it overlaps."""
+    """``g`` with its chunks: the chosen ones, and those its moved ends reach into."""
     spans = metas[g.doc_id].spans
-    first = bisect_right([e for _, e in spans], g.start)
-    last = max(first + 1, bisect_right([b for b, _ in spans], g.end - 1))
+    first, last = g.first, g.last
+    if g.start != spans[first][0]:
+        first = min(bisect_right([e for _, e in spans], g.start), len(spans) - 1)
+    if g.end != spans[last - 1][1]:
+        last = max(first + 1, bisect_right([b for b, _ in spans], g.end - 1))
     return Chosen(g.doc_id, first, min(last, len(spans)), g.value, g.start, g.end)
 
 
@@ -593,7 +599,7 @@ def _bridge(pieces: list[_Piece], metas: dict[str, DocRecord], most: int, room: 
             return room
         _, x, y = min(pairs, key=lambda t: t[0])
         room -= y.start - x.end
-        x.end, x.rank, x.value = y.end, min(x.rank, y.rank), x.value + y.value
+        x.end, x.last, x.rank, x.value = y.end, y.last, min(x.rank, y.rank), x.value + y.value
         pieces.remove(y)
 
 

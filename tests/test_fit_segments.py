@@ -80,3 +80,20 @@ def test_a_one_word_query_gets_passages_not_headings() -> None:
         d.page_content for d in off.invoke("sessions", max_chars=1000) if len(d.page_content) < 100
     ]
     assert bare  # without the rule: bare headings
+
+
+def test_chunks_mode_with_overlapping_chunks_keeps_each_chunk() -> None:
+    """With overlapping chunks, each chunk comes back as itself (its own index and span)."""
+    from langchain_rse.indexing.chunking import make_splitter
+
+    r = RSERetriever.from_documents(
+        [Document(BOILER * 20, id="manual")],
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        splitter=make_splitter(300, 120),
+        mode="chunks",
+        show_progress=False,
+    )
+    spans = r.get(["manual"])[0].page_content
+    for d in r.invoke("reset the boiler", k=5):
+        assert d.metadata["chunk_index"] == d.metadata["chunk_start"]
+        assert d.page_content == spans[d.metadata["start_index"] : d.metadata["end_index"]]
