@@ -505,7 +505,7 @@ def fit_segments(
         room += pieces[at].end - pieces[at].start
         del pieces[at]
     if p.bridge_chunks > 0:
-        room = _bridge(pieces, metas, p.bridge_chunks, room)
+        room = _bridge(pieces, metas, p.bridge_chunks, room, protect)
     order = sorted(pieces, key=lambda g: (not _holds(g, protect), g.rank))
     for g in order:
         if g not in pieces:  # left out to make room
@@ -578,9 +578,18 @@ def _room_around(pieces: list[_Piece], g: _Piece, n: int) -> tuple[int, int]:
     return lo, hi
 
 
-def _bridge(pieces: list[_Piece], metas: dict[str, DocRecord], most: int, room: float) -> float:
-    """Join neighbours of one document at most ``most`` chunks apart, best first, while the
-    gaps fit ``room``; the room left."""
+def _bridge(
+    pieces: list[_Piece],
+    metas: dict[str, DocRecord],
+    most: int,
+    room: float,
+    protect: tuple[str, int, int] | None,
+) -> float:
+    """Join neighbours of one document at most ``most`` chunks apart, best pair first, when
+    the gap fits ``room`` or fits once results ranked below both (never the one holding the
+    dense search's first chunk) are left out: text between two relevant passages is worth
+    more than the last passage in. The room left."""
+    tried: set[tuple[int, int]] = set()
     while True:
         pairs = []
         by_doc: dict[str, list[_Piece]] = {}
@@ -588,17 +597,30 @@ def _bridge(pieces: list[_Piece], metas: dict[str, DocRecord], most: int, room: 
             by_doc.setdefault(g.doc_id, []).append(g)
         for group in by_doc.values():
             group.sort(key=lambda g: g.start)
+            starts = [b for b, _ in metas[group[0].doc_id].spans]
             for x, y in zip(group, group[1:]):
-                spans = metas[x.doc_id].spans
-                between = bisect_right([b for b, _ in spans], y.start - 1) - bisect_right(
-                    [b for b, _ in spans], x.end - 1
-                )
-                if between <= most and y.start - x.end <= room:
+                between = bisect_right(starts, y.start - 1) - bisect_right(starts, x.end - 1)
+                if between <= most and (id(x), id(y)) not in tried:
                     pairs.append((min(x.rank, y.rank), x, y))
         if not pairs:
             return room
         _, x, y = min(pairs, key=lambda t: t[0])
-        room -= y.start - x.end
+        tried.add((id(x), id(y)))
+        gap, worst = y.start - x.end, max(x.rank, y.rank)
+        below = sorted(
+            (g for g in pieces if g.rank > worst and not _holds(g, protect)),
+            key=lambda g: -g.rank,
+        )
+        dropped: list[_Piece] = []
+        while gap > room and below:
+            dropped.append(below.pop(0))
+            room += dropped[-1].end - dropped[-1].start
+        if gap > room:  # it cannot fit: put back what was taken out
+            room -= sum(g.end - g.start for g in dropped)
+            continue
+        for g in dropped:
+            pieces.remove(g)
+        room -= gap
         x.end, x.last, x.rank, x.value = y.end, y.last, min(x.rank, y.rank), x.value + y.value
         pieces.remove(y)
 
