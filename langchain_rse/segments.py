@@ -19,6 +19,9 @@ Pure numpy, no I/O.
   starts on a chunk worth 0 or more and ends on one worth more than 0, so only those are
   valued: a few per retrieved chunk, however long the documents (with a floor of 0 or
   below, every lone chunk too).
+* :func:`fit_segments` then turns the chosen chunk runs into characters, within the
+  budget: one-chunk gaps bridged, ends moved to sentence or line boundaries, fragments
+  grown or left out (the text is passed in; still no I/O).
 """
 
 from __future__ import annotations
@@ -477,7 +480,8 @@ def fit_segments(
     within ``max_chars`` (every character added is charged to what the picks left over):
 
     1. **Bridging** (``bridge_chunks``): two segments of one document at most that many
-       chunks apart become one across the gap, best segments first, when the gap fits.
+       chunks apart become one across the gap, best pair first, when the gap fits the
+       room left, or fits once results ranked below both are left out.
     2. **Snapping** (``snap_chars``): a start or end inside a sentence moves out to the
        nearest sentence or line boundary when that fits, else in (within the first or
        last chunk, never into the dense search's first chunk).
