@@ -362,3 +362,17 @@ def test_with_room_results_start_and_end_on_boundaries(f: Fit) -> None:
                 _is_start(f.text, i) and not f.text[i].isspace()
                 for i in range(max(lo, g.start_index - reach), g.start_index)
             )
+
+
+def test_a_gap_is_bought_with_the_results_ranked_below_both() -> None:
+    """A one-chunk gap between the two best results that the budget left cannot pay for
+    is paid by leaving out the third result (ranked below both)."""
+    text = "\n\n".join(f"Paragraph {i} says one thing. " + "word " * 40 for i in range(8))
+    spans = _spans(text)
+    runs = ((0, 2), (3, 5), (6, 8))  # chunk 2 lies between the first two
+    used = sum(spans[b - 1][1] - spans[a][0] for a, b in runs)
+    f = Fit(text, runs, used, None)
+    p = get_preset("default").with_overrides(snap_chars=0, min_result_chars=0)
+    got = _fit(f, p)
+    assert [(g.chunk_start, g.chunk_end) for g in got] == [(0, 5)]
+    assert sum(g.end_index - g.start_index for g in got) <= used
