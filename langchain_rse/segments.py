@@ -694,6 +694,15 @@ def _starts(text: str, lo: int, hi: int) -> list[int]:
     ]
 
 
+_BLANKS = re.compile(r"\s*")
+
+
+def _whole(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` is the whole text but for blanks around it."""
+    lead, trail = _BLANKS.match(text), _BLANKS.match(text, end)
+    return bool(lead and trail and lead.end() >= start and trail.end() == len(text))
+
+
 def _word_end(text: str, i: int, hi: int) -> int:
     """The end of the word at ``i`` (at most ``hi``): a result grown to a length stops
     between words when no sentence or line ends near."""
@@ -741,8 +750,8 @@ def _grow(
 ) -> float:
     """Grow ``g`` to ``least`` characters and a boundary (forward, then backward), or leave it
     out; the room left (see :func:`fit_segments`)."""
-    if text[lo:hi].strip() == text[g.start : g.end].strip() and (lo, hi) == (0, len(text)):
-        return room  # the whole document
+    if _whole(text, g.start, g.end):
+        return room
     end = g.end
     if end - g.start < least:
         want = min(g.start + least, hi)
@@ -752,8 +761,7 @@ def _grow(
         want = max(end - least, lo)
         start = next(iter(_starts(text, max(lo, want - reach), want + 1)[::-1]), want)
     cost = (end - start) - (g.end - g.start)
-    whole = text[start:end].strip() == text.strip()
-    if end - start < least and not whole:
+    if end - start < least and not _whole(text, start, end):
         if _holds(g, protect):  # as long as it can be; it stays
             cost = 0
             start, end = g.start, g.end
