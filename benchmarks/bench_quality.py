@@ -15,7 +15,9 @@ Each peer's best-first ranges are cut at the budget (``common.cut_at_budget``). 
 character recall / precision, evidence hit (at least half the gold characters returned),
 wrong-document share (returned characters from documents holding no gold), characters
 returned, and ``misled``: questions whose whole answer came from one wrong document while
-dense top-k had a gold document first. Questions split into halves by document (``a``: the
+dense top-k had a gold document first; results under 100 characters, and questions with an
+answer in a gap (gold text not returned between two returned segments of its document at most
+600 characters apart), counted. Questions split into halves by document (``a``: the
 documents at even positions in name order, ``b``: odd; all stay indexed), to tune on one and
 check on the other. On the code set, Pass@5/10/20 of the default in chunks mode (each given
 chunk indexed whole as its own document), beside the published numbers.
@@ -110,6 +112,11 @@ PUBLISHED = {
 CODE_CHUNK_SIZE = 8000
 """Larger than the longest given chunk of the code set (3,898 characters): each stays whole."""
 OFFTOPIC = Path(__file__).resolve().parent / "offtopic_questions.txt"
+SHORT_CHARS = 100
+"""Results shorter than this are counted (fragments: a bare heading, a few words)."""
+GAP_CHARS = 600
+"""Gold text between two returned segments of its document at most this far apart (about
+two default chunks) counts as an answer left in a gap."""
 
 Method = Callable[[str, int], list[Span]]
 """A query and a budget in characters -> the returned ranges, best first."""
@@ -184,6 +191,14 @@ def smaller(corpus: Corpus, n_docs: int) -> Corpus:
     """The ``n_docs`` shortest documents that some question is about, and their questions."""
     asked = {f for q in corpus.queries for f, _, _ in q.gold}
     keep = sorted(sorted(asked, key=lambda d: (len(corpus.documents[d]), d))[:n_docs])
+    queries = [q for q in corpus.queries if {f for f, _, _ in q.gold} <= set(keep)]
+    return Corpus(corpus.name, {d: corpus.documents[d] for d in keep}, queries)
+
+
+def first_documents(corpus: Corpus, n_docs: int) -> Corpus:
+    """The first ``n_docs`` documents in the corpus's order and the questions wholly about
+    them (a subset whose embeddings an interrupted first run has already cached)."""
+    keep = list(corpus.documents)[:n_docs]
     queries = [q for q in corpus.queries if {f for f, _, _ in q.gold} <= set(keep)]
     return Corpus(corpus.name, {d: corpus.documents[d] for d in keep}, queries)
 
@@ -367,6 +382,7 @@ def score(
                     log(f"{name} returned {chars} characters at budget {b}: over budget")
                 r, p = recall_precision(q.gold, got)
                 docs = {f for f, _, _ in got}
+                short = sum(e - s < SHORT_CHARS for _, s, e in got)
                 wrong = sum(e - s for f, s, e in got if f not in gold_docs)
                 misled = len(docs) == 1 and not docs & gold_docs and dense_first[j]
                 row = {
@@ -376,11 +392,27 @@ def score(
                     "wrong_doc": wrong / chars if chars else 0.0,
                     "chars": float(chars),
                     "misled": float(misled),
+                    "short": float(short),
+                    "in_gap": float(in_gap(q.gold, got)),
                 }
                 for key, value in row.items():
                     out[name][b].setdefault(key, []).append(value)
         log(f"{corpus.name} {name}: {(time.perf_counter() - t0) / max(len(idx), 1):.2f}s/query")
     return out
+
+
+def in_gap(gold: Sequence[Span], got: Sequence[Span], most: int = GAP_CHARS) -> bool:
+    """Whether some gold text that was not returned lies between two returned segments of
+    its document at most ``most`` characters apart (an answer left in a gap)."""
+    by_doc: dict[str, list[tuple[int, int]]] = {}
+    for f, s, e in got:
+        by_doc.setdefault(f, []).append((s, e))
+    for f, s, e in gold:
+        spans = sorted(by_doc.get(f, []))
+        for (_, b1), (a2, _) in zip(spans, spans[1:]):
+            if a2 - b1 <= most and s < a2 and e > b1:  # the gap holds part of the gold
+                return True
+    return False
 
 
 def pass_at_k(
@@ -442,7 +474,8 @@ def report(
     members = {h: set(split[h]) for h in ("a", "b")}
     pos = {h: [j for j, i in enumerate(idx) if i in members[h]] for h in ("a", "b")}
     header = ["method", "budget", "recall %", "precision %", "evidence %", "wrong doc %"]
-    header += ["chars", "misled (n)", "recall a / b %"]
+    header += ["chars", "misled (n)", f"< {SHORT_CHARS} chars (n)", "in a gap (n)"]
+    header.append("recall a / b %")
     rows = []
     for b in budgets:
         for name, res in results.items():
@@ -456,6 +489,7 @@ def report(
                 ),
             ]
             row += [f"{v['chars']:.0f}", f"{sum(res[b]['misled']):.0f}"]
+            row += [f"{sum(res[b]['short']):.0f}", f"{sum(res[b]['in_gap']):.0f}"]
             row.append(
                 " / ".join(
                     f"{100 * _mean([res[b]['recall'][j] for j in pos[h]]):.1f}" if pos[h] else "-"
@@ -505,6 +539,8 @@ def run_corpus(
         return
     if args.quick:
         corpus = smaller(corpus, args.quick_docs)
+    if args.docs is not None:
+        corpus = first_documents(corpus, args.docs)
     n = args.questions if args.questions is not None else (10 if args.quick else None)
     idx = chosen_questions(corpus, args.half, n)
     n_chars = sum(map(len, corpus.documents.values()))
@@ -519,6 +555,7 @@ def run_corpus(
     text = (
         f"## {title}: {len(corpus.documents)} documents ({n_chars / 1e6:.2f}M characters), "
         f"{len(idx)} questions (half {args.half}{', quick' if args.quick else ''}"
+        f"{'' if args.docs is None else f', first {args.docs} documents'}"
         f"{'' if args.wording == 'consider' else ', wording ' + args.wording}"
         f"{', untuned contracts' if args.untuned else ''})\n\n"
         f"Commit {commit()}, {time.strftime('%Y-%m-%d')}, embeddings {model_name}; default = "
@@ -543,7 +580,8 @@ def run_corpus(
         text += "\n\n" + offtopic(methods, target)
     print(text + "\n", flush=True)
     suffix = ("" if args.half == "all" else f"_{args.half}") + ("_quick" if args.quick else "")
-    tuning = args.set or args.wording != "consider" or args.untuned or args.offtopic
+    suffix += "" if args.docs is None else f"_docs{args.docs}"
+    tuning = args.set or args.wording != "consider" or args.untuned or args.offtopic or args.docs
     folder = CACHE_DIR / "results" if args.quick or tuning else RESULTS_DIR  # untracked
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"quality_{name}{suffix}.md"
@@ -571,6 +609,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="smoke run: 3 shortest documents per corpus, 10 questions",
     )
     ap.add_argument("--quick-docs", type=int, default=3, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--docs",
+        type=int,
+        default=None,
+        help="index only the first N documents (corpus order) and ask their questions",
+    )
     ap.add_argument(
         "--set",
         type=parse_settings,

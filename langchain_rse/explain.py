@@ -24,6 +24,7 @@ from langchain_core.documents import Document
 if TYPE_CHECKING:
     from langchain_rse.indexing.records import Body, DocRecord
     from langchain_rse.query import Candidate
+    from langchain_rse.segments import Chosen
 
 __all__ = [
     "TRACES",
@@ -42,7 +43,7 @@ class Trace:
 
     candidates: list[Candidate]
     metas: dict[str, DocRecord]
-    selection: list[tuple[str, int, int, float]]
+    selection: list[Chosen]
     bodies: dict[str, Body]
 
 
@@ -229,7 +230,7 @@ def build_explanation(query: str, results: list[Document], trace: Trace | None) 
                 c.doc_id, dict(meta.metadata), list(meta.spans), [None] * len(meta.spans)
             )
         d.relevance[c.chunk_index] = c.relevance
-    for num, (doc_id, start, end, _) in enumerate(trace.selection, start=1):
+    for num, (doc_id, start, end, *_) in enumerate(trace.selection, start=1):
         if num > len(results) or doc_id not in docs:
             continue
         docs[doc_id].segments.append((num, start, end))

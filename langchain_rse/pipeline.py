@@ -40,8 +40,10 @@ from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter
 from langchain_rse.search import SearchBranches
 from langchain_rse.segments import (
+    Chosen,
     RSEParams,
     choose_segments,
+    fit_segments,
     rank_relevance,
     segment_documents,
 )
@@ -133,7 +135,7 @@ class Record(NamedTuple):
 
     candidates: list[Candidate]
     metas: dict[str, DocRecord]
-    selection: list[tuple[str, int, int, float]]
+    selection: list[Chosen]
     bodies: dict[str, Body]
 
 
@@ -397,8 +399,10 @@ def run_pipeline(
     selection = choose_segments(s, cands, metas, route)
     need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
     bodies.update(zip((m.doc_id for m in need), (yield ReadBodies(need))))
-    yield Record(cands, metas, selection, bodies)
-    return segment_documents(s, cands, metas, bodies, selection, fallback)
+    texts = {d: bodies[d].text for d in dict.fromkeys(g[0] for g in selection)}
+    chosen = fit_segments(s, cands, metas, texts, selection)
+    yield Record(cands, metas, chosen, bodies)
+    return segment_documents(s, cands, metas, bodies, chosen, fallback)
 
 
 def _retrying(

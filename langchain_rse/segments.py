@@ -19,11 +19,15 @@ Pure numpy, no I/O.
   starts on a chunk worth 0 or more and ends on one worth more than 0, so only those are
   valued: a few per retrieved chunk, however long the documents (with a floor of 0 or
   below, every lone chunk too).
+* :func:`fit_segments` then turns the chosen chunk runs into characters, within the
+  budget: one-chunk gaps bridged, ends moved to sentence or line boundaries, fragments
+  grown or left out (the text is passed in; still no I/O).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -44,8 +48,10 @@ __all__ = [
     "Segment",
     "best_segments",
     "by_best_chunk",
+    "Chosen",
     "choose_segments",
     "chunk_values",
+    "fit_segments",
     "get_preset",
     "keep_dense_first",
     "preset_for_chunk_size",
@@ -84,6 +90,19 @@ class RSEParams:
     """Return segments that touch (one ends where another of the same document starts)
     as one: a relevant passage longer than ``max_segment_chunks`` comes back whole when
     its parts are picked (:func:`merge_touching`)."""
+    bridge_chunks: int = 1
+    """Two returned segments of one document at most this many chunks apart come back as
+    one, across the gap, when the gap's characters fit the context budget: an answer
+    between two relevant passages is not left out (:func:`fit_segments`; 0: never)."""
+    snap_chars: int = 150
+    """How far (characters) a segment's start or end may move to a sentence or line
+    boundary, so that it does not begin or stop mid-phrase: outward when the budget has
+    room, else inward, never past the dense search's first chunk (0: exact chunk ends)."""
+    min_result_chars: int = 100
+    """A shorter result (a bare heading, a few words) is grown forward, then backward, to at
+    least this many characters and the next sentence or line end, within the budget;
+    when it cannot be, it is left out, unless it is its whole document or holds the dense
+    search's first chunk (0: off)."""
 
     def __post_init__(self) -> None:
         if self.max_segment_chunks < 1:
@@ -96,6 +115,9 @@ class RSEParams:
             )
         if self.decay_rate <= 0:
             raise ValueError(f"decay_rate must be positive, got {self.decay_rate}")
+        for name in ("bridge_chunks", "snap_chars", "min_result_chars"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def with_overrides(self, **overrides: float | int) -> RSEParams:
         """A copy with some fields replaced."""
@@ -379,39 +401,50 @@ def keep_dense_first(
     values: np.ndarray,
     offsets: np.ndarray,
 ) -> list[Segment]:
-    """``segs`` holding the chunk the query's dense search ranked first.
+    """The first ``k`` of ``segs``, holding the chunk the query's dense search ranked first.
 
     Fusion, a route's boost and segment packing may add text around it and before it,
-    but not crowd it out: when no segment holds it, it comes back as a segment of its own
-    (if it fits the context budget), and the others follow while they fit ``k`` and the
-    budget. (Without a reranker only: a reranker's relevance outranks the dense order,
-    and may return nothing; and with ``k`` > 1: a single result is RSE's best.)"""
+    but not crowd it out: a segment that holds it but ranks below ``k`` takes the place of
+    the last one above; when no segment holds it, it comes back as a segment of its own (if
+    it fits the context budget), and the others follow while they fit ``k`` and the budget;
+    those that touch it are joined to it only when the text between them fits too.
+    (Without a reranker only: a reranker's relevance outranks the dense order, and may
+    return nothing; and with ``k`` > 1: a single result is RSE's best.)"""
     first = next((c for c in cands if c.ranks[0] == 1), None)
-    if first is None:
-        return segs
+    if first is None or first.doc_id not in docs:
+        return segs[: s.k]
     d, i = docs.index(first.doc_id), first.chunk_index
-    if any(g.doc == d and g.start <= i < g.end for g in segs):
-        return segs
-
-    def length(g: Segment) -> int:
-        spans = metas[docs[g.doc]].spans
-        return spans[g.end - 1][1] - spans[g.start][0]
-
+    holder = next((g for g in segs if g.doc == d and g.start <= i < g.end), None)
+    if holder is not None:  # the segments fit the budget together, so any of them do
+        if segs.index(holder) < s.k:
+            return segs[: s.k]
+        return by_best_chunk([holder, *segs[: s.k - 1]], values, offsets)
     kept = [Segment(d, i, i + 1, float(values[offsets[d] + i]))]
-    room = None if s.max_chars is None else s.max_chars - length(kept[0])
+    room = None if s.max_chars is None else s.max_chars - _text_chars(kept, metas, docs)
     if room is not None and room < 0:  # a budget smaller than the chunk
-        return segs
+        return segs[: s.k]
     for g in segs:
         if len(kept) == s.k:
             break
         if room is not None:
-            if length(g) > room:
+            if _text_chars([g], metas, docs) > room:
                 continue
-            room -= length(g)
+            room -= _text_chars([g], metas, docs)
         kept.append(g)
-    if s.params.merge_touching:
-        kept = merge_touching(kept)
+    if s.params.merge_touching:  # joined across the gaps between them when those fit too
+        merged = merge_touching(kept)
+        if s.max_chars is None or _text_chars(merged, metas, docs) <= s.max_chars:
+            kept = merged
     return by_best_chunk(kept, values, offsets)
+
+
+def _text_chars(segs: Sequence[Segment], metas: dict[str, DocRecord], docs: list[str]) -> int:
+    """The characters ``segs`` return: each from its first chunk's start to its last's end."""
+    total = 0
+    for g in segs:
+        spans = metas[docs[g.doc]].spans
+        total += spans[g.end - 1][1] - spans[g.start][0]
+    return total
 
 
 def _strides(spans: Sequence[tuple[int, int]]) -> list[int]:
@@ -422,21 +455,350 @@ def _strides(spans: Sequence[tuple[int, int]]) -> list[int]:
     return [max(e, n) - b for (b, e), n in zip(spans, nexts)]
 
 
+class Chosen(NamedTuple):
+    """A returned result: chunks ``[chunk_start, chunk_end)`` of ``doc_id`` and the exact
+    characters ``[start_index, end_index)`` of its source it returns."""
+
+    doc_id: str
+    chunk_start: int
+    chunk_end: int
+    score: float
+    start_index: int
+    end_index: int
+
+
+def fit_segments(
+    s: Any,
+    cands: list[Candidate],
+    metas: dict[str, DocRecord],
+    texts: dict[str, str],
+    selection: Selection,
+) -> list[Chosen]:
+    """The characters each chosen segment returns (``texts``: each chosen document's text).
+
+    In chunks mode, each chunk's own span. In segments mode, from the chunks' spans,
+    within ``max_chars`` (every character added is charged to what the picks left over):
+
+    1. **Bridging** (``bridge_chunks``): two segments of one document at most that many
+       chunks apart become one across the gap, best pair first, when the gap fits the
+       room left, or fits once results ranked below both are left out.
+    2. **Snapping** (``snap_chars``): a start or end inside a sentence moves out to the
+       nearest sentence or line boundary when that fits, else in (within the first or
+       last chunk, never into the dense search's first chunk).
+    3. **No fragments** (``min_result_chars``): a shorter result grows forward, then
+       backward, to that length and a boundary; one that cannot is left out unless it is
+       its whole document, or holds the dense search's first chunk (then the lowest
+       ranked results make room for it).
+
+    Results stay exact slices and never overlap; the order is the selection's (a bridged
+    pair takes the better place)."""
+    p = s.params
+    pieces = []
+    for rank, (doc_id, first, last, value) in enumerate(selection):
+        spans = metas[doc_id].spans
+        pieces.append(_Piece(rank, doc_id, spans[first][0], spans[last - 1][1], value, first, last))
+    if s.mode == "chunks" or not pieces:
+        return [_chosen(g, metas) for g in pieces]
+    protect = _dense_first_span(s, cands, metas)
+    room = math.inf if s.max_chars is None else s.max_chars - sum(g.end - g.start for g in pieces)
+    while room < 0 and pieces:  # never expected: the picks fit; drop the last unprotected
+        at = next(
+            (j for j in range(len(pieces) - 1, -1, -1) if not _holds(pieces[j], protect)),
+            len(pieces) - 1,
+        )
+        room += pieces[at].end - pieces[at].start
+        del pieces[at]
+    if p.bridge_chunks > 0:
+        room = _bridge(pieces, metas, p.bridge_chunks, room, protect)
+    order = sorted(pieces, key=lambda g: (not _holds(g, protect), g.rank))
+    for g in order:
+        if g not in pieces:  # left out to make room
+            continue
+        text = texts[g.doc_id]
+        lo, hi = _room_around(pieces, g, len(text))
+        keep_from, keep_to = g.end, g.start  # how far in its ends may move
+        if protect is not None and _holds(g, protect):
+            keep_from, keep_to = protect[1], protect[2]
+        if p.snap_chars > 0:
+            room = _snap(g, text, lo, hi, keep_from, keep_to, p.snap_chars, room)
+        if p.min_result_chars > 0 and g.end - g.start < p.min_result_chars:
+            room = _grow(
+                pieces, g, text, lo, hi, p.min_result_chars, max(p.snap_chars, 1), room, protect
+            )
+    return [_chosen(g, metas) for g in sorted(pieces, key=lambda g: g.rank)]
+
+
+@dataclass(eq=False)
+class _Piece:
+    """A result being fitted: ``rank`` in the selection, characters ``[start, end)``."""
+
+    rank: int
+    doc_id: str
+    start: int
+    end: int
+    value: float
+    first: int
+    """The chosen chunks ``[first, last)``."""
+    last: int
+
+
+def _chosen(g: _Piece, metas: dict[str, DocRecord]) -> Chosen:
+    """``g`` with its chunks: the chosen ones, and those its moved ends reach into."""
+    spans = metas[g.doc_id].spans
+    first, last = g.first, g.last
+    if g.start != spans[first][0]:
+        first = min(bisect_right([e for _, e in spans], g.start), len(spans) - 1)
+    if g.end != spans[last - 1][1]:
+        last = max(first + 1, bisect_right([b for b, _ in spans], g.end - 1))
+    return Chosen(g.doc_id, first, min(last, len(spans)), g.value, g.start, g.end)
+
+
+def _dense_first_span(
+    s: Any, cands: list[Candidate], metas: dict[str, DocRecord]
+) -> tuple[str, int, int] | None:
+    """``(doc_id, start, end)`` of the dense search's first chunk, when the rule keeps it."""
+    if not (s.params.keep_dense_first and not s.rerank and s.k > 1):
+        return None
+    first = next((c for c in cands if c.ranks[0] == 1), None)
+    if first is None or first.doc_id not in metas:
+        return None
+    start, end = metas[first.doc_id].spans[first.chunk_index]
+    return first.doc_id, start, end
+
+
+def _holds(g: _Piece, span: tuple[str, int, int] | None) -> bool:
+    return span is not None and g.doc_id == span[0] and g.start <= span[1] and span[2] <= g.end
+
+
+def _room_around(pieces: list[_Piece], g: _Piece, n: int) -> tuple[int, int]:
+    """How far ``g`` may grow: to its neighbours in its document, or the text's ends."""
+    lo, hi = 0, n
+    for h in pieces:
+        if h is not g and h.doc_id == g.doc_id:
+            if h.end <= g.start:
+                lo = max(lo, h.end)
+            elif h.start >= g.end:
+                hi = min(hi, h.start)
+    return lo, hi
+
+
+def _bridge(
+    pieces: list[_Piece],
+    metas: dict[str, DocRecord],
+    most: int,
+    room: float,
+    protect: tuple[str, int, int] | None,
+) -> float:
+    """Join neighbours of one document at most ``most`` chunks apart, best pair first, when
+    the gap fits ``room`` or fits once results ranked below both (never the one holding the
+    dense search's first chunk) are left out: text between two relevant passages is worth
+    more than the last passage in. The room left."""
+    tried: set[tuple[int, int]] = set()
+    while True:
+        pairs = []
+        by_doc: dict[str, list[_Piece]] = {}
+        for g in pieces:
+            by_doc.setdefault(g.doc_id, []).append(g)
+        for group in by_doc.values():
+            group.sort(key=lambda g: g.start)
+            starts = [b for b, _ in metas[group[0].doc_id].spans]
+            for x, y in zip(group, group[1:]):
+                between = bisect_right(starts, y.start - 1) - bisect_right(starts, x.end - 1)
+                if between <= most and (id(x), id(y)) not in tried:
+                    pairs.append((min(x.rank, y.rank), x, y))
+        if not pairs:
+            return room
+        _, x, y = min(pairs, key=lambda t: t[0])
+        tried.add((id(x), id(y)))
+        gap, worst = y.start - x.end, max(x.rank, y.rank)
+        below = sorted(
+            (g for g in pieces if g.rank > worst and not _holds(g, protect)),
+            key=lambda g: -g.rank,
+        )
+        dropped: list[_Piece] = []
+        while gap > room and below:
+            dropped.append(below.pop(0))
+            room += dropped[-1].end - dropped[-1].start
+        if gap > room:  # it cannot fit: put back what was taken out
+            room -= sum(g.end - g.start for g in dropped)
+            continue
+        for g in dropped:
+            pieces.remove(g)
+        room -= gap
+        x.end, x.last, x.rank, x.value = y.end, y.last, min(x.rank, y.rank), x.value + y.value
+        pieces.remove(y)
+
+
+_TERMINALS = ".!?…。！？"
+_CLOSERS = "\"'”’)]»"
+_END = re.compile(r"[.!?…。！？][\"'”’)\]»]*|\n")
+"""Where a sentence or line may end: after a terminal (and closing quotes), before a newline."""
+_START = re.compile(r"(?:\n|[.!?…。！？][\"'”’)\]»]*\s)\s*")
+"""Where a sentence or line may start: after a newline or a sentence end, past blanks."""
+
+
+def _is_end(text: str, i: int) -> bool:
+    """Whether a result may end at ``i``: the text's end, a line's end (only blanks before
+    the newline), or a sentence's end (a terminal and closers, then a blank)."""
+    n = len(text)
+    if i >= n:
+        return True
+    if i <= 0:
+        return False
+    j = i
+    while j < n and text[j] in " \t\r\f\v":
+        j += 1
+    if j == n or text[j] == "\n":
+        return True
+    if not text[i].isspace():
+        return False
+    j = i
+    while j > 0 and text[j - 1] in _CLOSERS:
+        j -= 1
+    return j > 0 and text[j - 1] in _TERMINALS
+
+
+def _is_start(text: str, i: int) -> bool:
+    """Whether a result may start at ``i``: the text's start, a line's first non-blank, or
+    a sentence's first character."""
+    if i <= 0:
+        return True
+    j = i
+    while j > 0 and text[j - 1] in " \t\r\f\v":
+        j -= 1
+    if j == 0 or text[j - 1] == "\n":
+        return True
+    if j == i:  # no blank before i: mid-word
+        return False
+    while j > 0 and text[j - 1] in _CLOSERS:
+        j -= 1
+    return j > 0 and text[j - 1] in _TERMINALS
+
+
+def _ends(text: str, lo: int, hi: int) -> list[int]:
+    """Positions in ``(lo, hi]`` where a result may end, in order."""
+    found = [m.start() if m.group() == "\n" else m.end() for m in _END.finditer(text, lo, hi + 1)]
+    if hi >= len(text):
+        found.append(len(text))
+    return [i for i in found if lo < i <= hi and _is_end(text, i)]
+
+
+def _starts(text: str, lo: int, hi: int) -> list[int]:
+    """Positions in ``[lo, hi)`` where a result may start, in order."""
+    found = [0] if lo <= 0 else []
+    found += [m.end() for m in _START.finditer(text, max(lo - 2, 0), hi)]
+    return [
+        i
+        for i in found
+        if lo <= i < hi and i < len(text) and not text[i].isspace() and _is_start(text, i)
+    ]
+
+
+_BLANKS = re.compile(r"\s*")
+
+
+def _whole(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` is the whole text but for blanks around it."""
+    lead, trail = _BLANKS.match(text), _BLANKS.match(text, end)
+    return bool(lead and trail and lead.end() >= start and trail.end() == len(text))
+
+
+def _word_end(text: str, i: int, hi: int) -> int:
+    """The end of the word at ``i`` (at most ``hi``): a result grown to a length stops
+    between words when no sentence or line ends near."""
+    while i < hi and not text[i].isspace() and not text[i - 1].isspace():
+        i += 1
+    return i
+
+
+def _snap(
+    g: _Piece, text: str, lo: int, hi: int, keep_from: int, keep_to: int, reach: int, room: float
+) -> float:
+    """Move ``g``'s ends to boundaries: out within ``reach`` when it fits ``room``, else in
+    (never past ``keep_to`` for the end or ``keep_from`` for the start); the room left."""
+    if not _is_end(text, g.end):
+        out = _ends(text, g.end, min(hi, g.end + reach))
+        back = _ends(text, max(g.start, keep_to, g.end - reach), g.end - 1)
+        if out and out[0] - g.end <= room:
+            room -= out[0] - g.end
+            g.end = out[0]
+        elif back and back[-1] > g.start:
+            room += g.end - back[-1]
+            g.end = back[-1]
+    if not _is_start(text, g.start):
+        out = _starts(text, max(lo, g.start - reach), g.start)
+        fwd = _starts(text, g.start + 1, min(keep_from, g.start + reach, g.end - 1) + 1)
+        if out and g.start - out[-1] <= room:
+            room -= g.start - out[-1]
+            g.start = out[-1]
+        elif fwd and fwd[0] < g.end:
+            room += fwd[0] - g.start
+            g.start = fwd[0]
+    return room
+
+
+def _grow(
+    pieces: list[_Piece],
+    g: _Piece,
+    text: str,
+    lo: int,
+    hi: int,
+    least: int,
+    reach: int,
+    room: float,
+    protect: tuple[str, int, int] | None,
+) -> float:
+    """Grow ``g`` to ``least`` characters and a boundary (forward, then backward), or leave it
+    out; the room left (see :func:`fit_segments`)."""
+    if _whole(text, g.start, g.end):
+        return room
+    end = g.end
+    if end - g.start < least:
+        want = min(g.start + least, hi)
+        end = next(iter(_ends(text, want - 1, min(hi, want + reach))), _word_end(text, want, hi))
+    start = g.start
+    if end - start < least:
+        want = max(end - least, lo)
+        start = next(iter(_starts(text, max(lo, want - reach), want + 1)[::-1]), want)
+    cost = (end - start) - (g.end - g.start)
+    if end - start < least and not _whole(text, start, end):
+        if _holds(g, protect):  # as long as it can be; it stays
+            cost = 0
+            start, end = g.start, g.end
+        else:
+            pieces.remove(g)
+            return room + (g.end - g.start)
+    held = _holds(g, protect)
+    while cost > room and held:  # the lowest ranked others make room
+        others = [h for h in pieces if h is not g]
+        if not others:
+            break
+        last = max(others, key=lambda h: h.rank)
+        room += last.end - last.start
+        pieces.remove(last)
+    if cost > room:
+        if held:
+            return room
+        pieces.remove(g)
+        return room + (g.end - g.start)
+    g.start, g.end = start, end
+    return room - cost
+
+
 def segment_documents(
     s: Any,
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     bodies: dict[str, Body],
-    selection: Selection,
+    chosen: list[Chosen],
     fallback: bool,
 ) -> list[Document]:
     """The returned ``Document``\\ s: exact slices of the source, with their metadata."""
     keyed = s.mode == "chunks" or len(s.queries) > 1  # chunk metadata, or query ranks
     by_key = {(c.doc_id, c.chunk_index): c for c in cands} if keyed else {}
     out = []
-    for doc_id, start, end, score in selection:
+    for doc_id, start, end, score, first, last in chosen:
         meta, body = metas[doc_id], bodies[doc_id]
-        first, last = meta.spans[start][0], meta.spans[end - 1][1]
         md: dict[str, Any] = dict(meta.metadata)
         md.update(
             doc_id=doc_id,

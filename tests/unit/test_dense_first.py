@@ -87,3 +87,55 @@ def test_a_single_result_is_rses_best() -> None:
     on, off = _retriever(), _retriever(keep_dense_first=False)
     assert on.invoke(QUERY, k=1, max_chars=700) == off.invoke(QUERY, k=1, max_chars=700)
     assert not _holds_kittens(on.invoke(QUERY, k=1, max_chars=700))
+
+
+class MarkerEmbeddings(Embeddings):
+    """The dense search ranks chunks by marker words: ``zebra`` first, then ``apple``, then
+    ``banana``; BM25 ranks by the query's words (``apple banana``), which ``zebra`` lacks."""
+
+    def _embed(self, text: str) -> list[float]:
+        low = text.lower()
+        return [float("zebra" in low), float("apple" in low), float("banana" in low), 0.05]
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [self._embed(t) for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return [1.0, 0.6, 0.3, 0.05]
+
+
+def _marker_retriever(docs: list[Document]) -> RSERetriever:
+    return RSERetriever.from_documents(
+        docs, vectorstore=InMemoryVectorStore(MarkerEmbeddings()), show_progress=False
+    )
+
+
+def test_the_dense_first_chunk_comes_back_when_its_segment_ranks_below_k() -> None:
+    """Issue 54.4: RSE picks the dense search's first chunk as a segment of its own, but two
+    segments that both branches like rank above it; with ``k=2`` it was cut off."""
+    r = _marker_retriever(
+        [
+            Document("Zebra crossings stripe the old town's roads in black and white.", id="z"),
+            Document("An apple and a banana make a quick snack for the road.", id="ab"),
+            Document("A banana bread recipe: flour, sugar and ripe fruit.", id="b"),
+        ]
+    )
+    got = r.invoke("apple banana", k=2)
+    assert "z" in {d.metadata["doc_id"] for d in got}
+    assert len(got) == 2
+
+
+def test_joining_the_dense_first_chunk_to_its_neighbour_charges_the_gap() -> None:
+    """Issue 54.3: the dense search's first chunk, joined to the segment that touches it,
+    brought the whitespace between them into a 400-character budget uncharged (497 back)."""
+    title = "Field notes, kept by the warden of the northern reserve through the dry season.\n\n"
+    zebra, apples = "zebra " * 25, "apple banana " * 11
+    text = title + zebra.strip() + "\n\n" + " " * 200 + "\n\n" + apples.strip()
+    r = _marker_retriever([Document(text, id="t"), Document("banana split, no apple.", id="u")])
+    got = r.invoke("apple banana", k=3, max_chars=400)
+    assert sum(len(d.page_content) for d in got) <= 400
+    assert any("zebra" in d.page_content for d in got)
+    for d in got:
+        assert d.page_content == text[d.metadata["start_index"] : d.metadata["end_index"]] or (
+            d.metadata["doc_id"] == "u"
+        )

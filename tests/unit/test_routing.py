@@ -503,6 +503,7 @@ def test_off_route_segments_must_clear_the_boosted_bar() -> None:
 
 
 def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
+    from langchain_rse.fusion import Route
     from langchain_rse.pipeline import QuerySettings, tracing
     from langchain_rse.segments import choose_segments as select
 
@@ -523,9 +524,12 @@ def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
     trace = traces[-1]
     s = QuerySettings.of(retriever, QUERY, 50, None, None, [], None)
     unbarred = select(s, trace.candidates, trace.metas, None)
-    dropped = [g for g in unbarred if g not in trace.selection]
+    route = Route(frozenset({"orion.txt"}), 1.0 + router.boost)
+    barred = select(s, trace.candidates, trace.metas, route)  # before fit_segments
+    dropped = [g for g in unbarred if g not in barred]
     assert dropped and all(d != "orion.txt" and value < bar for d, _, _, value in dropped)
-    assert [g for g in unbarred if g not in dropped] == trace.selection
+    assert [g for g in unbarred if g not in dropped] == barred
+    assert {g.doc_id for g in trace.selection} == {d for d, *_ in barred}
 
 
 def test_the_built_in_lead_index_stems_as_the_retriever_does() -> None:
