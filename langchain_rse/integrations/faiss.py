@@ -185,7 +185,14 @@ class FaissStore(VectorStore):
             raise ValueError(_CANNOT_REMOVE.format(type(self.index).__name__))
         ivf = kept_ids_ivf(self.index)  # (raises, nothing deleted, for lists it cannot move)
         positions = np.asarray(gone, dtype=np.int64)
-        self.index.remove_ids(positions)
+        if ivf is not None:
+            rebuild_direct_map(ivf)  # FAISS's own adds can leave a hashtable map stale
+        removed = self.index.remove_ids(positions)
+        if removed != len(positions):  # nothing is renumbered: the vectors would answer
+            raise RuntimeError(  # for other chunks' metadata
+                f"FAISS removed {removed} of {len(positions)} vectors from this "
+                f"{type(self.index).__name__}; the store is left as FAISS left it"
+            )
         if self._half is not None:
             self._half.remove_ids(positions)
         if ivf is not None:
@@ -495,6 +502,15 @@ def move_up(ivf: Any, removed: np.ndarray) -> None:
         if n:  # the list's ids, in place (in-memory lists: see kept_ids_ivf)
             ids = faiss.rev_swig_ptr(lists.get_ids(list_no), n)
             ids -= np.searchsorted(removed, ids)
+    rebuild_direct_map(ivf)
+
+
+def rebuild_direct_map(ivf: Any) -> None:
+    """Build ``ivf``'s direct map (id to list entry), if it keeps one, from its lists
+    again. With faiss-cpu 1.15, a hashtable map set on an empty index misses the vectors
+    added later, and ``remove_ids`` then removes nothing."""
+    import faiss
+
     kind, none = ivf.direct_map.type, faiss.DirectMap.NoMap  # type: ignore[attr-defined]
     if kind != none:
         ivf.set_direct_map_type(none)
