@@ -45,6 +45,7 @@ __all__ = [
 
 from langchain_rse import index_schema
 from langchain_rse.embeddings import underlying
+from langchain_rse.indexing.chunking import make_splitter
 from langchain_rse.indexing.records import default_splitter_params, local_form, plain_form
 from langchain_rse.indexing.store import (
     default_vectorstore,
@@ -52,13 +53,13 @@ from langchain_rse.indexing.store import (
     save_vectorstore,
     vectorstore_kind,
 )
-from langchain_rse.lexical import saved_stemmer
 from langchain_rse.segments import RSEParams
 
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "langchain-rse-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Raised whenever the saved layout changes (2: no fields or files of earlier builds)."""
 MANIFEST = "rse_index.json"
 LOCK_FILE = ".rse_index.lock"
 """Held by :func:`save_index` for a whole save (one at a time per directory); not by loads."""
@@ -251,20 +252,6 @@ SAVED_FIELDS = (
     "max_chars",
 )
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
-REMOVED_FIELDS = (
-    "lexical_engine",
-    "candidate_pool",
-    "fusion",
-    "rrf_k",
-    "relevance",
-    "code_weights",
-    "code_corpus_weights",
-    "max_queries",
-    "max_query_chars",
-    "index_batch_size",
-)
-"""Settings an index saved by 0.2 or before may hold, ignored since (see
-``docs/decisions.md``)."""
 
 
 def _library_version() -> str:
@@ -337,7 +324,6 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
                 **_splitter_config(retriever),
             },
             "components": components,
-            "enricher": {"class": type(retriever.enricher).__name__},
             "embedding": {
                 "class": type(embeddings).__name__ if embeddings is not None else None,
                 "model": getattr(embeddings, "model_name", None)
@@ -404,34 +390,16 @@ def _load_index(
     kwargs: dict[str, Any],
 ) -> Any:
     config = dict(manifest["config"])
-    for legacy in ("route_documents", "route_fetch_k", "route_check_k"):
-        config.pop(legacy, None)  # saved by 0.1 (routing is one `router` object now)
-    if config.get("lexical_engine") not in (None, "bm25s"):
-        logger.warning(
-            "this index was saved with lexical_engine=%r; BM25 is now always scored as bm25s does",
-            config["lexical_engine"],
-        )
-    for removed in REMOVED_FIELDS:
-        config.pop(removed, None)  # saved by 0.2 and before: internal constants now
-    if config.pop("custom_splitter", False) and "splitter" not in kwargs:
+    if config.pop("custom_splitter") and "splitter" not in kwargs:
         raise ValueError("this index was built with a custom splitter; pass splitter=...")
-    params, preset = config.pop("rse_params"), config.pop("preset", None)
+    params, preset = config.pop("rse_params"), config.pop("preset")
     config["rse_params"] = RSEParams(**params) if params else preset
-    if (overlap := config.pop("chunk_overlap", 0)) and "splitter" not in kwargs:
-        config = index_schema.overlap_settings(config, overlap)  # the splitter it made
-    strict_rerank = config.pop("strict_rerank", False)  # older saves: the reranker's now
+    if (overlap := config.pop("chunk_overlap")) and "splitter" not in kwargs:
+        config["splitter"] = make_splitter(config["chunk_size"], overlap)  # the one it made
     config["weights"] = tuple(config["weights"])
-    components = manifest.get("components")
-    if components is None:  # saved by 0.1: only the enricher's class was recorded
-        name = manifest["enricher"]["class"]
-        module = "langchain_rse.enrichment" if name in ("NoEnricher", "HeaderEnricher") else ""
-        spec = {"class": name, "module": module, "settings": {}}
-        manifest["components"] = {"enricher": spec}
     restored = index_schema.restore_components(manifest, kwargs, embedding, strict)
-    if strict_rerank and restored.get("reranker") is not None:
-        restored["reranker"].strict = True
     kwargs = {**kwargs, **restored}
-    lexical_info = manifest.get("lexical") or {"kind": "in_process"}
+    lexical_info = manifest["lexical"]
     if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
         raise ValueError(
             f"this index searches an external lexical store ({lexical_info['class']}); "
@@ -457,35 +425,17 @@ def _load_index(
                 )
             docstore = _load_docstore(files)
         lexical = files.json("lexical")
-        arrays = isinstance(lexical, dict) and "format" in lexical
-        files.json_check(
-            "lexical", lexical, index_schema.Lexical if arrays else index_schema.LegacyLexical
-        )
-        config.setdefault("lexical_stemmer", saved_stemmer(lexical))  # saved before stemming
+        files.json_check("lexical", lexical, index_schema.Lexical)
         retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
-        if arrays:  # token ids and frequencies in an .npz
-            tf = files.read("lexical_tf")
-            try:
-                retriever._lexical.load_state(lexical, tf)
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-                raise IndexFormatError(
-                    f"the lexical index cannot be loaded from {files.name('lexical')!r} and "
-                    f"{files.name('lexical_tf')!r}: {exc}"
-                ) from None
-            return retriever
-    # Saved by earlier versions: token lists in JSON (tokenized again here).
-    groups = lexical.get("groups")
-    if groups is None:  # saved by 0.1: the metadata filters check comes from the records
-        from langchain_rse.lexical import group_of
-
-        ids = sorted({group_of(key).split("\x1f")[0] for key in lexical["keys"]})
-        groups = {
-            group_of(record.chunk_keys()[0]): record.metadata
-            for record in retriever._records.pointers(ids)
-            if record is not None and record.spans
-        }
-    retriever._lexical.set_tokens(dict(zip(lexical["keys"], lexical["tokens"])), groups)
-    return retriever
+        tf = files.read("lexical_tf")
+        try:
+            retriever._lexical.load_state(lexical, tf)
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise IndexFormatError(
+                f"the lexical index cannot be loaded from {files.name('lexical')!r} and "
+                f"{files.name('lexical_tf')!r}: {exc}"
+            ) from None
+        return retriever
 
 
 def _load_docstore(files: IndexFiles) -> Any:

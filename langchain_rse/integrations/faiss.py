@@ -399,13 +399,10 @@ class FaissStore(VectorStore):
 
     @classmethod
     def from_saved(cls, embedding: Embeddings, data: Mapping[str, Any], index: Any) -> FaissStore:
-        """A store from :meth:`to_json`'s dict and its FAISS index (also reads what
-        earlier versions saved from LangChain's ``FAISS`` over unit vectors)."""
+        """A store from :meth:`to_json`'s dict and its FAISS index."""
         if not data.get("normalize_L2") or len(data["ids"]) != index.ntotal:
             raise ValueError(
-                "the saved ids and the FAISS index disagree, or the vectors are "
-                "not unit length (a LangChain FAISS store: load it with "
-                "langchain-community)"
+                "the saved ids and the FAISS index disagree, or the vectors are not unit length"
             )
         documents = data["documents"]
         store = cls(embedding, keep_text=data.get("docstore") != "chunks")
