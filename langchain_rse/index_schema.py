@@ -123,6 +123,7 @@ class _Strict(BaseModel):
 
 class FileEntry(_Strict):
     name: str
+    size: int = Field(ge=0)
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 

@@ -9,9 +9,11 @@ Layout of an index directory::
     vectors.<gen>.json        vector-store documents (+ vectors for InMemoryVectorStore)
     vectors.<gen>.faiss       FAISS index (when the vector store is FAISS)
 
-Every data file of one save carries the same generation ``<gen>`` and a SHA-256 in the
-manifest. Files are written to temporary names and renamed into place, and the manifest
-is replaced last, so a process killed during ``save`` leaves the previous index loadable.
+Every data file of one save carries the same generation ``<gen>``, and its size and SHA-256
+in the manifest: a load opens only regular files (non-blocking, so a named pipe cannot hold
+it), refuses one of another size before reading it, and reads no more than that size.
+Files are written to temporary names and renamed into place, and the manifest is replaced
+last, so a process killed during ``save`` leaves the previous index loadable.
 Saves hold ``.rse_index.lock`` (one at a time per directory). Loading checks the manifest
 and each JSON file against :mod:`langchain_rse.index_schema`.
 """
@@ -24,9 +26,10 @@ import logging
 import os
 import re
 import secrets
+import stat
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from filelock import FileLock
 from langchain_core.embeddings import Embeddings
@@ -46,7 +49,17 @@ __all__ = [
 from langchain_rse import index_schema
 from langchain_rse.embeddings import underlying
 from langchain_rse.indexing.chunking import make_splitter
-from langchain_rse.indexing.records import default_splitter_params, local_form, plain_form
+from langchain_rse.indexing.records import (
+    DocBody,
+    DocRecord,
+    VersionRecord,
+    body_key,
+    default_splitter_params,
+    local_form,
+    parse_chunk_key,
+    plain_form,
+    pointer_key,
+)
 from langchain_rse.indexing.store import (
     default_vectorstore,
     load_vectorstore,
@@ -111,12 +124,16 @@ class IndexWriter:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.gen = secrets.token_hex(6)
-        self.files: dict[str, dict[str, str]] = {}
+        self.files: dict[str, dict[str, str | int]] = {}
 
     def add_bytes(self, role: str, ext: str, data: bytes | memoryview) -> str:
         name = f"{role}.{self.gen}.{ext}"
         atomic_write(self.dir / name, data)
-        self.files[role] = {"name": name, "sha256": hashlib.sha256(data).hexdigest()}
+        self.files[role] = {
+            "name": name,
+            "size": memoryview(data).nbytes,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
         return name
 
     def add_json(self, role: str, obj: Any) -> str:
@@ -146,6 +163,39 @@ def _mismatch(what: str, exc: ValidationError) -> IndexFormatError:
     return IndexFormatError(f"{what} is malformed at {where}: {first['msg']}{more}")
 
 
+MANIFEST_MAX_BYTES = 16 * 1024 * 1024
+"""Far more than a manifest holds (settings and a table of at most five files)."""
+
+
+def open_regular(path: Path, max_size: int | None = None, size: int | None = None) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file (not a link, a named pipe or a
+    device): opened non-blocking, so a named pipe cannot make the open wait for a writer,
+    then checked with ``fstat``. ``IndexFormatError`` for anything else, and for a file
+    larger than ``max_size`` or of another size than ``size`` (nothing is read)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a link (O_NOFOLLOW: ELOOP), a directory, no permission...
+        raise IndexFormatError(f"{str(path)!r} cannot be read as an index file: {exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise IndexFormatError(f"{str(path)!r} is not a regular file")
+        if max_size is not None and info.st_size > max_size:
+            raise IndexFormatError(f"{str(path)!r} is larger than it can be ({info.st_size} bytes)")
+        if size is not None and info.st_size != size:
+            raise IndexFormatError(
+                f"index file {path.name!r} is corrupted or truncated "
+                f"({info.st_size} bytes, the manifest says {size})"
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """An index directory's manifest, checked against ``index_schema.Manifest``."""
     path = Path(directory) / MANIFEST
@@ -153,7 +203,10 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise FileNotFoundError(
             f"no langchain-rse index at {str(directory)!r} ({MANIFEST} missing)"
         )
-    raw = path.read_bytes()
+    with open_regular(path, MANIFEST_MAX_BYTES) as handle:
+        raw = handle.read(MANIFEST_MAX_BYTES + 1)
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise IndexFormatError(f"{path} is larger than a manifest can be")
     try:
         manifest = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -179,23 +232,23 @@ class IndexFiles:
 
     def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
         self.directory, self.manifest = directory, manifest
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, BinaryIO] = {}
         try:
             for role, entry in manifest["files"].items():
-                self._handles[role] = self._open(entry["name"])
+                self._handles[role] = self._open(entry["name"], entry["size"])
         except BaseException:
             self.close()
             raise
 
-    def _open(self, name: str) -> Any:
+    def _open(self, name: str, size: int) -> BinaryIO:
         path = self.directory / name
         if path.is_symlink() or path.resolve().parent != self.directory.resolve():
             raise IndexFormatError(
                 f"index file {name!r} is a link or lies outside {str(self.directory)!r}"
             )
         try:
-            return path.open("rb")
-        except (FileNotFoundError, IsADirectoryError):
+            return open_regular(path, size=size)
+        except FileNotFoundError:
             raise IndexFormatError(
                 f"index file {name!r} is missing from {str(self.directory)!r}"
             ) from None
@@ -220,12 +273,13 @@ class IndexFiles:
             raise IndexFormatError(
                 f"index at {str(self.directory)!r} has no {role!r} file ({MANIFEST} lacks it)"
             )
-        data = handle.read()
-        if hashlib.sha256(data).hexdigest() != self.manifest["files"][role]["sha256"]:
+        entry = self.manifest["files"][role]
+        data = handle.read(entry["size"] + 1)  # (the size was checked at the open)
+        if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise IndexFormatError(
                 f"index file {self.name(role)!r} is corrupted or truncated (checksum mismatch)"
             )
-        return data  # type: ignore[no-any-return]
+        return data
 
     def json(self, role: str, model: Any = None) -> Any:
         """The JSON data file for ``role``, checked against the pydantic ``model`` if given
@@ -426,6 +480,7 @@ def _load_index(
             docstore = _load_docstore(files)
         lexical = files.json("lexical")
         files.json_check("lexical", lexical, index_schema.Lexical)
+        _check_chunk_keys(lexical["keys"], files.name("lexical"))
         retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
         tf = files.read("lexical_tf")
         try:
@@ -438,9 +493,19 @@ def _load_index(
         return retriever
 
 
+def _check_chunk_keys(keys: list[str], name: str) -> None:
+    """``IndexFormatError`` unless each key is a chunk key (doc id, version, index)."""
+    for key in keys:
+        try:
+            if parse_chunk_key(key)[2] < 0:
+                raise ValueError
+        except ValueError:
+            raise IndexFormatError(f"index file {name!r} holds {key!r}, not a chunk key") from None
+
+
 def _load_docstore(files: IndexFiles) -> Any:
     """The in-memory record store from ``docstore.<gen>.jsonl``: one ``[key, JSON record]``
-    pair per line."""
+    pair per line, each record checked (:func:`_check_records`)."""
     from langchain_core.stores import InMemoryByteStore
 
     name = files.name("docstore")
@@ -448,21 +513,63 @@ def _load_docstore(files: IndexFiles) -> Any:
         raw = files.read("docstore").decode("utf-8", "surrogatepass")
     except UnicodeDecodeError as exc:
         raise IndexFormatError(f"index file {name!r} is not UTF-8 text: {exc}") from None
-    items = []
+    items: dict[str, bytes] = {}
     for number, line in enumerate(raw.splitlines(), start=1):
         if not line:
             continue
         try:
             key, value = json.loads(line)
-            if not isinstance(key, str) or not isinstance(json.loads(value), dict):
-                raise TypeError("not a [key, JSON object] pair")
-            items.append((key, local_form(key, value.encode("utf-8", "surrogatepass"))))
-        except (ValueError, TypeError, KeyError) as exc:
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError("not a [key, JSON record] pair")
+        except (ValueError, TypeError) as exc:
             raise IndexFormatError(
                 f"index file {name!r} is malformed at line {number}: {exc}"
             ) from None
-    if len({key for key, _ in items}) != len(items):
-        raise IndexFormatError(f"index file {name!r} holds a key twice")
+        if key in items:
+            raise IndexFormatError(f"index file {name!r} holds the key {key!r} twice")
+        items[key] = value.encode("utf-8", "surrogatepass")
+    _check_records(items, name)
     docstore = InMemoryByteStore()
-    docstore.mset(items)
+    docstore.mset([(key, local_form(key, value)) for key, value in items.items()])
     return docstore
+
+
+def _check_records(items: dict[str, bytes], name: str) -> None:
+    """``IndexFormatError`` unless every record decodes as the one its key names, each
+    pointer is at its doc id's key, and its body is there with a context per chunk and
+    every chunk span inside the text: what a query relies on."""
+    pointers = []
+    for key, raw in items.items():
+        kind = key.split("/", 1)[0]
+        try:
+            if kind == "doc":
+                pointer = DocRecord.from_bytes(raw)
+                if key != pointer_key(pointer.doc_id):
+                    raise ValueError(f"it holds the pointer of {pointer.doc_id!r}")
+                pointers.append(pointer)
+            elif kind == "ver":
+                if VersionRecord.from_bytes(raw).chunks < 0:
+                    raise ValueError("a negative chunk count")
+            elif kind != "body":  # (bodies: checked with their pointers, below)
+                raise ValueError("not a record key")
+        except ValueError as exc:
+            raise IndexFormatError(
+                f"index file {name!r}: the record {key!r} is bad: {exc}"
+            ) from None
+    for pointer in pointers:
+        key = body_key(pointer.doc_id, pointer.version)
+        try:
+            if key not in items:
+                raise ValueError("it is missing")
+            body = DocBody.from_bytes(items[key])
+            if len(body.contexts) != len(pointer.spans):
+                raise ValueError(
+                    f"{len(body.contexts)} chunk contexts for {len(pointer.spans)} chunks"
+                )
+            chars = body.chars
+            if not all(0 <= start <= end <= chars for start, end in pointer.spans):
+                raise ValueError(f"a chunk span lies outside its {chars} characters")
+        except ValueError as exc:
+            raise IndexFormatError(
+                f"index file {name!r}: the body {key!r} of {pointer.doc_id!r} is bad: {exc}"
+            ) from None

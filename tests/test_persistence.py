@@ -127,6 +127,7 @@ def _rewrite(directory: Path, role: str, data: bytes) -> None:
     manifest = json.loads((directory / MANIFEST).read_text())
     (directory / manifest["files"][role]["name"]).write_bytes(data)
     manifest["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
+    manifest["files"][role]["size"] = len(data)
     (directory / MANIFEST).write_text(json.dumps(manifest))
 
 
