@@ -251,7 +251,7 @@ def test_embedding_cache_keys_are_langchain_classics(tmp_path: Path) -> None:
         Counting(), store, namespace=model_namespace(Counting()), key_encoder="sha256"
     )
     old = theirs.embed_documents(texts[:3])
-    assert cached_embeddings(Counting(), tmp_path).embed_documents(texts) == [
+    assert cached_embeddings(Counting(), store).embed_documents(texts) == [
         *old,
         *Counting().embed_documents(texts[3:]),
     ]

@@ -117,18 +117,12 @@ def _open_index(index_dir: Path, **kwargs: Any) -> Any:
 
 
 def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
-    """The bundled model, its document vectors cached in the index directory (so a run
-    killed half-way resumes without embedding the finished chunks again), and a function
-    counting the vectors in that cache."""
-    from langchain_rse.embeddings import (
-        EMBEDDING_CACHE_DIR,
-        LocalEmbeddings,
-        cache_size,
-        cached_embeddings,
-    )
-    from langchain_rse.indexing.store import FileByteStore
+    """The bundled model, its document vectors cached in the user's cache (so a run killed
+    half-way resumes without embedding the finished chunks again), and a function counting
+    the vectors in that cache."""
+    from langchain_rse.embeddings import LocalEmbeddings, VectorCache, cache_size, cached_embeddings
 
-    model, store = LocalEmbeddings(), FileByteStore(index_dir / EMBEDDING_CACHE_DIR)
+    model, store = LocalEmbeddings(), VectorCache()
     return cached_embeddings(model, store), lambda: cache_size(store, model)
 
 
@@ -183,7 +177,7 @@ def _finish_before_interrupt() -> Iterator[None]:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from langchain_rse.embeddings import EMBEDDING_CACHE_DIR
+    from langchain_rse.embeddings import VectorCache
     from langchain_rse.persistence import MANIFEST, atomic_write
 
     index_dir = Path(args.index)
@@ -231,7 +225,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         state = "was not changed" if (index_dir / MANIFEST).exists() else "was not written"
         raise Interrupted(
             f"interrupted: the index at {index_dir} {state}; {cached()} chunk vector(s) "
-            f"embedded so far are cached in {index_dir / EMBEDDING_CACHE_DIR}, so re-run the "
+            f"embedded so far are cached in {VectorCache().path}, so re-run the "
             "same command to finish without embedding them again"
         ) from None
     embedded = cached() - cached_before
@@ -240,7 +234,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         screen(
             f"indexed {len(todo)} file(s), {unchanged} unchanged, {len(skipped)} skipped, "
             f"{len(gone)} removed; {embedded} of their {chunks} chunk(s) newly embedded "
-            f"(the others were cached); index at {index_dir}"
+            f"(the others were cached in {VectorCache().path}); index at {index_dir}"
         )
     )
     return 0
