@@ -215,7 +215,7 @@ def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[Document]:
     ``langchain-rse index`` command makes of them: same ids, metadata and text, so an index
     built from them over the command's embedding cache embeds nothing the command embedded::
 
-        emb = cached_embeddings(LocalEmbeddings(), "idx/embedding_cache")
+        emb = cached_embeddings(LocalEmbeddings())  # the default cache, the command's
         retriever = RSERetriever(vectorstore=default_vectorstore(emb))
         retriever.add_documents(load_documents(["./contracts"]))
 
