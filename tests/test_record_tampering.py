@@ -166,7 +166,7 @@ def test_the_reported_tamperings_are_index_format_errors(
         RSERetriever.load(work, embedding=HashingEmbeddings())
 
 
-@settings(max_examples=100)
+@settings(max_examples=200)
 @given(m=mutations)
 @example(m=Mutation("doc", 0, ("spans", 0), "replace", -5))
 @example(m=Mutation("doc", 0, ("spans",), "replace", [0, 10**6]))
