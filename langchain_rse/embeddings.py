@@ -10,15 +10,22 @@ raw text and never adds a prefix of its own; adding one would prefix twice.
 
 Embeddings cached by model and text, so an interrupted indexing run resumes cheaply.
 
-:func:`cached_embeddings` wraps any LangChain ``Embeddings`` in a
-:class:`CachedEmbeddings` over a byte store — by default files next to the index, written
-atomically (a process killed mid-write leaves no half-written vector). Every batch of
-``batch_size`` texts is stored as soon as it is embedded: a run killed half-way, started
-again, embeds only the chunks it had not finished. Keys are the model's name and a SHA-256
-of the text, so two models never share vectors and a changed chunk is embedded again;
-keys and values (JSON lists of floats) are those of ``langchain_classic``'s
-``CacheBackedEmbeddings`` with ``key_encoder="sha256"``, so caches written by either are
-read by the other.
+:func:`cached_embeddings` wraps any LangChain ``Embeddings`` in a :class:`CachedEmbeddings`.
+By default the vectors go to a :class:`VectorCache`: one SQLite file,
+``embeddings.sqlite3``, in the user's cache folder (:func:`default_cache_dir`:
+``~/.cache/langchain-rse`` on Linux; ``LANGCHAIN_RSE_CACHE_DIR`` moves it), outside any
+index, so copying an index does not copy it. Each vector is stored as its binary float32
+values (float64 where float32 would change it): ~1.7 KB for 384 dimensions, against
+~8.4 KB as a JSON file of its own. Every batch of ``batch_size`` texts is committed in one
+transaction as soon as it is embedded: a run killed half-way, started again, embeds only
+the chunks it had not finished, and a kill leaves no half-written vector. Keys are the
+model's name and a SHA-256 of the text, so two models never share vectors and a changed
+chunk is embedded again. Dropping the cache is deleting the file
+(:meth:`VectorCache.clear` empties it in place).
+
+Given a LangChain byte store instead, the keys and values (JSON lists of floats) are those
+of ``langchain_classic``'s ``CacheBackedEmbeddings`` with ``key_encoder="sha256"``, so
+caches written by either are read by the other.
 """
 
 from __future__ import annotations
@@ -27,25 +34,27 @@ import hashlib
 import json
 import os
 import re
+import sqlite3
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.stores import BaseStore
 from pydantic import BaseModel, ConfigDict, Field
 
-from langchain_rse.indexing.recordstore import FileByteStore
-
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
-    "EMBEDDING_CACHE_DIR",
+    "CACHE_DIR_ENV",
     "CachedEmbeddings",
     "LocalEmbeddings",
+    "VectorCache",
     "cache_size",
     "cached_embeddings",
+    "default_cache_dir",
     "model_namespace",
     "underlying",
 ]
@@ -212,8 +221,116 @@ class LocalEmbeddings(BaseModel, Embeddings):
         )
 
 
-EMBEDDING_CACHE_DIR = "embedding_cache"
-"""The cache folder's name inside an index directory (``langchain-rse index``)."""
+CACHE_DIR_ENV = "LANGCHAIN_RSE_CACHE_DIR"
+"""The environment variable that moves :func:`default_cache_dir`."""
+
+
+def default_cache_dir() -> Path:
+    """Where caches go by default: ``$LANGCHAIN_RSE_CACHE_DIR`` if set, else the user's
+    cache folder for ``langchain-rse`` (``platformdirs``: ``~/.cache/langchain-rse`` on
+    Linux, ``~/Library/Caches/langchain-rse`` on macOS, ``%LOCALAPPDATA%\\langchain-rse\\Cache``
+    on Windows)."""
+    if folder := os.environ.get(CACHE_DIR_ENV):
+        return Path(folder).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("langchain-rse", appauthor=False))
+
+
+class VectorCache:
+    """Document vectors by key in one SQLite file, as binary floats (no pickle, no JSON).
+
+    Safe for threads and processes (SQLite's write-ahead log; a writer waits up to 60 s for
+    another's transaction); a batch is written in one transaction, so a killed process
+    leaves every vector whole or absent.
+
+    Args:
+        path: A ``.sqlite3`` file, or a folder to keep ``embeddings.sqlite3`` in; default:
+            :func:`default_cache_dir`.
+    """
+
+    FILE_NAME = "embeddings.sqlite3"
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        where = Path(path) if path is not None else default_cache_dir()
+        self.path = where if where.suffix == ".sqlite3" else where / self.FILE_NAME
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"VectorCache({str(self.path)!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}  # connections stay with their process
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self._local = state["path"], threading.local()
+
+    def _db(self) -> sqlite3.Connection:
+        """This thread's connection (one per thread and process), the table made once."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None or self._local.pid != os.getpid():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            conn.execute("PRAGMA page_size=65536")  # (a new file's): ~1.9 KB a 384-d vector
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS vectors "
+                "(key TEXT PRIMARY KEY, dtype TEXT NOT NULL, data BLOB NOT NULL)"
+            )
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def get(self, keys: Sequence[str]) -> list[list[float] | None]:
+        """The vector stored under each key (None where there is none)."""
+        import numpy as np
+
+        found: dict[str, list[float]] = {}
+        db = self._db()
+        for start in range(0, len(keys), 500):  # SQLite's limit on parameters
+            part = list(keys[start : start + 500])
+            marks = ",".join("?" * len(part))
+            rows = db.execute(f"SELECT key, dtype, data FROM vectors WHERE key IN ({marks})", part)
+            for key, dtype, data in rows:
+                found[key] = np.frombuffer(data, dtype=dtype).astype(np.float64).tolist()
+        return [found.get(key) for key in keys]
+
+    def put(self, pairs: Sequence[tuple[str, Sequence[float]]]) -> None:
+        """Store each ``(key, vector)``, all in one transaction: as float32 where that
+        keeps every value, else as float64."""
+        import numpy as np
+
+        rows = []
+        for key, vector in pairs:
+            exact = np.asarray(vector, dtype=np.float64)
+            single = exact.astype(np.float32)
+            keep = single if np.array_equal(single, exact) else exact
+            rows.append((key, keep.dtype.str, keep.tobytes()))
+        db = self._db()
+        with db:  # (isolation_level None: the with block is not a transaction by itself)
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)", rows)
+
+    def checkpoint(self) -> None:
+        """Move what the write-ahead log holds into the file itself (SQLite does so on
+        its own as the log grows, and when the last connection closes)."""
+        self._db().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def count(self, prefix: str = "") -> int:
+        """How many vectors have keys starting with ``prefix`` (a model's namespace)."""
+        query = "SELECT COUNT(*) FROM vectors WHERE substr(key, 1, ?) = ?"
+        return int(self._db().execute(query, (len(prefix), prefix)).fetchone()[0])
+
+    def clear(self, prefix: str = "") -> int:
+        """Delete the vectors whose keys start with ``prefix`` (all by default); how many."""
+        db = self._db()
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            done = db.execute(
+                "DELETE FROM vectors WHERE substr(key, 1, ?) = ?", (len(prefix), prefix)
+            )
+        db.execute("VACUUM")  # give the space back
+        return done.rowcount
+
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -233,7 +350,9 @@ class CachedEmbeddings(Embeddings):
 
     Args:
         underlying_embeddings: The model that embeds what the cache does not hold.
-        store: Where vectors are kept (key: ``namespace`` + SHA-256 of the text).
+        store: Where vectors are kept (key: ``namespace`` + SHA-256 of the text): a
+            :class:`VectorCache` (binary), or a LangChain byte store (JSON values, as
+            ``CacheBackedEmbeddings`` keeps them).
         namespace: The key prefix naming the model (see :func:`model_namespace`).
         batch_size: Texts embedded and stored per call of the model.
     """
@@ -241,7 +360,7 @@ class CachedEmbeddings(Embeddings):
     def __init__(
         self,
         underlying_embeddings: Embeddings,
-        store: BaseStore[str, bytes],
+        store: VectorCache | BaseStore[str, bytes],
         namespace: str,
         batch_size: int = 32,
     ) -> None:
@@ -258,17 +377,26 @@ class CachedEmbeddings(Embeddings):
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """The vector of each text: cached ones read, the others embedded and stored."""
         keys = [self._key(t) for t in texts]
-        vectors: list[list[float] | None] = [
-            None if v is None else json.loads(v) for v in self.store.mget(keys)
-        ]
+        vectors = self._read(keys)
         missing = [i for i, v in enumerate(vectors) if v is None]
         for start in range(0, len(missing), self.batch_size):
             batch = missing[start : start + self.batch_size]
             new = self.underlying_embeddings.embed_documents([texts[i] for i in batch])
-            self.store.mset([(keys[i], json.dumps(v).encode()) for i, v in zip(batch, new)])
+            self._write([(keys[i], v) for i, v in zip(batch, new)])
             for i, v in zip(batch, new):
                 vectors[i] = list(v)
         return vectors  # type: ignore[return-value]
+
+    def _read(self, keys: list[str]) -> list[list[float] | None]:
+        if isinstance(self.store, VectorCache):
+            return self.store.get(keys)
+        return [None if v is None else json.loads(v) for v in self.store.mget(keys)]
+
+    def _write(self, pairs: list[tuple[str, list[float]]]) -> None:
+        if isinstance(self.store, VectorCache):
+            self.store.put(pairs)
+        else:
+            self.store.mset([(key, json.dumps(v).encode()) for key, v in pairs])
 
     def embed_query(self, text: str) -> list[float]:
         """The query's vector from the model (not cached)."""
@@ -280,27 +408,33 @@ class CachedEmbeddings(Embeddings):
 
 def cached_embeddings(
     embeddings: Embeddings,
-    store: BaseStore[str, bytes] | str | os.PathLike[str],
+    store: VectorCache | BaseStore[str, bytes] | str | os.PathLike[str] | None = None,
     *,
     batch_size: int = 32,
 ) -> CachedEmbeddings:
-    """``embeddings`` with document vectors cached in ``store`` (a byte store, or a folder).
+    """``embeddings`` with document vectors cached in ``store``.
 
-    Returns a :class:`CachedEmbeddings`, whose ``underlying_embeddings`` is ``embeddings``;
-    queries are not cached. Use it as the vector store's embedding, e.g.::
+    ``store``: None for the default :class:`VectorCache` (in :func:`default_cache_dir`,
+    outside any index), a folder or ``.sqlite3`` file for a :class:`VectorCache` there, a
+    :class:`VectorCache`, or a LangChain byte store (JSON values, readable by
+    ``CacheBackedEmbeddings``). Returns a :class:`CachedEmbeddings`, whose
+    ``underlying_embeddings`` is ``embeddings``; queries are not cached. Use it as the
+    vector store's embedding, e.g.::
 
-        emb = cached_embeddings(LocalEmbeddings(), "./idx/embedding_cache")
+        emb = cached_embeddings(LocalEmbeddings())
         retriever = RSERetriever(vectorstore=default_vectorstore(emb))
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if not isinstance(store, BaseStore):
-        store = FileByteStore(store)
+    if not isinstance(store, (VectorCache, BaseStore)):
+        store = VectorCache(store)
     return CachedEmbeddings(embeddings, store, model_namespace(embeddings), batch_size)
 
 
-def cache_size(store: BaseStore[str, bytes], embeddings: Embeddings) -> int:
+def cache_size(store: VectorCache | BaseStore[str, bytes], embeddings: Embeddings) -> int:
     """How many vectors of ``embeddings``' model ``store`` holds."""
+    if isinstance(store, VectorCache):
+        return store.count(model_namespace(embeddings))
     return sum(1 for _ in store.yield_keys(prefix=model_namespace(embeddings)))
 
 

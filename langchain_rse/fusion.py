@@ -1,17 +1,9 @@
 """Fusing ranked lists from several retrieval branches — pure functions.
 
-Each branch is a best-first list of ``(id, score)`` pairs (``score`` may be ``None``
-when a branch only gives ranks). Results are deduplicated by id, never by text.
-
-* ``"rrf"`` — weighted reciprocal rank fusion: ``sum_b w_b / (c + rank_b)``, ranks
-  starting at 1, ``c = 60`` by default (Cormack et al., 2009).
-* ``"relative_score"`` — min-max normalise each branch's scores to [0, 1], then a
-  weighted sum (LlamaIndex's relative-score fusion).
-* ``"dist_based"`` — normalise each branch with ``mean ± 3·std`` as the range, clip
-  to [0, 1], then a weighted sum (LlamaIndex's distribution-based score fusion).
-
-A branch whose scores are missing falls back to rank-based scores ``1 / rank``
-inside the score-based methods.
+Each branch is a best-first list of ``(id, score)`` pairs; they are fused by weighted
+reciprocal rank fusion, ``sum_b w_b / (c + rank_b)`` with ranks starting at 1 and
+``c = 60`` (Cormack et al., 2009), so only the order of a branch counts, never its scores.
+Results are deduplicated by id, never by text.
 
 :func:`quotes_code` tells the queries that quote code apart, for which the retriever
 weights BM25 as much as the dense branch (exact identifiers are BM25's strength).
@@ -26,7 +18,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,15 +32,12 @@ __all__ = [
     "confirmed_route",
     "Fused",
     "FusedHit",
-    "FusionMethod",
     "fuse",
     "fused",
     "quotes_code",
 ]
 
 logger = logging.getLogger(__name__)
-
-FusionMethod = Literal["rrf", "relative_score", "dist_based"]
 
 RRF_K = 60.0
 """The reciprocal rank fusion constant the retriever fuses with (Cormack et al., 2009)."""
@@ -73,25 +62,6 @@ class FusedHit(NamedTuple):
     id: str
     score: float
     ranks: tuple[int | None, ...]
-
-
-def _branch_scores(branch: Branch) -> NDArray[np.float64]:
-    if any(s is None for _, s in branch):
-        return 1.0 / np.arange(1, len(branch) + 1, dtype=np.float64)
-    return np.asarray([s for _, s in branch], dtype=np.float64)
-
-
-def _normalise(scores: NDArray[np.float64], method: FusionMethod) -> NDArray[np.float64]:
-    if scores.size == 0:
-        return scores
-    if method == "relative_score":
-        lo, hi = float(scores.min()), float(scores.max())
-    else:
-        mean, std = float(scores.mean()), float(scores.std())
-        lo, hi = mean - 3 * std, mean + 3 * std
-    if hi - lo <= 0:
-        return np.ones_like(scores)
-    return np.clip((scores - lo) / (hi - lo), 0.0, 1.0)
 
 
 class Fused:
@@ -137,8 +107,7 @@ class Fused:
 def fused(
     branches: Sequence[Branch],
     weights: Sequence[float] | None = None,
-    method: FusionMethod = "rrf",
-    rrf_k: float = 60.0,
+    rrf_k: float = RRF_K,
 ) -> Fused:
     """Fuse best-first ranked lists into one ranking of unique ids (see :func:`fuse`)."""
     if weights is None:
@@ -147,8 +116,6 @@ def fused(
         raise ValueError(f"got {len(weights)} weights for {len(branches)} branches")
     if any(w < 0 for w in weights):
         raise ValueError(f"fusion weights must be non-negative, got {list(weights)}")
-    if method not in ("rrf", "relative_score", "dist_based"):
-        raise ValueError(f"unknown fusion method {method!r}")
     if rrf_k < 0:
         raise ValueError(f"rrf_k must be non-negative, got {rrf_k}")
 
@@ -165,15 +132,12 @@ def fused(
     repeats = len(first) < sum(len(x) for x in labels)
     totals = np.zeros(len(firsts))
     ranks = np.zeros((len(branches), len(firsts)), dtype=np.intp)  # 0: not in the branch
-    for b, (branch, ids, weight) in enumerate(zip(branches, labels, weights)):
+    for b, (ids, weight) in enumerate(zip(labels, weights)):
         if len(ids):
             at = np.arange(len(ids))
             if repeats and np.bincount(ids).max() > 1:  # repeats in a branch: the first counts
                 ids, at = np.unique(ids, return_index=True)
-            if method == "rrf":
-                totals[ids] += weight / (rrf_k + (at + 1.0))
-            else:
-                totals[ids] += (weight * _normalise(_branch_scores(branch), method))[at]
+            totals[ids] += weight / (rrf_k + (at + 1.0))
             ranks[b, ids] = at + 1
     order = np.lexsort((firsts, -totals))  # ties: the order of first appearance
     return Fused(list(first), totals, ranks, order)
@@ -182,15 +146,14 @@ def fused(
 def fuse(
     branches: Sequence[Branch],
     weights: Sequence[float] | None = None,
-    method: FusionMethod = "rrf",
-    rrf_k: float = 60.0,
+    rrf_k: float = RRF_K,
 ) -> list[FusedHit]:
     """Fuse best-first ranked lists into one best-first list of unique ids.
 
     Duplicate ids inside one branch keep their first (best) rank. Ties in the
     fused score keep the order of first appearance across branches.
     """
-    return fused(branches, weights, method, rrf_k).top()
+    return fused(branches, weights, rrf_k).top()
 
 
 def branches_of(
@@ -218,7 +181,7 @@ def confirmed_route(
     if routed is None or router is None:
         return None
     branches, _ = branches_of(dense, lexical)
-    ranking = fused(branches, list(s.weights) * len(dense), "rrf", RRF_K)
+    ranking = fused(branches, list(s.weights) * len(dense))
     return router.confirmed(routed, ranking.ranked_ids(router.check_k))
 
 
@@ -238,7 +201,7 @@ def candidates(
     searches) are fused with the same weights but do not widen the candidate pool."""
     branches, texts = branches_of(dense, lexical)
     weights = list(s.weights) * len(dense)
-    ranking = fused(branches, weights, "rrf", RRF_K)
+    ranking = fused(branches, weights)
     pool = s.candidate_pool + (len(s.queries) - 1) * (s.candidate_pool // 2)
     route = None
     if routed is not None and router is not None and not confirmed:
@@ -250,7 +213,7 @@ def candidates(
     elif routed is not None:
         kept = [[h for h in b if doc_of(h[0]) in routed] for b in branches]
         if any(kept):
-            ranking = fused(kept, weights, "rrf", RRF_K)
+            ranking = fused(kept, weights)
             route = Route(frozenset(routed), math.inf)
         else:  # not ours, or not found by either branch: a filter would return nothing
             logger.debug("no candidates in the routed documents %s; searching all", routed)

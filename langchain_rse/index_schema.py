@@ -4,8 +4,8 @@ The checks of a retriever's settings (:func:`check_settings`, at construction an
 assignment); the pydantic models of a saved index's
 manifest and JSON data files (a file that does not match is rejected at load with
 :class:`~langchain_rse.persistence.IndexFormatError` naming it: values checked strictly,
-unknown keys refused, keys only older saves lack optional, and the settings must make a
-retriever that can run); and its components (enricher, reranker, router, query expander)
+unknown keys refused, every key required, and the settings must make a retriever that
+can run); and its components (enricher, reranker, router, query expander)
 as saved — class and non-secret settings (:func:`describe_component`) — and rebuilt
 (:func:`restore_components`).
 """
@@ -31,9 +31,9 @@ from pydantic import (
     validate_call,
 )
 
-from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE, make_splitter
+from langchain_rse.indexing.chunking import make_splitter
 from langchain_rse.lexical.tokenizer import check_stemmer
-from langchain_rse.segments import RSEParams, get_preset, preset_for_chunk_size
+from langchain_rse.segments import RSEParams, get_preset
 
 __all__ = [
     "EXTENSIONS",
@@ -41,14 +41,12 @@ __all__ = [
     "FaissVectors",
     "IndexFormatError",
     "InMemoryVectors",
-    "LegacyLexical",
     "Lexical",
     "Manifest",
     "VectorRecord",
     "check_delete_ids",
     "check_expander",
     "check_settings",
-    "overlap_settings",
     "describe_component",
     "restore_components",
 ]
@@ -92,18 +90,6 @@ def check_delete_ids(ids: Any) -> list[str]:
     return list(ids)
 
 
-def overlap_settings(settings: dict[str, Any], overlap: int) -> dict[str, Any]:
-    """``settings`` with the former ``chunk_overlap`` field as the splitter it made, and the
-    preset its chunk size chose (a splitter alone would choose ``"default"``)."""
-    size = settings.get("chunk_size", DEFAULT_CHUNK_SIZE)
-    if settings.get("splitter") is not None:
-        return settings
-    out = {**settings, "splitter": make_splitter(size, overlap)}
-    if out.get("rse_params") is None:
-        out["rse_params"] = preset_for_chunk_size(size)
-    return out
-
-
 def check_expander(value: Any) -> Any:
     """A query expander needs ``expand`` and ``aexpand``."""
     if value is not None and not (hasattr(value, "expand") and hasattr(value, "aexpand")):
@@ -132,6 +118,10 @@ Setting = Plain | list[Plain]
 Weights = tuple[float, float]
 
 
+MANIFEST = "rse_index.json"
+"""The index directory's manifest: settings, components and every data file's checksum."""
+
+
 class IndexFormatError(ValueError):
     """An index directory that is corrupted, truncated or of an unsupported format."""
 
@@ -142,6 +132,7 @@ class _Strict(BaseModel):
 
 class FileEntry(_Strict):
     name: str
+    size: int = Field(ge=0)
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
@@ -163,10 +154,6 @@ class Components(_Strict):
 
 class Described(_Strict):
     class_: str = Field(alias="class")
-
-
-class Enricher(Described):
-    repr: str | None = None  # saved by 0.1
 
 
 class Embedding(_Strict):
@@ -202,27 +189,9 @@ class Config(_Strict):
     preset: str | None  # rse_params given by name
     rse_params: RSEParams | None
     custom_splitter: bool
-    # added after 0.1: a save without them gets the retriever's defaults
-    lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = None
-    max_document_chars: int = 20_000_000
-    max_chars: int | None = None
-    # older saves: the reranker's ``strict`` now
-    strict_rerank: bool = False
-    # saved by 0.2 and before, ignored since (internal constants now; see docs/decisions.md)
-    lexical_engine: JsonValue = None
-    candidate_pool: JsonValue = None
-    fusion: JsonValue = None
-    rrf_k: JsonValue = None
-    relevance: JsonValue = None
-    code_weights: JsonValue = None
-    code_corpus_weights: JsonValue = None
-    max_queries: JsonValue = None
-    max_query_chars: JsonValue = None
-    index_batch_size: JsonValue = None
-    # saved by 0.1, ignored since
-    route_documents: JsonValue = None
-    route_fetch_k: JsonValue = None
-    route_check_k: JsonValue = None
+    lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)]
+    max_document_chars: int
+    max_chars: int | None
 
     @model_validator(mode="after")
     def _can_run(self) -> Config:
@@ -240,30 +209,26 @@ class Manifest(_Strict):
     """``rse_index.json``."""
 
     format: Literal["langchain-rse-index"]
-    format_version: Literal[1]
+    format_version: Literal[2]
     generation: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
-    library_version: str = "unknown"
+    library_version: str
     config: Config
-    # optional keys: saved by 0.1 without them (it recorded only the enricher's class)
-    components: Components | None = Field(default=None, validate_default=False)
-    enricher: Enricher
+    components: Components
     embedding: Embedding
     docstore: Docstore
-    lexical: LexicalInfo = LexicalInfo.model_validate({"kind": "in_process", "class": "BM25Index"})
+    lexical: LexicalInfo
     vectorstore: VectorStoreInfo
-    stats: Stats = Stats(chunks=0)
+    stats: Stats
     files: dict[Role, FileEntry]
 
     @model_validator(mode="after")
     def _files(self) -> Manifest:
         """Each data file is named for its role and this generation, and the files the
         stores need are there."""
-        if "components" in self.model_fields_set and self.components is None:
-            raise ValueError("components must be a table (only saves by 0.1 lack it)")
         for role, entry in self.files.items():
             if entry.name != f"{role}.{self.generation}.{EXTENSIONS[role]}":
                 raise ValueError(f"file name {entry.name!r} for {role!r} is not allowed")
-        needed = {"lexical"}
+        needed = {"lexical", "lexical_tf"}
         if self.docstore.kind == "embedded":
             needed.add("docstore")
         if self.vectorstore.kind != "external":
@@ -282,31 +247,15 @@ def _unique(values: list[str]) -> list[str]:
 
 
 class Lexical(_Strict):
-    """``lexical.<gen>.json`` with its arrays in ``lexical_tf.<gen>.npz`` (formats 2, 3)."""
+    """``lexical.<gen>.json`` with its arrays in ``lexical_tf.<gen>.npz``."""
 
-    format: int
-    stemmer: str | None = None  # format 2 had none (words unstemmed)
+    format: Literal[3]
+    stemmer: str | None
     keys: list[str]
     vocab: list[str]
     groups: dict[str, dict[str, JsonValue]]
 
     _keys = field_validator("keys", "vocab")(_unique)
-
-
-class LegacyLexical(_Strict):
-    """``lexical.<gen>.json`` saved with token lists (no arrays)."""
-
-    keys: list[str]
-    tokens: list[list[str]]
-    groups: dict[str, dict[str, JsonValue]] | None = None  # saved by 0.1
-
-    _keys = field_validator("keys")(_unique)
-
-    @model_validator(mode="after")
-    def _same_length(self) -> LegacyLexical:
-        if len(self.keys) != len(self.tokens):
-            raise ValueError(f"{len(self.keys)} keys but {len(self.tokens)} token lists")
-        return self
 
 
 class VectorRecord(_Strict):
@@ -327,7 +276,7 @@ class FaissVectors(_Strict):
     """``vectors.<gen>.json`` for a FAISS store (its index in ``vectors_index.<gen>.faiss``)."""
 
     ids: list[str]
-    docstore: Literal["chunks", "in_memory"] = "in_memory"  # earlier saves: in_memory
+    docstore: Literal["chunks", "in_memory"]
     documents: list[FaissDocument]
     normalize_L2: bool
     distance_strategy: Literal[
@@ -461,7 +410,7 @@ def _build(
                 return _checked(rerank.EmbeddingReranker, values)
     except (TypeError, ValueError) as exc:
         raise IndexFormatError(
-            f"the index manifest: the saved settings of {name} do not fit it: {exc}"
+            f"{MANIFEST}: the saved settings of {name} do not fit it: {exc}"
         ) from None
     return None
 

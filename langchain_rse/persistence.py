@@ -9,9 +9,11 @@ Layout of an index directory::
     vectors.<gen>.json        vector-store documents (+ vectors for InMemoryVectorStore)
     vectors.<gen>.faiss       FAISS index (when the vector store is FAISS)
 
-Every data file of one save carries the same generation ``<gen>`` and a SHA-256 in the
-manifest. Files are written to temporary names and renamed into place, and the manifest
-is replaced last, so a process killed during ``save`` leaves the previous index loadable.
+Every data file of one save carries the same generation ``<gen>``, and its size and SHA-256
+in the manifest: a load opens only regular files (non-blocking, so a named pipe cannot hold
+it), refuses one of another size before reading it, and reads no more than that size.
+Files are written to temporary names and renamed into place, and the manifest is replaced
+last, so a process killed during ``save`` leaves the previous index loadable.
 Saves hold ``.rse_index.lock`` (one at a time per directory). Loading checks the manifest
 and each JSON file against :mod:`langchain_rse.index_schema`.
 """
@@ -24,9 +26,10 @@ import logging
 import os
 import re
 import secrets
+import stat
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from filelock import FileLock
 from langchain_core.embeddings import Embeddings
@@ -45,22 +48,32 @@ __all__ = [
 
 from langchain_rse import index_schema
 from langchain_rse.embeddings import underlying
-from langchain_rse.index_schema import IndexFormatError
-from langchain_rse.indexing.records import default_splitter_params, local_form, plain_form
+from langchain_rse.index_schema import MANIFEST, IndexFormatError
+from langchain_rse.indexing.chunking import make_splitter
+from langchain_rse.indexing.records import (
+    DocBody,
+    DocRecord,
+    VersionRecord,
+    body_key,
+    default_splitter_params,
+    local_form,
+    parse_chunk_key,
+    plain_form,
+    pointer_key,
+)
 from langchain_rse.indexing.store import (
     default_vectorstore,
     load_vectorstore,
     save_vectorstore,
     vectorstore_kind,
 )
-from langchain_rse.lexical import saved_stemmer
 from langchain_rse.segments import RSEParams
 
 logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "langchain-rse-index"
-FORMAT_VERSION = 1
-MANIFEST = "rse_index.json"
+FORMAT_VERSION = 2
+"""Raised whenever the saved layout changes (2: no fields or files of earlier builds)."""
 LOCK_FILE = ".rse_index.lock"
 """Held by :func:`save_index` for a whole save (one at a time per directory); not by loads."""
 _OWN_FILE = re.compile(
@@ -107,12 +120,16 @@ class IndexWriter:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.gen = secrets.token_hex(6)
-        self.files: dict[str, dict[str, str]] = {}
+        self.files: dict[str, dict[str, str | int]] = {}
 
     def add_bytes(self, role: str, ext: str, data: bytes | memoryview) -> str:
         name = f"{role}.{self.gen}.{ext}"
         atomic_write(self.dir / name, data)
-        self.files[role] = {"name": name, "sha256": hashlib.sha256(data).hexdigest()}
+        self.files[role] = {
+            "name": name,
+            "size": memoryview(data).nbytes,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
         return name
 
     def add_json(self, role: str, obj: Any) -> str:
@@ -142,6 +159,39 @@ def _mismatch(what: str, exc: ValidationError) -> IndexFormatError:
     return IndexFormatError(f"{what} is malformed at {where}: {first['msg']}{more}")
 
 
+MANIFEST_MAX_BYTES = 16 * 1024 * 1024
+"""Far more than a manifest holds (settings and a table of at most five files)."""
+
+
+def open_regular(path: Path, max_size: int | None = None, size: int | None = None) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file (not a link, a named pipe or a
+    device): opened non-blocking, so a named pipe cannot make the open wait for a writer,
+    then checked with ``fstat``. ``IndexFormatError`` for anything else, and for a file
+    larger than ``max_size`` or of another size than ``size`` (nothing is read)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a link (O_NOFOLLOW: ELOOP), a directory, no permission...
+        raise IndexFormatError(f"{str(path)!r} cannot be read as an index file: {exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise IndexFormatError(f"{str(path)!r} is not a regular file")
+        if max_size is not None and info.st_size > max_size:
+            raise IndexFormatError(f"{str(path)!r} is larger than it can be ({info.st_size} bytes)")
+        if size is not None and info.st_size != size:
+            raise IndexFormatError(
+                f"index file {path.name!r} is corrupted or truncated "
+                f"({info.st_size} bytes, the manifest says {size})"
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """An index directory's manifest, checked against ``index_schema.Manifest``."""
     path = Path(directory) / MANIFEST
@@ -149,7 +199,10 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise FileNotFoundError(
             f"no langchain-rse index at {str(directory)!r} ({MANIFEST} missing)"
         )
-    raw = path.read_bytes()
+    with open_regular(path, MANIFEST_MAX_BYTES) as handle:
+        raw = handle.read(MANIFEST_MAX_BYTES + 1)
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise IndexFormatError(f"{path} is larger than a manifest can be")
     try:
         manifest = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -175,23 +228,23 @@ class IndexFiles:
 
     def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
         self.directory, self.manifest = directory, manifest
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, BinaryIO] = {}
         try:
             for role, entry in manifest["files"].items():
-                self._handles[role] = self._open(entry["name"])
+                self._handles[role] = self._open(entry["name"], entry["size"])
         except BaseException:
             self.close()
             raise
 
-    def _open(self, name: str) -> Any:
+    def _open(self, name: str, size: int) -> BinaryIO:
         path = self.directory / name
         if path.is_symlink() or path.resolve().parent != self.directory.resolve():
             raise IndexFormatError(
                 f"index file {name!r} is a link or lies outside {str(self.directory)!r}"
             )
         try:
-            return path.open("rb")
-        except (FileNotFoundError, IsADirectoryError):
+            return open_regular(path, size=size)
+        except FileNotFoundError:
             raise IndexFormatError(
                 f"index file {name!r} is missing from {str(self.directory)!r}"
             ) from None
@@ -216,12 +269,13 @@ class IndexFiles:
             raise IndexFormatError(
                 f"index at {str(self.directory)!r} has no {role!r} file ({MANIFEST} lacks it)"
             )
-        data = handle.read()
-        if hashlib.sha256(data).hexdigest() != self.manifest["files"][role]["sha256"]:
+        entry = self.manifest["files"][role]
+        data = handle.read(entry["size"] + 1)  # (the size was checked at the open)
+        if len(data) != entry["size"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise IndexFormatError(
                 f"index file {self.name(role)!r} is corrupted or truncated (checksum mismatch)"
             )
-        return data  # type: ignore[no-any-return]
+        return data
 
     def json(self, role: str, model: Any = None) -> Any:
         """The JSON data file for ``role``, checked against the pydantic ``model`` if given
@@ -248,20 +302,6 @@ SAVED_FIELDS = (
     "max_chars",
 )
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
-REMOVED_FIELDS = (
-    "lexical_engine",
-    "candidate_pool",
-    "fusion",
-    "rrf_k",
-    "relevance",
-    "code_weights",
-    "code_corpus_weights",
-    "max_queries",
-    "max_query_chars",
-    "index_batch_size",
-)
-"""Settings an index saved by 0.2 or before may hold, ignored since (see
-``docs/decisions.md``)."""
 
 
 def _library_version() -> str:
@@ -334,7 +374,6 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
                 **_splitter_config(retriever),
             },
             "components": components,
-            "enricher": {"class": type(retriever.enricher).__name__},
             "embedding": {
                 "class": type(embeddings).__name__ if embeddings is not None else None,
                 "model": getattr(embeddings, "model_name", None)
@@ -401,34 +440,16 @@ def _load_index(
     kwargs: dict[str, Any],
 ) -> Any:
     config = dict(manifest["config"])
-    for legacy in ("route_documents", "route_fetch_k", "route_check_k"):
-        config.pop(legacy, None)  # saved by 0.1 (routing is one `router` object now)
-    if config.get("lexical_engine") not in (None, "bm25s"):
-        logger.warning(
-            "this index was saved with lexical_engine=%r; BM25 is now always scored as bm25s does",
-            config["lexical_engine"],
-        )
-    for removed in REMOVED_FIELDS:
-        config.pop(removed, None)  # saved by 0.2 and before: internal constants now
-    if config.pop("custom_splitter", False) and "splitter" not in kwargs:
+    if config.pop("custom_splitter") and "splitter" not in kwargs:
         raise ValueError("this index was built with a custom splitter; pass splitter=...")
-    params, preset = config.pop("rse_params"), config.pop("preset", None)
+    params, preset = config.pop("rse_params"), config.pop("preset")
     config["rse_params"] = RSEParams(**params) if params else preset
-    if (overlap := config.pop("chunk_overlap", 0)) and "splitter" not in kwargs:
-        config = index_schema.overlap_settings(config, overlap)  # the splitter it made
-    strict_rerank = config.pop("strict_rerank", False)  # older saves: the reranker's now
+    if (overlap := config.pop("chunk_overlap")) and "splitter" not in kwargs:
+        config["splitter"] = make_splitter(config["chunk_size"], overlap)  # the one it made
     config["weights"] = tuple(config["weights"])
-    components = manifest.get("components")
-    if components is None:  # saved by 0.1: only the enricher's class was recorded
-        name = manifest["enricher"]["class"]
-        module = "langchain_rse.enrichment" if name in ("NoEnricher", "HeaderEnricher") else ""
-        spec = {"class": name, "module": module, "settings": {}}
-        manifest["components"] = {"enricher": spec}
     restored = index_schema.restore_components(manifest, kwargs, embedding, strict)
-    if strict_rerank and restored.get("reranker") is not None:
-        restored["reranker"].strict = True
     kwargs = {**kwargs, **restored}
-    lexical_info = manifest.get("lexical") or {"kind": "in_process"}
+    lexical_info = manifest["lexical"]
     if lexical_info["kind"] == "external" and kwargs.get("lexical_store") is None:
         raise ValueError(
             f"this index searches an external lexical store ({lexical_info['class']}); "
@@ -454,40 +475,33 @@ def _load_index(
                 )
             docstore = _load_docstore(files)
         lexical = files.json("lexical")
-        arrays = isinstance(lexical, dict) and "format" in lexical
-        files.json_check(
-            "lexical", lexical, index_schema.Lexical if arrays else index_schema.LegacyLexical
-        )
-        config.setdefault("lexical_stemmer", saved_stemmer(lexical))  # saved before stemming
+        files.json_check("lexical", lexical, index_schema.Lexical)
+        _check_chunk_keys(lexical["keys"], files.name("lexical"))
         retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
-        if arrays:  # token ids and frequencies in an .npz
-            tf = files.read("lexical_tf")
-            try:
-                retriever._lexical.load_state(lexical, tf)
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-                raise IndexFormatError(
-                    f"the lexical index cannot be loaded from {files.name('lexical')!r} and "
-                    f"{files.name('lexical_tf')!r}: {exc}"
-                ) from None
-            return retriever
-    # Saved by earlier versions: token lists in JSON (tokenized again here).
-    groups = lexical.get("groups")
-    if groups is None:  # saved by 0.1: the metadata filters check comes from the records
-        from langchain_rse.lexical import group_of
+        tf = files.read("lexical_tf")
+        try:
+            retriever._lexical.load_state(lexical, tf)
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise IndexFormatError(
+                f"the lexical index cannot be loaded from {files.name('lexical')!r} and "
+                f"{files.name('lexical_tf')!r}: {exc}"
+            ) from None
+        return retriever
 
-        ids = sorted({group_of(key).split("\x1f")[0] for key in lexical["keys"]})
-        groups = {
-            group_of(record.chunk_keys()[0]): record.metadata
-            for record in retriever._records.pointers(ids)
-            if record is not None and record.spans
-        }
-    retriever._lexical.set_tokens(dict(zip(lexical["keys"], lexical["tokens"])), groups)
-    return retriever
+
+def _check_chunk_keys(keys: list[str], name: str) -> None:
+    """``IndexFormatError`` unless each key is a chunk key (doc id, version, index)."""
+    for key in keys:
+        try:
+            if parse_chunk_key(key)[2] < 0:
+                raise ValueError
+        except ValueError:
+            raise IndexFormatError(f"index file {name!r} holds {key!r}, not a chunk key") from None
 
 
 def _load_docstore(files: IndexFiles) -> Any:
     """The in-memory record store from ``docstore.<gen>.jsonl``: one ``[key, JSON record]``
-    pair per line."""
+    pair per line, each record checked (:func:`_check_records`)."""
     from langchain_core.stores import InMemoryByteStore
 
     name = files.name("docstore")
@@ -495,21 +509,63 @@ def _load_docstore(files: IndexFiles) -> Any:
         raw = files.read("docstore").decode("utf-8", "surrogatepass")
     except UnicodeDecodeError as exc:
         raise IndexFormatError(f"index file {name!r} is not UTF-8 text: {exc}") from None
-    items = []
+    items: dict[str, bytes] = {}
     for number, line in enumerate(raw.splitlines(), start=1):
         if not line:
             continue
         try:
             key, value = json.loads(line)
-            if not isinstance(key, str) or not isinstance(json.loads(value), dict):
-                raise TypeError("not a [key, JSON object] pair")
-            items.append((key, local_form(key, value.encode("utf-8", "surrogatepass"))))
-        except (ValueError, TypeError, KeyError) as exc:
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError("not a [key, JSON record] pair")
+        except (ValueError, TypeError) as exc:
             raise IndexFormatError(
                 f"index file {name!r} is malformed at line {number}: {exc}"
             ) from None
-    if len({key for key, _ in items}) != len(items):
-        raise IndexFormatError(f"index file {name!r} holds a key twice")
+        if key in items:
+            raise IndexFormatError(f"index file {name!r} holds the key {key!r} twice")
+        items[key] = value.encode("utf-8", "surrogatepass")
+    _check_records(items, name)
     docstore = InMemoryByteStore()
-    docstore.mset(items)
+    docstore.mset([(key, local_form(key, value)) for key, value in items.items()])
     return docstore
+
+
+def _check_records(items: dict[str, bytes], name: str) -> None:
+    """``IndexFormatError`` unless every record decodes as the one its key names, each
+    pointer is at its doc id's key, and its body is there with a context per chunk and
+    every chunk span inside the text: what a query relies on."""
+    pointers = []
+    for key, raw in items.items():
+        kind = key.split("/", 1)[0]
+        try:
+            if kind == "doc":
+                pointer = DocRecord.from_bytes(raw)
+                if key != pointer_key(pointer.doc_id):
+                    raise ValueError(f"it holds the pointer of {pointer.doc_id!r}")
+                pointers.append(pointer)
+            elif kind == "ver":
+                if VersionRecord.from_bytes(raw).chunks < 0:
+                    raise ValueError("a negative chunk count")
+            elif kind != "body":  # (bodies: checked with their pointers, below)
+                raise ValueError("not a record key")
+        except ValueError as exc:
+            raise IndexFormatError(
+                f"index file {name!r}: the record {key!r} is bad: {exc}"
+            ) from None
+    for pointer in pointers:
+        key = body_key(pointer.doc_id, pointer.version)
+        try:
+            if key not in items:
+                raise ValueError("it is missing")
+            body = DocBody.from_bytes(items[key])
+            if len(body.contexts) != len(pointer.spans):
+                raise ValueError(
+                    f"{len(body.contexts)} chunk contexts for {len(pointer.spans)} chunks"
+                )
+            chars = body.chars
+            if not all(0 <= start <= end <= chars for start, end in pointer.spans):
+                raise ValueError(f"a chunk span lies outside its {chars} characters")
+        except ValueError as exc:
+            raise IndexFormatError(
+                f"index file {name!r}: the body {key!r} of {pointer.doc_id!r} is bad: {exc}"
+            ) from None

@@ -9,13 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import langchain_core
-import pydantic
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
@@ -46,7 +42,6 @@ from langchain_rse.index_schema import (
     check_delete_ids,
     check_expander,
     check_settings,
-    overlap_settings,
 )
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
@@ -66,16 +61,6 @@ if TYPE_CHECKING:
 __all__ = ["RSERetriever"]
 
 logger = logging.getLogger(__name__)
-_LIBRARIES = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (pydantic, langchain_core))
-
-
-def _callers_level() -> int:
-    """The ``stacklevel`` that points a warning at the user's line: the first frame outside
-    pydantic, langchain_core and this package (past ``__init__``, ``from_documents``...)."""
-    libraries, frame, level = (*_LIBRARIES, os.path.dirname(__file__) + os.sep), sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(libraries):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 class RSERetriever(DocumentIndex):
@@ -213,34 +198,12 @@ class RSERetriever(DocumentIndex):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        """Former fields: ``preset=`` (``rse_params``) and ``chunk_overlap=`` (a
-        ``splitter``) are deprecated aliases; ``strict_rerank`` moved to the reranker."""
-        if not isinstance(data, dict):
-            return data
-        if "strict_rerank" in data:
+        """``strict_rerank`` is the reranker's setting (``CohereReranker(strict=True)``)."""
+        if isinstance(data, dict) and "strict_rerank" in data:
             raise ValueError(
                 "strict_rerank is no longer a retriever setting: pass "
                 "strict=True to the reranker, e.g. CohereReranker(strict=True)"
             )
-        data = dict(data)
-        if "chunk_overlap" in data:
-            warnings.warn(
-                "RSERetriever(chunk_overlap=...) is deprecated; pass "
-                "splitter=make_splitter(chunk_size, chunk_overlap)",
-                DeprecationWarning,
-                _callers_level(),
-            )
-            if overlap := data.pop("chunk_overlap"):
-                data = overlap_settings(data, overlap)
-        if "preset" in data:
-            warnings.warn(
-                "RSERetriever(preset=...) is deprecated; pass the preset's name as rse_params=...",
-                DeprecationWarning,
-                _callers_level(),
-            )
-            preset = data.pop("preset")
-            if preset is not None and not isinstance(data.get("rse_params"), RSEParams):
-                data["rse_params"] = preset  # explicit RSEParams win, as they did
         return data
 
     @model_validator(mode="after")

@@ -27,6 +27,15 @@ settings.register_profile(
 settings.load_profile("repo")
 
 
+@pytest.fixture(autouse=True)
+def _own_vector_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test (and the commands it runs) gets its own default embedding cache, never the
+    user's (``LANGCHAIN_RSE_CACHE_DIR``)."""
+    monkeypatch.setenv("LANGCHAIN_RSE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """In CI (``CI=true``) every integration server must be there: stop at once, naming
     what is missing (the same lookups the server fixtures make)."""

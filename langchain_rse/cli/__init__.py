@@ -120,18 +120,12 @@ def _open_index(index_dir: Path, **kwargs: Any) -> Any:
 
 
 def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
-    """The bundled model, its document vectors cached in the index directory (so a run
-    killed half-way resumes without embedding the finished chunks again), and a function
-    counting the vectors in that cache."""
-    from langchain_rse.embeddings import (
-        EMBEDDING_CACHE_DIR,
-        LocalEmbeddings,
-        cache_size,
-        cached_embeddings,
-    )
-    from langchain_rse.indexing.recordstore import FileByteStore
+    """The bundled model, its document vectors cached in the user's cache (so a run killed
+    half-way resumes without embedding the finished chunks again), and a function counting
+    the vectors in that cache."""
+    from langchain_rse.embeddings import LocalEmbeddings, VectorCache, cache_size, cached_embeddings
 
-    model, store = LocalEmbeddings(), FileByteStore(index_dir / EMBEDDING_CACHE_DIR)
+    model, store = LocalEmbeddings(), VectorCache()
     return cached_embeddings(model, store), lambda: cache_size(store, model)
 
 
@@ -262,7 +256,7 @@ def _announce(docs: Sequence[Document]) -> None:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from langchain_rse.embeddings import EMBEDDING_CACHE_DIR
+    from langchain_rse.embeddings import VectorCache
     from langchain_rse.persistence import MANIFEST, atomic_write
 
     index_dir = Path(args.index)
@@ -326,7 +320,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         state = "was not changed" if (index_dir / MANIFEST).exists() else "was not written"
         raise Interrupted(
             f"interrupted: the index at {index_dir} {state}; {cached()} chunk vector(s) "
-            f"embedded so far are cached in {index_dir / EMBEDDING_CACHE_DIR}, so re-run the "
+            f"embedded so far are cached in {VectorCache().path}, so re-run the "
             "same command to finish without embedding them again"
         ) from None
     except PermissionError as exc:
@@ -337,7 +331,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         screen(
             f"indexed {len(changes.todo)} file(s), {changes.unchanged} unchanged, "
             f"{len(skipped)} skipped, {len(changes.dropped)} removed; {embedded} of their "
-            f"{chunks} chunk(s) newly embedded (the others were cached); index at {index_dir}"
+            f"{chunks} chunk(s) newly embedded (the others were cached in "
+            f"{VectorCache().path}); index at {index_dir}"
         )
     )
     return 0

@@ -285,7 +285,7 @@ def load_documents(paths: Sequence[str | os.PathLike[str]]) -> list[Document]:
     index built from them over the command's embedding cache embeds nothing the command
     embedded::
 
-        emb = cached_embeddings(LocalEmbeddings(), "idx/embedding_cache")
+        emb = cached_embeddings(LocalEmbeddings())  # the default cache, the command's
         retriever = RSERetriever(vectorstore=default_vectorstore(emb))
         retriever.add_documents(load_documents(["./contracts"]))
 

@@ -133,7 +133,12 @@ class Spans(Sequence[tuple[int, int]]):
             items = [x for span in items for x in span]
         if len(items) % 2:
             raise ValueError("spans need a start and an end each")
-        self.flat: array[int] = array("q", items)
+        if not all(type(x) is int for x in items):
+            raise ValueError("span starts and ends must be integers")
+        try:
+            self.flat: array[int] = array("q", items)
+        except OverflowError:
+            raise ValueError("a span start or end is out of range") from None
 
     def __len__(self) -> int:
         return len(self.flat) // 2
@@ -184,7 +189,11 @@ class DocRecord(JsonRecord):
     @field_validator("spans", mode="before")
     @classmethod
     def _compact(cls, value: Any) -> Spans:
-        return value if isinstance(value, Spans) else Spans(value)
+        if isinstance(value, Spans):
+            return value
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"spans must be a list, not {type(value).__name__}")
+        return Spans(value)
 
     @field_serializer("spans")
     def _flatten(self, spans: Spans) -> list[int]:
@@ -463,7 +472,11 @@ class DocBody(JsonRecord):
     @field_validator("contexts", mode="before")
     @classmethod
     def _from_pairs(cls, value: Any) -> Contexts:
-        return value if isinstance(value, Contexts) else Contexts(value)
+        if isinstance(value, Contexts):
+            return value
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"contexts must be a list, not {type(value).__name__}")
+        return Contexts(value)
 
     @field_serializer("contexts")
     def _to_pairs(self, contexts: Contexts) -> list[list[str]]:

@@ -81,10 +81,6 @@ def default_vectorstore(embedding: Embeddings | None = None) -> VectorStore:
     return FaissStore(embedding, keep_text=False)  # the chunk texts are in the record store
 
 
-_OUR_FAISS = {"FaissStore", "LocalFAISS"}
-"""The default store's class names, now and before 0.2 (LangChain's FAISS subclassed)."""
-
-
 def save_vectorstore(vs: VectorStore, writer: VectorWriter) -> dict[str, Any]:
     """Write a local vector store's files with ``writer``; its manifest entry."""
     from langchain_rse.integrations.faiss import FaissStore
@@ -159,11 +155,13 @@ def load_vectorstore(files: VectorFiles, embedding: Embeddings) -> VectorStore:
             raise IndexFormatError(
                 f"the FAISS index file {name!r} and {files.name('vectors')!r} disagree in size"
             )
-        ours = str(info.get("class", "")).rsplit(".", 1)[-1] in _OUR_FAISS
-        if ours and data.normalize_L2:  # (before 0.2: LocalFAISS, LangChain's format)
+        if str(info["class"]).rsplit(".", 1)[-1] == "FaissStore":
             from langchain_rse.integrations.faiss import FaissStore
 
-            return FaissStore.from_saved(embedding, data.model_dump(), index)
+            try:
+                return FaissStore.from_saved(embedding, data.model_dump(), index)
+            except ValueError as exc:
+                raise IndexFormatError(f"{files.name('vectors')!r}: {exc}") from None
         FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()
         store = InMemoryDocstore(
             {

@@ -185,7 +185,14 @@ class FaissStore(VectorStore):
             raise ValueError(_CANNOT_REMOVE.format(type(self.index).__name__))
         ivf = kept_ids_ivf(self.index)  # (raises, nothing deleted, for lists it cannot move)
         positions = np.asarray(gone, dtype=np.int64)
-        self.index.remove_ids(positions)
+        if ivf is not None:
+            rebuild_direct_map(ivf)  # FAISS's own adds can leave a hashtable map stale
+        removed = self.index.remove_ids(positions)
+        if removed != len(positions):  # nothing is renumbered: the vectors would answer
+            raise RuntimeError(  # for other chunks' metadata
+                f"FAISS removed {removed} of {len(positions)} vectors from this "
+                f"{type(self.index).__name__}; the store is left as FAISS left it"
+            )
         if self._half is not None:
             self._half.remove_ids(positions)
         if ivf is not None:
@@ -392,13 +399,10 @@ class FaissStore(VectorStore):
 
     @classmethod
     def from_saved(cls, embedding: Embeddings, data: Mapping[str, Any], index: Any) -> FaissStore:
-        """A store from :meth:`to_json`'s dict and its FAISS index (also reads what
-        earlier versions saved from LangChain's ``FAISS`` over unit vectors)."""
+        """A store from :meth:`to_json`'s dict and its FAISS index."""
         if not data.get("normalize_L2") or len(data["ids"]) != index.ntotal:
             raise ValueError(
-                "the saved ids and the FAISS index disagree, or the vectors are "
-                "not unit length (a LangChain FAISS store: load it with "
-                "langchain-community)"
+                "the saved ids and the FAISS index disagree, or the vectors are not unit length"
             )
         documents = data["documents"]
         store = cls(embedding, keep_text=data.get("docstore") != "chunks")
@@ -495,6 +499,15 @@ def move_up(ivf: Any, removed: np.ndarray) -> None:
         if n:  # the list's ids, in place (in-memory lists: see kept_ids_ivf)
             ids = faiss.rev_swig_ptr(lists.get_ids(list_no), n)
             ids -= np.searchsorted(removed, ids)
+    rebuild_direct_map(ivf)
+
+
+def rebuild_direct_map(ivf: Any) -> None:
+    """Build ``ivf``'s direct map (id to list entry), if it keeps one, from its lists
+    again. With faiss-cpu 1.15, a hashtable map set on an empty index misses the vectors
+    added later, and ``remove_ids`` then removes nothing."""
+    import faiss
+
     kind, none = ivf.direct_map.type, faiss.DirectMap.NoMap  # type: ignore[attr-defined]
     if kind != none:
         ivf.set_direct_map_type(none)

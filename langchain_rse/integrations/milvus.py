@@ -6,9 +6,8 @@ dense vector, only Milvus's built-in BM25 function (text field -> sparse field),
 class can already be set up that way; this subclass exists because, used as it is:
 
 * the BM25 score's sign depends on the server: Milvus returns the BM25 score (higher is
-  better) while Milvus Lite 3.x returns ``-score`` as a distance. The retriever's score
-  fusions (``relative_score``, ``dist_based``) need higher-is-better, so scores are
-  returned as ``abs(score)`` (BM25 scores are never negative);
+  better) while Milvus Lite 3.x returns ``-score`` as a distance. Scores are returned as
+  ``abs(score)``, higher is better on both (BM25 scores are never negative);
 * an instance that opens an existing collection derives search parameters from the
   index type's defaults (``drop_ratio_build=0.2``, metric ``IP``), which BM25 search
   rejects: here the BM25 index and search parameters are always given explicitly, so a

@@ -34,12 +34,6 @@ LexicalHit = tuple[str, float]
 """``(chunk_id, bm25_score)``."""
 
 
-def saved_stemmer(header: Mapping[str, Any]) -> str | None:
-    """The stemmer of a saved index's terms (:meth:`BM25Index.export_state`'s header; none
-    before format 3)."""
-    return header.get("stemmer") if header.get("format") == SAVE_FORMAT else None
-
-
 def group_of(chunk_id: str) -> str:
     """A chunk id's group: everything before its last ``\x1f`` (the chunk keys of
     :func:`langchain_rse.indexing.chunking.chunk_key` group by document version)."""
@@ -395,12 +389,12 @@ class BM25Index:
                 indptr, terms, tf = (np.asarray(data[n]) for n in ("doc_indptr", "terms", "tf"))
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"the BM25 arrays cannot be read: {exc}") from None
-        if header.get("format") not in (2, SAVE_FORMAT):
+        if header.get("format") != SAVE_FORMAT:
             raise ValueError(
                 f"BM25 save format {header.get('format')!r} is not supported "
-                f"(this version reads 2 and {SAVE_FORMAT}, and the JSON token lists of 1)"
+                f"(this version reads {SAVE_FORMAT})"
             )
-        if (saved := saved_stemmer(header)) != self.stemmer:
+        if (saved := header.get("stemmer")) != self.stemmer:
             raise ValueError(
                 f"the BM25 index was saved with stemmer={saved!r}; "
                 f"this index uses stemmer={self.stemmer!r}"

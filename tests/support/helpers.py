@@ -78,12 +78,11 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
-def cached_vectors(index: Path) -> int:
-    """Vectors in an index folder's embedding cache (finished files only)."""
-    from langchain_rse.embeddings import EMBEDDING_CACHE_DIR
+def cached_vectors() -> int:
+    """Vectors in the default embedding cache (committed ones only)."""
+    from langchain_rse.embeddings import VectorCache
 
-    folder = index / EMBEDDING_CACHE_DIR
-    return sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+    return VectorCache().count()
 
 
 def write_corpus(folder: Path, files: int = 4, clauses: int = 30) -> None:

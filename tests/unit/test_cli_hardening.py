@@ -183,7 +183,7 @@ def run_in_terminal(argv: list[str], idx: Path, ready: int) -> tuple[int, str]:
     output, sent, deadline = b"", False, time.monotonic() + 300
     try:
         while True:
-            if not sent and cached_vectors(idx) >= ready:
+            if not sent and cached_vectors() >= ready:
                 os.write(fd, b"\x03")  # Ctrl-C: the terminal sends SIGINT
                 sent = True
             assert time.monotonic() < deadline, output.decode(errors="replace")[-2000:]
@@ -221,7 +221,7 @@ def test_ctrl_c_during_index_stops_cleanly_and_says_how_to_resume(tmp_path: Path
         argv, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 300
-    while child.poll() is None and cached_vectors(idx) < kept + 32:
+    while child.poll() is None and cached_vectors() < kept + 32:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     child.send_signal(signal.SIGINT)

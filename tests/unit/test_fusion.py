@@ -1,4 +1,4 @@
-"""Fusion math: weighted RRF and the score-based fusions."""
+"""Fusion math: weighted reciprocal rank fusion."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from langchain_rse.fusion import fuse, quotes_code
 def test_rrf_formula_and_dedupe_by_id() -> None:
     dense = [("a", 0.9), ("b", 0.8), ("c", 0.1)]
     lexical = [("c", 12.0), ("a", 3.0), ("a", 2.0)]  # duplicate id keeps its best rank
-    out = fuse([dense, lexical], [1.0, 2.0], "rrf", rrf_k=60)
+    out = fuse([dense, lexical], [1.0, 2.0], rrf_k=60)
     scores = {h.id: h.score for h in out}
     assert scores["a"] == pytest.approx(1 / 61 + 2 / 62)
     assert scores["b"] == pytest.approx(1 / 62)
@@ -21,7 +21,7 @@ def test_rrf_formula_and_dedupe_by_id() -> None:
 
 
 def test_same_text_different_ids_are_not_merged() -> None:
-    out = fuse([[("x1", None), ("x2", None)]], None, "rrf")
+    out = fuse([[("x1", None), ("x2", None)]], None)
     assert [h.id for h in out] == ["x1", "x2"]
 
 
@@ -30,35 +30,11 @@ def test_zero_weight_branch_only_orders_ties() -> None:
     assert out[0].id == "a" and out[1].score == 0.0
 
 
-def test_relative_score_is_minmax_weighted_sum() -> None:
-    dense = [("a", 0.9), ("b", 0.5), ("c", 0.1)]
-    lexical = [("b", 10.0), ("c", 5.0)]
-    out = {h.id: h.score for h in fuse([dense, lexical], [0.5, 0.5], "relative_score")}
-    assert out["a"] == pytest.approx(0.5 * 1.0)
-    assert out["b"] == pytest.approx(0.5 * 0.5 + 0.5 * 1.0)
-    assert out["c"] == pytest.approx(0.5 * 0.0 + 0.5 * 0.0)
-
-
-def test_dist_based_uses_mean_plus_minus_three_std() -> None:
-    scores = [("a", 3.0), ("b", 2.0), ("c", 1.0)]
-    mean, std = 2.0, (2 / 3) ** 0.5
-    out = {h.id: h.score for h in fuse([scores], [1.0], "dist_based")}
-    assert out["a"] == pytest.approx((3.0 - (mean - 3 * std)) / (6 * std))
-    assert out["b"] == pytest.approx(0.5)
-
-
-def test_rank_only_branch_in_score_fusion() -> None:
-    out = fuse([[("a", None), ("b", None)]], [1.0], "relative_score")
-    assert [h.id for h in out] == ["a", "b"]
-
-
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="weights"):
         fuse([[("a", 1.0)]], [1.0, 1.0])
     with pytest.raises(ValueError, match="non-negative"):
         fuse([[("a", 1.0)]], [-1.0])
-    with pytest.raises(ValueError, match="unknown fusion"):
-        fuse([[("a", 1.0)]], None, "max")  # type: ignore[arg-type]
     assert fuse([], []) == []
 
 
@@ -80,18 +56,12 @@ def test_quotes_code(query: str, code: bool) -> None:
     assert quotes_code(query) is code
 
 
-def _reference_fuse(branches, weights, method, rrf_k=60.0):  # type: ignore[no-untyped-def]
+def _reference_fuse(branches, weights, rrf_k=60.0):  # type: ignore[no-untyped-def]
     """Fusion written out one hit at a time, as the definition reads."""
-
-    from langchain_rse.fusion import _branch_scores, _normalise
-
     totals: dict[str, float] = {}
     ranks: dict[str, list[int | None]] = {}
     for b, (branch, weight) in enumerate(zip(branches, weights)):
-        if method == "rrf":
-            contrib = [weight / (rrf_k + r) for r in range(1, len(branch) + 1)]
-        else:
-            contrib = list(weight * _normalise(_branch_scores(branch), method))
+        contrib = [weight / (rrf_k + r) for r in range(1, len(branch) + 1)]
         for r, ((hit_id, _), value) in enumerate(zip(branch, contrib), start=1):
             slot = ranks.setdefault(hit_id, [None] * len(branches))
             totals.setdefault(hit_id, 0.0)
@@ -102,8 +72,7 @@ def _reference_fuse(branches, weights, method, rrf_k=60.0):  # type: ignore[no-u
     return [(i, totals[i], tuple(ranks[i])) for i in order]
 
 
-@pytest.mark.parametrize("method", ["rrf", "relative_score", "dist_based"])
-def test_fuse_equals_the_hit_by_hit_definition(method: str) -> None:
+def test_fuse_equals_the_hit_by_hit_definition() -> None:
     import random
 
     rng = random.Random(7)
@@ -115,5 +84,5 @@ def test_fuse_equals_the_hit_by_hit_definition(method: str) -> None:
             scored = rng.random() < 0.7
             branches.append([(i, rng.uniform(-1, 3) if scored else None) for i in ids])
         weights = [rng.choice([0.0, 0.5, 1.0, 4.0]) for _ in branches]
-        got = [tuple(h) for h in fuse(branches, weights, method)]
-        assert got == _reference_fuse(branches, weights, method)
+        got = [tuple(h) for h in fuse(branches, weights)]
+        assert got == _reference_fuse(branches, weights)

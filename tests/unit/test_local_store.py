@@ -1,8 +1,8 @@
 """The default local store (``FaissStore``, ours over faiss-cpu) and the default path
 without sunset packages: no ``langchain_community`` / ``langchain_classic`` module is
-imported to build, query, cache, save or load an index; indexes saved before (with
-``LocalFAISS``, a LangChain ``FAISS`` subclass) still load; LangChain's ``FAISS`` still
-works when a user passes one."""
+imported to build, query, cache, save or load an index; an index of an earlier build is
+refused with "re-create the index"; LangChain's ``FAISS`` still works when a user passes
+one."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from langchain_core.documents import Document
 
 from conftest import corpus_documents
 from helpers import HashingEmbeddings
@@ -186,42 +185,16 @@ def test_the_default_path_imports_no_sunset_package() -> None:
 # ------------------------------------------------------------------ compatibility
 
 
-def test_an_index_saved_with_localfaiss_loads(tmp_path: Path) -> None:
-    """``tests/support/data/index_localfaiss_0_1`` was saved by main at acba546, whose default
-    store was ``LocalFAISS`` (LangChain's ``FAISS`` with an L2 index over unit vectors and
-    a text-less docstore): it loads into a ``FaissStore``, answers as it did, and takes
-    writes and a new save."""
+def test_an_index_of_an_earlier_build_is_refused_with_re_create(tmp_path: Path) -> None:
+    """``tests/support/data/index_localfaiss_0_1`` was saved by main at acba546 (format
+    version 1, ``LocalFAISS``): nothing was released, so it is not read; the error says to
+    re-create the index."""
+    from langchain_rse.persistence import IndexFormatError
+
     index = tmp_path / "idx"
     shutil.copytree(FIXTURE, index)
-    assert json.loads((index / "rse_index.json").read_text())["vectorstore"]["class"] == (
-        "langchain_rse.stores.faiss.LocalFAISS"
-    )
-    expected = json.loads(FIXTURE.with_suffix(".expected.json").read_text())
-    r = RSERetriever.load(index, embedding=HashingEmbeddings(dim=16))
-    assert isinstance(r.vectorstore, FaissStore)
-    # it answers as an index built now from the same documents does (the answers of the
-    # time, in the .expected.json, changed with the ranking since: document routing)
-    sources = r.get(["employee_handbook.md", "incident_report.md", "service_agreement.md"])
-    assert len(sources) == 3
-    fresh = RSERetriever.from_documents(sources, HashingEmbeddings(dim=16))
-    text = {d.id: d.page_content for d in sources}
-    for query in expected:  # the same best segment (16-dimensional hashing vectors tie a lot:
-        got, want = r.invoke(query), fresh.invoke(query)  # L2 and inner product order ties apart)
-        start = [(d.metadata["doc_id"], d.metadata["start_index"]) for d in got[:1]]
-        assert start == [(d.metadata["doc_id"], d.metadata["start_index"]) for d in want[:1]]
-        for d in got:
-            m = d.metadata
-            assert d.page_content == text[m["doc_id"]][m["start_index"] : m["end_index"]]
-    r.delete(["incident_report.md"])
-    r.add_documents([Document("Fees are due within thirty days.", id="fees.md")])
-    assert {d.metadata["doc_id"] for d in r.invoke("who reported the incident", k=20)} <= {
-        "service_agreement.md",
-        "employee_handbook.md",
-        "fees.md",
-    }
-    r.save(tmp_path / "again")
-    again = RSERetriever.load(tmp_path / "again", embedding=HashingEmbeddings(dim=16))
-    assert snapshot(again, list(expected)) == snapshot(r, list(expected))
+    with pytest.raises(IndexFormatError, match="version 1 .*re-create the index"):
+        RSERetriever.load(index, embedding=HashingEmbeddings(dim=16))
 
 
 @pytest.fixture
@@ -278,7 +251,7 @@ def test_embedding_cache_keys_are_langchain_classics(tmp_path: Path) -> None:
         Counting(), store, namespace=model_namespace(Counting()), key_encoder="sha256"
     )
     old = theirs.embed_documents(texts[:3])
-    assert cached_embeddings(Counting(), tmp_path).embed_documents(texts) == [
+    assert cached_embeddings(Counting(), store).embed_documents(texts) == [
         *old,
         *Counting().embed_documents(texts[3:]),
     ]

@@ -127,48 +127,8 @@ def _rewrite(directory: Path, role: str, data: bytes) -> None:
     manifest = json.loads((directory / MANIFEST).read_text())
     (directory / manifest["files"][role]["name"]).write_bytes(data)
     manifest["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
+    manifest["files"][role]["size"] = len(data)
     (directory / MANIFEST).write_text(json.dumps(manifest))
-
-
-def test_an_index_saved_with_token_lists_still_loads(built, tmp_path) -> None:
-    """Saves before the incremental BM25 index kept token lists in JSON, no arrays."""
-    idx = tmp_path / "idx"
-    built.save(idx)
-    lexical = built._lexical
-    old = {
-        "keys": lexical.keys(),
-        "tokens": list(lexical.tokens().values()),
-        "groups": lexical.groups(),
-    }
-    _rewrite(idx, "lexical", json.dumps(old).encode())
-    manifest = json.loads((idx / MANIFEST).read_text())
-    del manifest["files"]["lexical_tf"]
-    (idx / MANIFEST).write_text(json.dumps(manifest))
-    loaded = RSERetriever.load(idx, embedding=HashingEmbeddings())
-    assert snapshot(loaded) == snapshot(built)
-    for q in QUERIES:
-        got, want = dict(loaded._lexical.search(q, 50)), dict(lexical.search(q, 50))
-        assert got.keys() == want.keys() and len(got) > 3
-        assert np.allclose([got[k] for k in want], list(want.values()))
-
-
-def test_an_index_saved_before_stemming_loads_with_its_words_as_they_were(tmp_path) -> None:
-    """Format 2 (before the stemmer) kept the words unstemmed: so do its queries."""
-    built = RSERetriever.from_documents(
-        corpus_documents(), embedding=HashingEmbeddings(), lexical_stemmer=None
-    )
-    idx = tmp_path / "idx"
-    built.save(idx)
-    header, _ = built._lexical.export_state()
-    _rewrite(idx, "lexical", json.dumps({**header, "format": 2, "stemmer": "english"}).encode())
-    manifest = json.loads((idx / MANIFEST).read_text())
-    del manifest["config"]["lexical_stemmer"]
-    (idx / MANIFEST).write_text(json.dumps(manifest))
-    loaded = RSERetriever.load(idx, embedding=HashingEmbeddings())
-    assert loaded.lexical_stemmer is None and loaded._lexical.stemmer is None
-    assert snapshot(loaded) == snapshot(built)
-    assert loaded._lexical.search("royalties", 50) == built._lexical.search("royalties", 50)
-    assert loaded._lexical.search("royalty", 50) == []  # a stemmed index would find them
 
 
 def test_the_stemmer_is_saved_and_a_different_one_is_refused(built, tmp_path) -> None:
@@ -198,7 +158,7 @@ def test_malformed_lexical_arrays_are_a_format_error(built, tmp_path, damage) ->
     np.savez(buffer, **parts)
     _rewrite(idx, "lexical_tf", buffer.getvalue())
     _rewrite(idx, "lexical", json.dumps(header).encode())
-    with pytest.raises(IndexFormatError, match="lexical index cannot be loaded"):
+    with pytest.raises(IndexFormatError, match="lexical"):
         RSERetriever.load(idx, embedding=HashingEmbeddings())
 
 
@@ -315,15 +275,31 @@ def test_save_removes_temporary_files_of_a_killed_save(built, tmp_path) -> None:
     assert "notes.txt" in names
 
 
-def test_load_reads_each_file_once(built, tmp_path, monkeypatch) -> None:
+_OPENED: list[str] | None = None
+"""The paths opened while a test watches (:func:`_watch_opens`), else None."""
+_HOOKED: list[bool] = []
+
+
+def _watch_opens(event: str, args: tuple) -> None:
+    if event == "open" and _OPENED is not None and isinstance(args[0], (str, Path)):
+        _OPENED.append(str(args[0]))
+
+
+def test_load_opens_each_file_once(built, tmp_path) -> None:
+    """Seen through Python's ``open`` audit events (no code of the package replaced)."""
+    global _OPENED
+    import sys
+
     built.save(tmp_path / "idx")
-    reads: list[str] = []
-    real = Path.read_bytes
-
-    def counting(self: Path) -> bytes:
-        reads.append(self.name)
-        return real(self)
-
-    monkeypatch.setattr(Path, "read_bytes", counting)
-    RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
-    assert reads and len(reads) == len(set(reads)), reads
+    if not _HOOKED:
+        sys.addaudithook(_watch_opens)  # (a hook stays for the process: it only records)
+        _HOOKED.append(True)
+    _OPENED = []
+    try:
+        RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
+        opened = [Path(p).name for p in _OPENED if Path(p).parent == tmp_path / "idx"]
+    finally:
+        _OPENED = None
+    manifest = json.loads((tmp_path / "idx" / MANIFEST).read_text())
+    expected = {MANIFEST, *(f["name"] for f in manifest["files"].values())}
+    assert sorted(opened) == sorted(expected), opened

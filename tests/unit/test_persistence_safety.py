@@ -75,8 +75,7 @@ def test_cli_index_and_html_page_follow_the_umask(tmp_path: Path, umask: int, mo
     )
     written = [p for p in (tmp_path / "idx").rglob("*") if p.is_file()] + [page]
     modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in written}
-    index_files = {name: m for name, m in modes.items() if "embedding_cache" not in name}
-    assert index_files == {name: mode for name in index_files}, modes
+    assert modes == {name: mode for name in modes}, modes
 
 
 # ---------------------------------------------------------------- 3: concurrent saves
@@ -333,6 +332,7 @@ def _manifest_mutations(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
         ("docstore", "kind"): ["cloud"],
         ("stats", "chunks"): [-1],
         ("files", "lexical", "sha256"): ["abc"],
+        ("files", "lexical", "size"): [-1, "12", 1],
         ("files", "lexical", "name"): ["../lexical.json"],
         ("components", "enricher", "settings", "max_depth"): ["4", 4.5],
         ("components", "enricher", "settings", "unexpected"): [1],
@@ -350,8 +350,7 @@ def _manifest_mutations(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
                     _edit(manifest, ("files", a), lambda p, k, b=b: p.__setitem__(k, p[b])),
                 )
     for role in roles:
-        if role != "lexical_tf":  # without it, the token lists of older saves are expected
-            yield f"no {role} file", _edit(manifest, ("files", role), lambda p, k: p.pop(k))
+        yield f"no {role} file", _edit(manifest, ("files", role), lambda p, k: p.pop(k))
 
 
 @pytest.fixture(scope="module", params=["faiss", "in_memory"])
@@ -471,6 +470,7 @@ def test_every_tampered_data_file_is_an_index_format_error(
                 edited = json.loads(json.dumps(manifest))
                 if checksum == "updated":
                     edited["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
+                    edited["files"][role]["size"] = len(data)
                 (work / MANIFEST).write_text(json.dumps(edited))
                 _load_must_refuse(work, f"{role}: {what} ({checksum} checksum)", {entry["name"]})
                 count += 1
@@ -481,6 +481,7 @@ def test_every_tampered_data_file_is_an_index_format_error(
                 (work / entry["name"]).write_bytes(data)
                 edited = json.loads(json.dumps(manifest))
                 edited["files"][role]["sha256"] = hashlib.sha256(data).hexdigest()
+                edited["files"][role]["size"] = len(data)
                 (work / MANIFEST).write_text(json.dumps(edited))
                 _load_must_refuse(work, f"{role} holds {other_role}'s bytes", {entry["name"]})
                 count += 1
@@ -488,3 +489,69 @@ def test_every_tampered_data_file_is_an_index_format_error(
     (work / MANIFEST).write_bytes((saved_index / MANIFEST).read_bytes())
     assert RSERetriever.load(work, embedding=HashingEmbeddings()).invoke("termination")
     assert count > 40, count
+
+
+# ------------------------------------------------------------------ special and oversized files
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+@pytest.mark.parametrize("role", ["lexical", "vectors", "docstore"])
+def test_a_named_pipe_in_place_of_a_data_file_is_refused_at_once(
+    saved_index: Path, tmp_path: Path, role: str
+) -> None:
+    """A named pipe where a data file was: ``load`` raises ``IndexFormatError`` naming it,
+    without waiting for a writer that never comes."""
+    import threading
+
+    work = _copy(saved_index, tmp_path / "idx")
+    name = json.loads((work / MANIFEST).read_text())["files"][role]["name"]
+    (work / name).unlink()
+    os.mkfifo(work / name)
+    outcome: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            RSERetriever.load(work, embedding=HashingEmbeddings())
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(timeout=60)  # generous: the fixed load returns at once
+    waited = thread.is_alive()
+    if waited:  # let the blocked open go on (a writer opens the pipe and closes it)
+        os.close(os.open(work / name, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout=60)
+    assert not waited, "load waited on a named pipe"
+    assert isinstance(outcome[0], IndexFormatError) and name in str(outcome[0]), outcome
+    assert "not a regular file" in str(outcome[0])
+
+
+@pytest.mark.parametrize("role", ["lexical", "vectors"])
+def test_a_data_file_of_another_size_is_refused_before_it_is_read(
+    saved_index: Path, tmp_path: Path, role: str
+) -> None:
+    """A 256 MiB sparse file in place of a data file (its checksum in the manifest kept):
+    ``IndexFormatError`` naming the file and both sizes, and the load allocates nothing
+    near the file's size (it is not read)."""
+    import tracemalloc
+
+    work = _copy(saved_index, tmp_path / "idx")
+    entry = json.loads((work / MANIFEST).read_text())["files"][role]
+    with open(work / entry["name"], "r+b") as handle:
+        handle.truncate(256 * 1024 * 1024)
+    tracemalloc.start()
+    try:
+        with pytest.raises(IndexFormatError, match=f"{entry['name']}.*{256 * 1024 * 1024} bytes"):
+            RSERetriever.load(work, embedding=HashingEmbeddings())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 1024 * 1024, peak
+
+
+def test_the_manifest_records_each_files_size(saved_index: Path) -> None:
+    manifest = json.loads((saved_index / MANIFEST).read_text())
+    for entry in manifest["files"].values():
+        assert entry["size"] == (saved_index / entry["name"]).stat().st_size

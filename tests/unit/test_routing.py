@@ -347,7 +347,7 @@ def test_boosted_reorders_by_multiplied_scores_stably() -> None:
     from langchain_rse.indexing.records import chunk_key, in_docs
 
     keys = [chunk_key(d, "v", i) for d, i in (("a", 0), ("b", 0), ("a", 1), ("b", 1))]
-    ranking = fused([[(k, None) for k in keys]], [1.0], "rrf", rrf_k=0.0)  # 1, 1/2, 1/3, 1/4
+    ranking = fused([[(k, None) for k in keys]], [1.0], rrf_k=0.0)  # 1, 1/2, 1/3, 1/4
     out = ranking.boosted(lambda ids: in_docs(ids, {"b"}), 2.0).top()
     assert [h.id for h in out] == [keys[0], keys[1], keys[3], keys[2]]
     assert [h.score for h in out] == [1.0, 1.0, 0.5, 1 / 3]  # a tie keeps the fused order
@@ -578,7 +578,7 @@ def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None
     routed = set(rng.sample("abcdef", rng.randint(1, 2)))
     router = DocumentRouter(retriever=LeadIndex(), check_k=None, boost=boost)
     got, route = candidates(s, [DenseResult(dense)], [lexical], routed, router, confirmed=True)
-    ranking = fused([dense, lexical], [4.0, 1.0], "rrf", RRF_K)
+    ranking = fused([dense, lexical], [4.0, 1.0], RRF_K)
     boosted = ranking.boosted(lambda ids: in_docs(ids, routed), 1.0 + boost)
     want = boosted.top(pool)
     if dense[0][0] not in [h.id for h in want]:

@@ -245,7 +245,7 @@ def test_save_with_llm_enricher_and_cohere_reranker_has_no_pickle_and_no_keys(
     for path in check_saved_files(tmp_path / "idx"):
         assert leaks(path.read_bytes().decode("utf-8", "replace")) == [], path.name
     manifest = json.loads((tmp_path / "idx" / MANIFEST).read_text())
-    assert manifest["enricher"]["class"] == "ContextualEnricher"
+    assert manifest["components"]["enricher"]["class"] == "ContextualEnricher"
 
     loaded = RSERetriever.load(
         tmp_path / "idx",
