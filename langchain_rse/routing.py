@@ -38,7 +38,14 @@ from langchain_rse.indexing.records import (
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.lexical.tokenizer import tokenize
 
-__all__ = ["DEFAULT_BOOST", "DocumentRouter", "LeadIndex", "as_router", "query_clauses"]
+__all__ = [
+    "DEFAULT_BOOST",
+    "MAX_CLAUSES",
+    "DocumentRouter",
+    "LeadIndex",
+    "as_router",
+    "query_clauses",
+]
 
 DEFAULT_MARGIN = 0.25
 """The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
@@ -46,6 +53,11 @@ DEFAULT_MIN_NAMING = 0.5
 """The share of a clause's weight a lead must hold to route (:attr:`DocumentRouter.min_naming`)."""
 DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set)."""
+MAX_CLAUSES = 8
+"""Clauses (and comma-separated parts of a naming question) of one query that routing
+weighs: the first ones, where a question names its document. The rest stay in the focus
+text but are not searched one by one, so a query of thousands of clauses (``17; 17; ...``)
+costs as much as one of eight."""
 
 logger = logging.getLogger(__name__)
 
@@ -169,9 +181,14 @@ class LeadIndex(DocumentIndex):
     def hits(self, query: str, filter: Filter | None = None) -> list[tuple[str, float]]:
         """``(doc id, BM25 score)`` of the ``k`` best leads for ``query`` that ``filter``
         (parsed, see :func:`~langchain_rse.filters.parse`) allows, best first."""
-        before, leads = self._before_search, self._leads  # private attributes: read once
+        before = self._before_search  # a private attribute: read once
         if before is not None:
             before()
+        return self._hits(query, filter)
+
+    def _hits(self, query: str, filter: Filter | None) -> list[tuple[str, float]]:
+        """:meth:`hits` without the shared store's generation check (done once per query)."""
+        leads = self._leads
         allowed = None if filter is None else (lambda metadata: matches(filter, metadata))
         found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, allowed))
         return [(d, score) for d, score in found if d in leads]
@@ -365,7 +382,9 @@ class DocumentRouter(BaseModel):
     def focus_query(self, query: str, routed: set[str], filter: Filter | None = None) -> str | None:
         """``query`` without the clause that names the ``routed`` documents (the clause
         whose lead-index score for them is highest, searching the leads ``filter`` allows),
-        or None when :meth:`focuses` is false or no clause matches their leads.
+        or None when :meth:`focuses` is false or no clause matches their leads. Only the
+        first :data:`MAX_CLAUSES` clauses (and parts) are weighed, and the leads are searched
+        as the route that gave ``routed`` saw them (no generation check of their own).
 
         A naming clause that is itself a question (it ends in ``?``) keeps what it asks: it
         is split at its commas, and the parts that their leads match better than the last
@@ -380,13 +399,15 @@ class DocumentRouter(BaseModel):
         clauses = query_clauses(query)
         if not self.focus or not isinstance(r, LeadIndex) or not _focusable(clauses):
             return None
-        naming = _naming(r, clauses, routed, filter)
+        naming = _naming(r, clauses[:MAX_CLAUSES], routed, filter)
         if naming is None:
             return None
         rest = clauses[naming]
         if rest.endswith("?"):
             parts = [p for p in (p.strip() for p in rest.split(",")) if p]
-            scores = _lead_scores(r, parts, routed, filter)
+            weighed = [*parts[: MAX_CLAUSES - 1], parts[-1]] if len(parts) > MAX_CLAUSES else parts
+            scores = _lead_scores(r, weighed, routed, filter)
+            scores[-1:-1] = [scores[-1]] * (len(parts) - len(weighed))  # the rest: kept
             keep = [p for p, score in zip(parts, scores) if score <= scores[-1]]
             if len(keep) == len(parts):
                 logger.debug("no focus: the question %r names the document", rest)
@@ -403,7 +424,7 @@ class DocumentRouter(BaseModel):
         none is."""
         if chosen is None or self.min_naming <= 0:
             return chosen
-        clauses = query_clauses(query) or [query]
+        clauses = query_clauses(query)[:MAX_CLAUSES] or [query]
         named = {d for d in chosen if leads.naming_share(clauses, d) >= self.min_naming}
         if not named:
             logger.debug("routing skipped: the query does not name %s", sorted(chosen))
@@ -502,7 +523,7 @@ def _lead_scores(
 ) -> list[float]:
     """Each part of a query's best lead-index score among the ``routed`` documents (0:
     no match), searching the leads ``f`` allows."""
-    return [max((s for d, s in leads.hits(p, f) if d in routed), default=0.0) for p in parts]
+    return [max((s for d, s in leads._hits(p, f) if d in routed), default=0.0) for p in parts]
 
 
 def _naming(leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | None) -> int | None:
