@@ -49,8 +49,14 @@ __all__ = [
 
 DEFAULT_MARGIN = 0.25
 """The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
-DEFAULT_MIN_NAMING = 0.5
-"""The share of a clause's weight a lead must hold to route (:attr:`DocumentRouter.min_naming`)."""
+DEFAULT_MIN_NAMING = 1.5
+"""The name weight a query must give a lead to route (:attr:`DocumentRouter.min_naming`):
+a word no other lead holds and half as much again (chosen on CUAD dev's phrasing families, checked on
+COVID-QA dev and the code set: ``benchmarks/RESULTS.md``)."""
+UNIQUE_TERM = 0.9
+"""A query names a document only if it holds a term of its lead this (nearly) unique (see
+:meth:`LeadIndex.naming_weight`): among 50 leads, a term one lead holds weighs 1, one two
+leads hold 0.72."""
 DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set)."""
 MAX_CLAUSES = 8
@@ -101,8 +107,6 @@ class LeadIndex(DocumentIndex):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _before_search: Callable[[], None] | None = PrivateAttr(default=None)
     """Set by the owning retriever: its shared index's generation check."""
-    _term_weights: Callable[[list[str]], dict[str, float]] | None = PrivateAttr(default=None)
-    """Set by the owning retriever: the IDF of terms over its chunks."""
 
     def __len__(self) -> int:
         return len(self._leads)
@@ -193,25 +197,25 @@ class LeadIndex(DocumentIndex):
         found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, allowed))
         return [(d, score) for d, score in found if d in leads]
 
-    def naming_share(self, texts: Sequence[str], doc_id: str) -> float:
-        """How much of the best of ``texts`` (a query's clauses) the lead of ``doc_id``
-        holds: the share of the IDF weight of a text's terms that its lead contains, from 0
-        to 1. The weights are IDFs over the owning retriever's chunks (over the leads for a
-        lead index on its own); terms the index does not hold weigh nothing. A query that
-        names a document (its title, its parties) scores high; one that shares a word with
-        its title, among words the documents use elsewhere, scores low."""
+    def naming_weight(self, query: str, doc_id: str) -> float:
+        """How strongly ``query`` names the document ``doc_id``: over the query's distinct
+        terms that its lead holds, the sum of each term's weight, ``(its IDF over the leads
+        / the IDF of a term that one lead alone holds) ** 2``: about 1 for a word no other
+        lead holds (a party's name), little for one many leads hold (``contract``,
+        ``date``, ``transmission``). 0 unless one of the terms is (nearly) unique to this
+        lead (weight :data:`UNIQUE_TERM` or more). A query that names a document by its
+        title or parties scores about one per name word, wherever the name stands and
+        however much else the question says."""
         found = self._leads.get(doc_id)
-        if found is None:
+        n = len(self._leads)
+        if found is None or n == 0:
             return 0.0
-        held = set(tokenize(_text(found[0]), self._bm25.stemmer))  # once for every text
-        idf = self._term_weights or self._bm25.idf
-        best = 0.0
-        for text in texts:
-            weights = idf(tokenize(text, self._bm25.stemmer))
-            total = sum(weights.values())
-            if total:
-                best = max(best, sum(w for t, w in weights.items() if t in held) / total)
-        return best
+        held = set(tokenize(_text(found[0]), self._bm25.stemmer)) & set(
+            tokenize(query, self._bm25.stemmer)
+        )
+        unique = math.log1p((n - 0.5) / 1.5)  # the IDF of a term one lead alone holds
+        weights = [(w / unique) ** 2 for w in self._bm25.idf(held).values()]
+        return sum(weights) if max(weights, default=0.0) >= UNIQUE_TERM else 0.0
 
     def search(self, query: str, filter: Filter | None = None) -> list[Document]:
         """The ``k`` best leads for ``query`` that ``filter`` allows (what ``invoke``
@@ -282,13 +286,16 @@ class DocumentRouter(BaseModel):
     ``metadata["bm25_score"]`` (the built-in lead index does), the first document's score
     must be at least ``1 + margin`` times the second's. Similar documents a query does not
     tell apart (contracts from one template, asked about an order number) are not routed."""
-    min_naming: float = Field(default=DEFAULT_MIN_NAMING, ge=0, le=1)
+    min_naming: float = Field(default=DEFAULT_MIN_NAMING, ge=0)
     """Route only to a document the query names: the built-in lead index's first document
-    must hold at least this share of the IDF weight of one of the query's clauses
-    (:meth:`~langchain_rse.routing.LeadIndex.naming_share`). A clause that names a
-    contract by its title and parties is mostly held by its lead; a question that shares one
-    word with an article's title (``"...infected from their mother?"`` and *Mother-to-Child
-    Transmission of HIV-1*) is not. 0: any first document routes."""
+    must have a :meth:`~langchain_rse.routing.LeadIndex.naming_weight` of at least this —
+    about this many words of the query that few other leads hold, one of them held by its
+    lead alone. The weight does not depend on where the name stands or how long the
+    question is, so ``"Consider the Orion Supply Agreement; the date of the contract"``,
+    ``"What is the date of the Orion Supply Agreement?"`` and ``"Orion's supply agreement:
+    its date"`` route alike, and a question that names no document (``"The date of the
+    contract"``, or ``"...infected from their mother?"`` that shares one word with
+    *Mother-to-Child Transmission of HIV-1*) routes nowhere. 0: any first document routes."""
     boost: float = Field(default=math.inf, gt=0)
     """How strongly the chosen documents are favoured: their chunks' fused scores are
     multiplied by ``1 + boost`` (chunks of other documents keep theirs), and in segments
@@ -424,8 +431,7 @@ class DocumentRouter(BaseModel):
         none is."""
         if chosen is None or self.min_naming <= 0:
             return chosen
-        clauses = query_clauses(query)[:MAX_CLAUSES] or [query]
-        named = {d for d in chosen if leads.naming_share(clauses, d) >= self.min_naming}
+        named = {d for d in chosen if leads.naming_weight(query, d) >= self.min_naming}
         if not named:
             logger.debug("routing skipped: the query does not name %s", sorted(chosen))
             return None

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.stores import BaseStore, InMemoryByteStore
 from langchain_core.vectorstores import InMemoryVectorStore
-from test_routing import NAMES, contract
+from test_routing import NAMES, ONE_WORD, contract
 
 from helpers import HashingEmbeddings
-from langchain_rse import NoEnricher, RSERetriever
+from langchain_rse import DocumentRouter, NoEnricher, RSERetriever
 from langchain_rse.indexing.writer import GENERATION_KEY
 
 NAMING = "Consider the Orion Supply Agreement between Orion Holdings and the Buyer"
@@ -54,9 +54,11 @@ def shared() -> tuple[RSERetriever, CountingStore]:
         docstore=store,
         chunk_size=200,
         enricher=NoEnricher(),
+        router=DocumentRouter.leads(min_naming=ONE_WORD),
         show_progress=False,
     )
     retriever.add_documents([contract(n) for n in NAMES])
+    assert retriever.router is not None and retriever.router.route(NAMING) == {"orion.txt"}
     return retriever, store
 
 
