@@ -45,14 +45,15 @@ __all__ = [
     "LeadIndex",
     "as_router",
     "query_clauses",
+    "query_coverage",
 ]
 
 DEFAULT_MARGIN = 0.25
 """The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
 DEFAULT_MIN_NAMING = 1.5
 """The name weight a query must give a lead to route (:attr:`DocumentRouter.min_naming`):
-a word no other lead holds and half as much again (chosen on CUAD dev's phrasing families, checked on
-COVID-QA dev and the code set: ``benchmarks/RESULTS.md``)."""
+a word no other lead holds and half as much again (chosen on CUAD dev's phrasing families,
+checked on COVID-QA dev and the code set: ``benchmarks/RESULTS.md``)."""
 UNIQUE_TERM = 0.9
 """A query names a document only if it holds a term of its lead this (nearly) unique (see
 :meth:`LeadIndex.naming_weight`): among 50 leads, a term one lead holds weighs 1, one two
@@ -538,3 +539,21 @@ def _naming(leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | No
     scores = _lead_scores(leads, parts, routed, f)
     best = max(range(len(parts)), key=scores.__getitem__)
     return best if scores[best] > 0 else None
+
+
+def query_coverage(index: BM25Index, query: str) -> float:
+    """How much of ``query`` the words of ``index`` hold, from 0 to 1: over the query's
+    distinct terms, the IDF weight of those some chunk holds over the weight of all, a term
+    no chunk holds weighing as much as the rarest held one (a term one chunk holds). Words
+    every chunk has (``what``, ``the``) weigh little; a question about lasagna over contracts
+    holds its rare words nowhere and scores low; a question the index can answer, however
+    phrased, mostly uses words it holds. 1 for a query with no terms or an empty index.
+    (:attr:`~langchain_rse.retriever.RSERetriever.min_coverage` abstains below a threshold.)"""
+    terms = set(tokenize(query, index.stemmer))
+    n = len(index)
+    if not terms or n == 0:
+        return 1.0
+    idf = index.idf(terms)
+    held, missing = sum(idf.values()), len(terms) - len(idf)
+    total = held + missing * math.log1p((n - 0.5) / 1.5)
+    return held / total if total > 0 else 1.0
