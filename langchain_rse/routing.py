@@ -292,11 +292,14 @@ class DocumentRouter(BaseModel):
     must have a :meth:`~langchain_rse.routing.LeadIndex.naming_weight` of at least this —
     about this many words of the query that few other leads hold, one of them held by its
     lead alone. The weight does not depend on where the name stands or how long the
-    question is, so ``"Consider the Orion Supply Agreement; the date of the contract"``,
-    ``"What is the date of the Orion Supply Agreement?"`` and ``"Orion's supply agreement:
-    its date"`` route alike, and a question that names no document (``"The date of the
-    contract"``, or ``"...infected from their mother?"`` that shares one word with
-    *Mother-to-Child Transmission of HIV-1*) routes nowhere. 0: any first document routes."""
+    question is, so ``"Consider the Supply Agreement between Orion Holdings and Lyra
+    Trading; the date of the contract"``, ``"What is the date of the Supply Agreement
+    between Orion Holdings and Lyra Trading?"`` and ``"orion holdings' supply agreement
+    with lyra: its date"`` route alike, and a question that names no document (``"The
+    date of the contract"``, or ``"...infected from their mother?"`` that shares one word
+    with *Mother-to-Child Transmission of HIV-1*) routes nowhere. One distinctive word
+    alone (``"the Orion agreement"``) weighs about 1: set 1.0 to route on it (more wrong
+    routes on COVID-QA and the code set). 0: any first document routes."""
     boost: float = Field(default=math.inf, gt=0)
     """How strongly the chosen documents are favoured: their chunks' fused scores are
     multiplied by ``1 + boost`` (chunks of other documents keep theirs), and in segments
