@@ -4,8 +4,8 @@ The signal is :func:`langchain_rse.routing.query_coverage` (how much of the quer
 weight the index's words hold), computed on the default retriever's BM25 index of each dev
 corpus. It needs no embeddings (the vector store gets hash vectors), so every corpus runs
 in seconds. For each threshold: the share of the off-topic questions
-(``offtopic_questions.txt``) whose coverage is below it, which ``min_coverage`` empties,
-beside the share of the corpus's own (answerable) dev questions it would empty.
+(``offtopic_questions.txt``) whose coverage is below it (``DocumentRouter.min_coverage``
+empties them), beside the share of the corpus's own (answerable) dev questions it empties.
 
 Usage::
 

@@ -201,7 +201,6 @@ class Config(_Strict):
     lexical_stemmer: Annotated[str | None, AfterValidator(check_stemmer)] = None
     max_document_chars: int = 20_000_000
     max_chars: int | None = None
-    min_coverage: float = 0.0
     # older saves: the reranker's ``strict`` now
     strict_rerank: bool = False
     # saved by 0.2 and before, ignored since (internal constants now; see docs/decisions.md)

@@ -249,7 +249,6 @@ SAVED_FIELDS = (
     "weights",
     "max_document_chars",
     "max_chars",
-    "min_coverage",
 )
 COMPONENTS = ("enricher", "reranker", "router", "query_expander")
 REMOVED_FIELDS = (

@@ -457,11 +457,12 @@ def retrieval(
 
 def abstains(r: Any, query: str) -> bool:
     """Whether retriever ``r`` returns nothing for ``query``: its in-process BM25 index holds
-    too little of the query's words (``min_coverage``, :func:`query_coverage`)."""
-    if r.min_coverage <= 0 or r.lexical_store is not None:
+    too little of the query's words (the router's ``min_coverage``, :func:`query_coverage`)."""
+    router = r.router
+    if router is None or router.min_coverage <= 0 or r.lexical_store is not None:
         return False
     coverage = query_coverage(r._lexical, query)
-    if coverage < r.min_coverage:
+    if coverage < router.min_coverage:
         logger.debug("abstained: the index holds %.2f of the query's weight", coverage)
         return True
     return False

@@ -172,15 +172,6 @@ class RSERetriever(DocumentIndex):
     max_chars: int | None = None
     """The most characters one call returns in all (also ``invoke(query, max_chars=...)``),
     filled best first, never exceeded; ``k`` still bounds the count. ``None``: the preset's."""
-    min_coverage: float = Field(default=0.0, ge=0.0, le=1.0)
-    """Abstain: a query whose words the index barely holds
-    (:func:`~langchain_rse.routing.query_coverage` below this) returns nothing, so an agent
-    asking about lasagna over contracts is told nothing was found. Off (0) by default: on the
-    dev corpora no threshold empties 90% of off-topic questions while emptying at most 2% of
-    answerable ones everywhere (0.7: 72 / 89 / 59% of 110 off-topic questions emptied on
-    CUAD / code / COVID-QA, 0 / 1.2 / 2.5% of the answerable; a misspelt term costs coverage:
-    ``benchmarks/RESULTS.md``). Needs the in-process BM25 index (ignored with a
-    ``lexical_store``)."""
     fetch_k: int = 50
     """Candidates fetched from each branch (dense and lexical); the best 50 fused ones
     (:data:`~langchain_rse.pipeline.CANDIDATE_POOL`) go on to reranking and RSE."""

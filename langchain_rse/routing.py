@@ -300,6 +300,16 @@ class DocumentRouter(BaseModel):
     with *Mother-to-Child Transmission of HIV-1*) routes nowhere. One distinctive word
     alone (``"the Orion agreement"``) weighs about 1: set 1.0 to route on it (more wrong
     routes on COVID-QA and the code set). 0: any first document routes."""
+    min_coverage: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Abstain: a query whose words the retriever's BM25 index barely holds
+    (:func:`~langchain_rse.routing.query_coverage` below this) is about no indexed document,
+    and the retriever returns nothing for it, so an agent asking about lasagna over
+    contracts is told nothing was found. Off (0) by default: on the dev corpora no threshold
+    empties 90% of off-topic questions while emptying at most 2% of the answerable ones on
+    every corpus (0.7: 72 / 89 / 59% of 110 off-topic questions emptied on CUAD / the code
+    set / COVID-QA, 0 / 1.2 / 2.5% of the answerable; a misspelt or rare word costs
+    coverage: ``benchmarks/RESULTS.md``). Needs the in-process BM25 index (ignored with a
+    ``lexical_store``) and a router (``router=None``: never abstains)."""
     boost: float = Field(default=math.inf, gt=0)
     """How strongly the chosen documents are favoured: their chunks' fused scores are
     multiplied by ``1 + boost`` (chunks of other documents keep theirs), and in segments
@@ -504,6 +514,7 @@ class DocumentRouter(BaseModel):
             "margin": self.margin,
             "focus": self.focus,
             "min_naming": self.min_naming,
+            "min_coverage": self.min_coverage,
         }
 
 
@@ -551,7 +562,7 @@ def query_coverage(index: BM25Index, query: str) -> float:
     every chunk has (``what``, ``the``) weigh little; a question about lasagna over contracts
     holds its rare words nowhere and scores low; a question the index can answer, however
     phrased, mostly uses words it holds. 1 for a query with no terms or an empty index.
-    (:attr:`~langchain_rse.retriever.RSERetriever.min_coverage` abstains below a threshold.)"""
+    (:attr:`DocumentRouter.min_coverage` abstains below a threshold.)"""
     terms = set(tokenize(query, index.stemmer))
     n = len(index)
     if not terms or n == 0:

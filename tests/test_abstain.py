@@ -20,7 +20,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from fake_cohere_server import overlap_score, running_server
 from helpers import HashingEmbeddings, make_contract
-from langchain_rse import EmbeddingReranker, RSERetriever
+from langchain_rse import DocumentRouter, EmbeddingReranker, RSERetriever
 from langchain_rse.rerank import CohereReranker
 from langchain_rse.routing import query_coverage
 
@@ -127,18 +127,19 @@ def hashing_retriever(**kwargs: Any) -> RSERetriever:
 def test_min_coverage_abstains_when_the_index_holds_too_little_of_the_query(tmp_path) -> None:
     """Without a reranker: a query whose rare words no chunk holds returns nothing."""
     assert hashing_retriever().invoke(OFF_TOPIC), "off by default: the least bad passage"
-    retriever = hashing_retriever(min_coverage=0.7)
+    retriever = hashing_retriever(router=DocumentRouter.leads(min_coverage=0.7))
     assert query_coverage(retriever._lexical, OFF_TOPIC) < 0.7
     assert retriever.invoke(OFF_TOPIC) == []
     found = retriever.invoke(IN_ITS_WORDS)
     assert found and "termination" in found[0].page_content.lower()
     retriever.save(tmp_path / "idx")
     loaded = RSERetriever.load(tmp_path / "idx", HashingEmbeddings())
-    assert loaded.min_coverage == 0.7 and loaded.invoke(OFF_TOPIC) == []
+    assert loaded.router is not None and loaded.router.min_coverage == 0.7
+    assert loaded.invoke(OFF_TOPIC) == []
 
 
 async def test_min_coverage_abstains_for_async_invoke() -> None:
-    retriever = hashing_retriever(min_coverage=0.7)
+    retriever = hashing_retriever(router=DocumentRouter.leads(min_coverage=0.7))
     assert await retriever.ainvoke(OFF_TOPIC) == []
     assert await retriever.ainvoke(IN_ITS_WORDS)
 
@@ -146,12 +147,12 @@ async def test_min_coverage_abstains_for_async_invoke() -> None:
 @pytest.mark.parametrize("bad", [-0.1, 1.5])
 def test_a_bad_min_coverage_is_a_clear_error(bad: float) -> None:
     with pytest.raises(ValueError, match="min_coverage"):
-        RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), min_coverage=bad)
+        DocumentRouter.leads(min_coverage=bad)
 
 
 @pytest.fixture(scope="module")
 def strict() -> RSERetriever:
-    return hashing_retriever(min_coverage=1.0)
+    return hashing_retriever(router=DocumentRouter.leads(min_coverage=1.0))
 
 
 @settings(max_examples=40)
