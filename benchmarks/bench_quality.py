@@ -30,8 +30,10 @@ costs the indexing and the queries only; ``--peers dense`` skips the LangChain p
 ``--half a`` tunes on one half of the documents (check the winner on ``--half b``).
 ``--offtopic`` also asks CUAD's 50 off-topic questions (``offtopic_questions.txt``) and
 reports how many return nothing (with a reranker, an off-topic question should).
-``--wording asked|question`` rephrases the CUAD questions; ``--untuned`` samples contracts
-no default was tuned on.
+``--wording <family>`` rephrases the CUAD questions (``cuad_data.WORDINGS``: the name first,
+inside, at the end, possessive, partial, none); ``--wording all`` indexes once and prints one
+row per family (recall, misled, and how the router routed: right / wrong document / none);
+``--untuned`` samples contracts no default was tuned on.
 
 Usage::
 
@@ -51,6 +53,7 @@ for a tuning script to score the same peers (``build_default(docs, emb, **settin
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import math
@@ -82,6 +85,7 @@ from common import (
 from cuad_data import (
     DEFAULT_CONTRACTS,
     DEFAULT_SEED,
+    NAMING_WORDINGS,
     WORDINGS,
     CuadSubset,
     Query,
@@ -525,6 +529,66 @@ def report(
     return "\n".join(lines)
 
 
+def route_counts(retriever: RSERetriever, queries: Sequence[Query]) -> collections.Counter[str]:
+    """How the default's router routes ``queries``: to a gold document (``right``), to
+    another (``wrong``), or not at all (``none``)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for q in queries:
+        routed = retriever.router.route(q.text) if retriever.router is not None else None
+        gold = {f for f, _, _ in q.gold}
+        counts["none" if routed is None else "right" if routed & gold else "wrong"] += 1
+    return counts
+
+
+def family_table(args: argparse.Namespace, embeddings: CachedEmbeddings) -> str:
+    """CUAD dev in every phrasing family (``cuad_data.WORDINGS``), indexed once: recall of
+    the default (and dense) per budget, misled, and the router's decisions."""
+    base = load_cuad(args.contracts, DEFAULT_SEED, args.untuned)
+    corpus = Corpus("cuad", base.contracts, base.queries)
+    idx = chosen_questions(corpus, args.half, args.questions)
+    worded = {w: Corpus("cuad", base.contracts, reworded(base, w).queries) for w in WORDINGS}
+    texts = [c.queries[i].text for c in worded.values() for i in idx]
+    embeddings.embed_array(texts, "query")  # batched, cached
+    settings = args.set[0] if args.set else {}
+    log(f"cuad families: indexing {len(base.contracts)} contracts for {variant_name(settings)}")
+    retriever = build_default(as_documents(corpus), embeddings, **settings)
+    methods = {"default": default_method(retriever), "dense": dense_method(retriever, args.budgets)}
+    header = ["wording", *(f"recall {b // 1000}k %" for b in args.budgets)]
+    header += ["dense 4k %", "routed right / wrong / none", "misled (2k/4k/8k)"]
+    rows, recalls = [], {}
+    for w, c in worded.items():
+        res = score(c, methods, idx, args.budgets)
+        routes = route_counts(retriever, [c.queries[i] for i in idx])
+        recalls[w] = [100 * _mean(res["default"][b]["recall"]) for b in args.budgets]
+        dense4k = (
+            100 * _mean(res["dense"][TARGET_BUDGET]["recall"])
+            if TARGET_BUDGET in args.budgets
+            else math.nan
+        )
+        rows.append(
+            [
+                w,
+                *(f"{r:.1f}" for r in recalls[w]),
+                f"{dense4k:.1f}",
+                f"{routes['right']} / {routes['wrong']} / {routes['none']}",
+                "/".join(f"{sum(res['default'][b]['misled']):.0f}" for b in args.budgets),
+            ]
+        )
+    spread = [
+        max(recalls[w][j] for w in NAMING_WORDINGS) - min(recalls[w][j] for w in NAMING_WORDINGS)
+        for j in range(len(args.budgets))
+    ]
+    return (
+        f"## CUAD dev phrasing families: {len(base.contracts)} contracts, {len(idx)} questions "
+        f"each (half {args.half}), {variant_name(settings)}\n\nCommit {commit()}, "
+        f"{time.strftime('%Y-%m-%d')}.\n\n"
+        + fmt_table(header, rows)
+        + "\n\nspread between the naming families (max - min recall): "
+        + ", ".join(f"{b // 1000}k {d:.1f}" for b, d in zip(args.budgets, spread))
+        + " points"
+    )
+
+
 def commit() -> str:
     """This checkout's commit, for the table's caption."""
     git = ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"]
@@ -636,8 +700,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument(
         "--wording",
         default="consider",
-        choices=WORDINGS,
-        help="CUAD: how the questions are phrased (see cuad_data.WORDINGS)",
+        choices=(*WORDINGS, "all"),
+        help="CUAD: how the questions are phrased (see cuad_data.WORDINGS); all: a family table",
     )
     ap.add_argument(
         "--untuned",
@@ -656,6 +720,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     inner, model_name = base_embeddings()
     embeddings = CachedEmbeddings(inner, model_name)
     try:
+        if args.wording == "all":
+            text = family_table(args, embeddings)
+            print(text + "\n", flush=True)
+            out = CACHE_DIR / "results" / "quality_cuad_families.md"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text + "\n", encoding="utf-8")
+            return
         for name in names:
             run_corpus(name, args, embeddings, model_name)
     finally:

@@ -66,12 +66,60 @@ def halves(data: CuadSubset) -> dict[str, list[int]]:
     }
 
 
-WORDINGS = ("consider", "asked", "question")
-"""How ``bench_quality.py --wording`` phrases the questions: ``consider`` as CUAD does
-(``Consider the <name>; <what is asked>``); ``asked`` as one question that names the
-contract, then an instruction (``In the <name>, <what is asked>? Quote the contract.``), the
-form of benchmarks that ask about a named filing and say how to answer; ``question`` as the
-question alone (``In the <name>, <what is asked>?``)."""
+WORDINGS = (
+    "consider",
+    "asked",
+    "question",
+    "inside",
+    "end",
+    "possessive",
+    "partial",
+    "noname",
+)
+"""How ``bench_quality.py --wording`` phrases the questions (``consider``: the contract's
+full name is ``<type> between <party> and <party>``; ``<ask>`` is what CUAD asks):
+
+* ``consider`` as CUAD does: a naming clause first (``Consider the <name>; <ask>``);
+* ``asked``: one question that names the contract, then an instruction (``In the <name>,
+  <ask>? Quote the contract.``), the form of benchmarks that ask about a named filing;
+* ``question``: the name first inside the question (``In the <name>, <ask>?``);
+* ``inside``: the name inside the question, where it says "the contract" (``On what date
+  will the <name>'s initial term expire?``), else ``What does the <name> say about <ask>``;
+* ``end``: the name at the end (``<ask>, according to the <name>?``);
+* ``possessive``: ``<first party>'s <type>: <ask>``;
+* ``partial``: a partial, lower-case name (``in the <type> with <first two words of the
+  first party>, <ask>``);
+* ``noname``: what is asked alone; it names no contract, so it must not be routed.
+"""
+NAMING_WORDINGS = WORDINGS[:-1]
+"""The wordings that name the contract (routing should treat them alike)."""
+
+
+def _phrased(name: str, ask: str, wording: str) -> str:
+    """One question in ``wording`` (see :data:`WORDINGS`)."""
+    body = ask.strip().rstrip("?.").strip()
+    lower = f"{body[:1].lower()}{body[1:]}"
+    kind, _, parties = name.partition(" between ")
+    first = parties.split(" and ")[0].strip().rstrip(",")
+    if wording == "asked":
+        return f"In the {name}, {lower}? Quote the contract."
+    if wording == "question":
+        return f"In the {name}, {lower}?"
+    if wording == "inside":
+        for said in ("the contract", "this contract", "this\xa0 contract"):
+            if said in ask:
+                return ask.replace(said, f"the {name}", 1)
+        return f"What does the {name} say about {lower}?"
+    if wording == "end":
+        return f"{body}, according to the {name}?"
+    if wording == "possessive":
+        return f"{first}'s {kind}: {ask}"
+    if wording == "partial":
+        short = " ".join(first.split()[:2]).lower().rstrip(",")
+        return f"in the {kind.lower()} with {short}, {lower}?"
+    if wording == "noname":
+        return ask
+    raise ValueError(f"wording must be one of {WORDINGS}, got {wording!r}")
 
 
 def reworded(data: CuadSubset, wording: str) -> CuadSubset:
@@ -85,9 +133,6 @@ def reworded(data: CuadSubset, wording: str) -> CuadSubset:
         head, sep, ask = q.text.partition("; ")
         if not sep or not head.startswith("Consider the "):
             raise ValueError(f"not a CUAD question: {q.text!r}")
-        name, ask = head.removeprefix("Consider the "), ask.strip().rstrip("?.")
-        text = f"In the {name}, {ask[:1].lower()}{ask[1:]}?"
-        if wording == "asked":
-            text += " Quote the contract."
+        text = _phrased(head.removeprefix("Consider the "), ask, wording)
         queries.append(Query(text, q.gold, q.category))
     return CuadSubset(data.contracts, queries)

@@ -37,7 +37,7 @@ from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uui
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.query import Candidate, Route
 from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
-from langchain_rse.routing import DocumentRouter
+from langchain_rse.routing import DocumentRouter, query_coverage
 from langchain_rse.search import SearchBranches
 from langchain_rse.segments import (
     Chosen,
@@ -440,13 +440,26 @@ def retrieval(
     max_chars = check_max_chars(r.max_chars if max_chars is None else max_chars)
 
     def steps() -> Steps:
-        if k == 0:
+        if k == 0 or abstains(r, query):
             return []
         expansions = (yield Expand(query)) if r.query_expander is not None else []
         s = QuerySettings.of(r, query, k, mode, queries, expansions, filter, max_chars)
         return (yield from retrieve(s, r.router))
 
     return steps()
+
+
+def abstains(r: Any, query: str) -> bool:
+    """Whether retriever ``r`` returns nothing for ``query``: its in-process BM25 index holds
+    too little of the query's words (the router's ``min_coverage``, :func:`query_coverage`)."""
+    router = r.router
+    if router is None or router.min_coverage <= 0 or r.lexical_store is not None:
+        return False
+    coverage = query_coverage(r._lexical, query)
+    if coverage < router.min_coverage:
+        logger.debug("abstained: the index holds %.2f of the query's weight", coverage)
+        return True
+    return False
 
 
 def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:

@@ -244,7 +244,6 @@ class RSERetriever(DocumentIndex):
             leads = None
         else:
             leads._before_search = self._sync_local()
-            leads._term_weights = None if self.lexical_store is not None else self._lexical.idf
             leads.use_stemmer(self.lexical_stemmer)  # leads are analyzed as the chunks are
         self._writer.attach_leads(leads)
 

@@ -39,14 +39,33 @@ from langchain_rse.indexing.records import (
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.lexical.tokenizer import tokenize
 
-__all__ = ["DEFAULT_BOOST", "DocumentRouter", "LeadIndex", "as_router", "query_clauses"]
+__all__ = [
+    "DEFAULT_BOOST",
+    "MAX_CLAUSES",
+    "DocumentRouter",
+    "LeadIndex",
+    "as_router",
+    "query_clauses",
+    "query_coverage",
+]
 
 DEFAULT_MARGIN = 0.25
 """The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
-DEFAULT_MIN_NAMING = 0.5
-"""The share of a clause's weight a lead must hold to route (:attr:`DocumentRouter.min_naming`)."""
+DEFAULT_MIN_NAMING = 1.5
+"""The name weight a query must give a lead to route (:attr:`DocumentRouter.min_naming`):
+a word no other lead holds and half as much again (chosen on CUAD dev's phrasing families,
+checked on COVID-QA dev and the code set: ``benchmarks/RESULTS.md``)."""
+UNIQUE_TERM = 0.9
+"""A query names a document only if it holds a term of its lead this (nearly) unique (see
+:meth:`LeadIndex.naming_weight`): among 50 leads, a term one lead holds weighs 1, one two
+leads hold 0.72."""
 DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set)."""
+MAX_CLAUSES = 8
+"""Clauses (and comma-separated parts of a naming question) of one query that routing
+weighs: the first ones, where a question names its document. The rest stay in the focus
+text but are not searched one by one, so a query of thousands of clauses (``17; 17; ...``)
+costs as much as one of eight."""
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +109,6 @@ class LeadIndex(DocumentIndex):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _before_search: Callable[[], None] | None = PrivateAttr(default=None)
     """Set by the owning retriever: its shared index's generation check."""
-    _term_weights: Callable[[list[str]], dict[str, float]] | None = PrivateAttr(default=None)
-    """Set by the owning retriever: the IDF of terms over its chunks."""
 
     def __len__(self) -> int:
         return len(self._leads)
@@ -170,32 +187,37 @@ class LeadIndex(DocumentIndex):
     def hits(self, query: str, filter: Filter | None = None) -> list[tuple[str, float]]:
         """``(doc id, BM25 score)`` of the ``k`` best leads for ``query`` that ``filter``
         (parsed, see :func:`~langchain_rse.filters.parse`) allows, best first."""
-        before, leads = self._before_search, self._leads  # private attributes: read once
+        before = self._before_search  # a private attribute: read once
         if before is not None:
             before()
+        return self._hits(query, filter)
+
+    def _hits(self, query: str, filter: Filter | None) -> list[tuple[str, float]]:
+        """:meth:`hits` without the shared store's generation check (done once per query)."""
+        leads = self._leads
         allowed = None if filter is None else (lambda metadata: matches(filter, metadata))
         found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, allowed))
         return [(d, score) for d, score in found if d in leads]
 
-    def naming_share(self, texts: Sequence[str], doc_id: str) -> float:
-        """How much of the best of ``texts`` (a query's clauses) the lead of ``doc_id``
-        holds: the share of the IDF weight of a text's terms that its lead contains, from 0
-        to 1. The weights are IDFs over the owning retriever's chunks (over the leads for a
-        lead index on its own); terms the index does not hold weigh nothing. A query that
-        names a document (its title, its parties) scores high; one that shares a word with
-        its title, among words the documents use elsewhere, scores low."""
+    def naming_weight(self, query: str, doc_id: str) -> float:
+        """How strongly ``query`` names the document ``doc_id``: over the query's distinct
+        terms that its lead holds, the sum of each term's weight, ``(its IDF over the leads
+        / the IDF of a term that one lead alone holds) ** 2``: about 1 for a word no other
+        lead holds (a party's name), little for one many leads hold (``contract``,
+        ``date``, ``transmission``). 0 unless one of the terms is (nearly) unique to this
+        lead (weight :data:`UNIQUE_TERM` or more). A query that names a document by its
+        title or parties scores about one per name word, wherever the name stands and
+        however much else the question says."""
         found = self._leads.get(doc_id)
-        if found is None:
+        n = len(self._leads)
+        if found is None or n == 0:
             return 0.0
-        held = set(tokenize(_text(found[0]), self._bm25.stemmer))  # once for every text
-        idf = self._term_weights or self._bm25.idf
-        best = 0.0
-        for text in texts:
-            weights = idf(tokenize(text, self._bm25.stemmer))
-            total = sum(weights.values())
-            if total:
-                best = max(best, sum(w for t, w in weights.items() if t in held) / total)
-        return best
+        held = set(tokenize(_text(found[0]), self._bm25.stemmer)) & set(
+            tokenize(query, self._bm25.stemmer)
+        )
+        unique = math.log1p((n - 0.5) / 1.5)  # the IDF of a term one lead alone holds
+        weights = [(w / unique) ** 2 for w in self._bm25.idf(held).values()]
+        return sum(weights) if max(weights, default=0.0) >= UNIQUE_TERM else 0.0
 
     def search(self, query: str, filter: Filter | None = None) -> list[Document]:
         """The ``k`` best leads for ``query`` that ``filter`` allows (what ``invoke``
@@ -266,13 +288,29 @@ class DocumentRouter(BaseModel):
     ``metadata["bm25_score"]`` (the built-in lead index does), the first document's score
     must be at least ``1 + margin`` times the second's. Similar documents a query does not
     tell apart (contracts from one template, asked about an order number) are not routed."""
-    min_naming: float = Field(default=DEFAULT_MIN_NAMING, ge=0, le=1)
+    min_naming: float = Field(default=DEFAULT_MIN_NAMING, ge=0)
     """Route only to a document the query names: the built-in lead index's first document
-    must hold at least this share of the IDF weight of one of the query's clauses
-    (:meth:`~langchain_rse.routing.LeadIndex.naming_share`). A clause that names a
-    contract by its title and parties is mostly held by its lead; a question that shares one
-    word with an article's title (``"...infected from their mother?"`` and *Mother-to-Child
-    Transmission of HIV-1*) is not. 0: any first document routes."""
+    must have a :meth:`~langchain_rse.routing.LeadIndex.naming_weight` of at least this —
+    about this many words of the query that few other leads hold, one of them held by its
+    lead alone. The weight does not depend on where the name stands or how long the
+    question is, so ``"Consider the Supply Agreement between Orion Holdings and Lyra
+    Trading; the date of the contract"``, ``"What is the date of the Supply Agreement
+    between Orion Holdings and Lyra Trading?"`` and ``"orion holdings' supply agreement
+    with lyra: its date"`` route alike, and a question that names no document (``"The
+    date of the contract"``, or ``"...infected from their mother?"`` that shares one word
+    with *Mother-to-Child Transmission of HIV-1*) routes nowhere. One distinctive word
+    alone (``"the Orion agreement"``) weighs about 1: set 1.0 to route on it (more wrong
+    routes on COVID-QA and the code set). 0: any first document routes."""
+    min_coverage: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Abstain: a query whose words the retriever's BM25 index barely holds
+    (:func:`~langchain_rse.routing.query_coverage` below this) is about no indexed document,
+    and the retriever returns nothing for it, so an agent asking about lasagna over
+    contracts is told nothing was found. Off (0) by default: on the dev corpora no threshold
+    empties 90% of off-topic questions while emptying at most 2% of the answerable ones on
+    every corpus (0.7: 72 / 89 / 59% of 110 off-topic questions emptied on CUAD / the code
+    set / COVID-QA, 0 / 1.2 / 2.5% of the answerable; a misspelt or rare word costs
+    coverage: ``benchmarks/RESULTS.md``). Needs the in-process BM25 index (ignored with a
+    ``lexical_store``) and a router (``router=None``: never abstains)."""
     boost: float = Field(default=math.inf, gt=0)
     """How strongly the chosen documents are favoured: their chunks' fused scores are
     multiplied by ``1 + boost`` (chunks of other documents keep theirs), and in segments
@@ -366,7 +404,9 @@ class DocumentRouter(BaseModel):
     def focus_query(self, query: str, routed: set[str], filter: Filter | None = None) -> str | None:
         """``query`` without the clause that names the ``routed`` documents (the clause
         whose lead-index score for them is highest, searching the leads ``filter`` allows),
-        or None when :meth:`focuses` is false or no clause matches their leads.
+        or None when :meth:`focuses` is false or no clause matches their leads. Only the
+        first :data:`MAX_CLAUSES` clauses (and parts) are weighed, and the leads are searched
+        as the route that gave ``routed`` saw them (no generation check of their own).
 
         A naming clause that is itself a question (it ends in ``?``) keeps what it asks: it
         is split at its commas, and the parts that their leads match better than the last
@@ -381,13 +421,15 @@ class DocumentRouter(BaseModel):
         clauses = query_clauses(query)
         if not self.focus or not isinstance(r, LeadIndex) or not _focusable(clauses):
             return None
-        naming = _naming(r, clauses, routed, filter)
+        naming = _naming(r, clauses[:MAX_CLAUSES], routed, filter)
         if naming is None:
             return None
         rest = clauses[naming]
         if rest.endswith("?"):
             parts = [p for p in (p.strip() for p in rest.split(",")) if p]
-            scores = _lead_scores(r, parts, routed, filter)
+            weighed = [*parts[: MAX_CLAUSES - 1], parts[-1]] if len(parts) > MAX_CLAUSES else parts
+            scores = _lead_scores(r, weighed, routed, filter)
+            scores[-1:-1] = [scores[-1]] * (len(parts) - len(weighed))  # the rest: kept
             keep = [p for p, score in zip(parts, scores) if score <= scores[-1]]
             if len(keep) == len(parts):
                 logger.debug("no focus: the question %r names the document", rest)
@@ -404,8 +446,7 @@ class DocumentRouter(BaseModel):
         none is."""
         if chosen is None or self.min_naming <= 0:
             return chosen
-        clauses = query_clauses(query) or [query]
-        named = {d for d in chosen if leads.naming_share(clauses, d) >= self.min_naming}
+        named = {d for d in chosen if leads.naming_weight(query, d) >= self.min_naming}
         if not named:
             logger.debug("routing skipped: the query does not name %s", sorted(chosen))
             return None
@@ -474,6 +515,7 @@ class DocumentRouter(BaseModel):
             "margin": self.margin,
             "focus": self.focus,
             "min_naming": self.min_naming,
+            "min_coverage": self.min_coverage,
         }
 
 
@@ -503,7 +545,7 @@ def _lead_scores(
 ) -> list[float]:
     """Each part of a query's best lead-index score among the ``routed`` documents (0:
     no match), searching the leads ``f`` allows."""
-    return [max((s for d, s in leads.hits(p, f) if d in routed), default=0.0) for p in parts]
+    return [max((s for d, s in leads._hits(p, f) if d in routed), default=0.0) for p in parts]
 
 
 def _naming(leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | None) -> int | None:
@@ -512,3 +554,21 @@ def _naming(leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | No
     scores = _lead_scores(leads, parts, routed, f)
     best = max(range(len(parts)), key=scores.__getitem__)
     return best if scores[best] > 0 else None
+
+
+def query_coverage(index: BM25Index, query: str) -> float:
+    """How much of ``query`` the words of ``index`` hold, from 0 to 1: over the query's
+    distinct terms, the IDF weight of those some chunk holds over the weight of all, a term
+    no chunk holds weighing as much as the rarest held one (a term one chunk holds). Words
+    every chunk has (``what``, ``the``) weigh little; a question about lasagna over contracts
+    holds its rare words nowhere and scores low; a question the index can answer, however
+    phrased, mostly uses words it holds. 1 for a query with no terms or an empty index.
+    (:attr:`DocumentRouter.min_coverage` abstains below a threshold.)"""
+    terms = set(tokenize(query, index.stemmer))
+    n = len(index)
+    if not terms or n == 0:
+        return 1.0
+    idf = index.idf(terms)
+    held, missing = sum(idf.values()), len(terms) - len(idf)
+    total = held + missing * math.log1p((n - 0.5) / 1.5)
+    return held / total if total > 0 else 1.0

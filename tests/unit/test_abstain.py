@@ -10,14 +10,19 @@ calibration (the default) always gives the best candidate relevance 1 and never 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from fake_cohere_server import overlap_score, running_server
 from helpers import HashingEmbeddings, make_contract
-from langchain_rse import EmbeddingReranker, RSERetriever
+from langchain_rse import DocumentRouter, EmbeddingReranker, RSERetriever
 from langchain_rse.rerank import CohereReranker
+from langchain_rse.routing import query_coverage
 
 OFF_TOPIC = "What is a good recipe for lasagna?"
 ON_TOPIC = "termination notice period of the supply agreement"
@@ -104,3 +109,63 @@ def test_cohere_low_scores_return_nothing(low: float) -> None:
         assert [d.metadata["rerank_score"] for d in scored] == pytest.approx([low] * 3)
         found = retriever.invoke(ON_TOPIC)
         assert found and "termination" in found[0].page_content.lower()
+
+
+IN_ITS_WORDS = "termination provisions of the supply agreement"
+"""On topic in the index's own words (``ON_TOPIC``'s "notice" is in no chunk of these two
+small contracts, where it weighs more than all its other words: coverage 0.43)."""
+
+
+def hashing_retriever(**kwargs: Any) -> RSERetriever:
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), show_progress=False, **kwargs
+    )
+    retriever.add_documents(corpus())
+    return retriever
+
+
+def test_min_coverage_abstains_when_the_index_holds_too_little_of_the_query(tmp_path) -> None:
+    """Without a reranker: a query whose rare words no chunk holds returns nothing."""
+    assert hashing_retriever().invoke(OFF_TOPIC), "off by default: the least bad passage"
+    retriever = hashing_retriever(router=DocumentRouter.leads(min_coverage=0.7))
+    assert query_coverage(retriever._lexical, OFF_TOPIC) < 0.7
+    assert retriever.invoke(OFF_TOPIC) == []
+    found = retriever.invoke(IN_ITS_WORDS)
+    assert found and "termination" in found[0].page_content.lower()
+    retriever.save(tmp_path / "idx")
+    loaded = RSERetriever.load(tmp_path / "idx", HashingEmbeddings())
+    assert loaded.router is not None and loaded.router.min_coverage == 0.7
+    assert loaded.invoke(OFF_TOPIC) == []
+
+
+async def test_min_coverage_abstains_for_async_invoke() -> None:
+    retriever = hashing_retriever(router=DocumentRouter.leads(min_coverage=0.7))
+    assert await retriever.ainvoke(OFF_TOPIC) == []
+    assert await retriever.ainvoke(IN_ITS_WORDS)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5])
+def test_a_bad_min_coverage_is_a_clear_error(bad: float) -> None:
+    with pytest.raises(ValueError, match="min_coverage"):
+        DocumentRouter.leads(min_coverage=bad)
+
+
+@pytest.fixture(scope="module")
+def strict() -> RSERetriever:
+    return hashing_retriever(router=DocumentRouter.leads(min_coverage=1.0))
+
+
+@settings(max_examples=40)
+@given(
+    words=st.lists(
+        st.sampled_from(sorted(set(" ".join(TOPICS).split()) | {"supply"})), min_size=1, max_size=12
+    )
+)
+def test_a_query_of_indexed_words_is_never_abstained(
+    strict: RSERetriever, words: list[str]
+) -> None:
+    """Even at the strictest setting, a query every word of which the index holds (phrased
+    in any order, any case) gets results."""
+    query = " ".join(w.upper() if i % 2 else w for i, w in enumerate(words))
+    assert query_coverage(strict._lexical, query) == 1.0
+    assert strict.invoke(query)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.vectorstores import InMemoryVectorStore
+from test_routing import ONE_WORD
 from test_routing import contract as routing_contract
 
 from helpers import HashingEmbeddings
@@ -37,7 +38,7 @@ def build(focus: bool = True, **kwargs: Any) -> RSERetriever:
     retriever = RSERetriever(
         vectorstore=InMemoryVectorStore(HashingEmbeddings()),
         chunk_size=200,
-        router=DocumentRouter.leads(focus=focus),
+        router=DocumentRouter.leads(focus=focus, min_naming=ONE_WORD),
         **kwargs,
     )
     retriever.add_documents(DOCS)
@@ -251,7 +252,7 @@ def test_focus_with_a_hard_route_and_with_several_queries() -> None:
     hard = RSERetriever(
         vectorstore=InMemoryVectorStore(HashingEmbeddings()),
         chunk_size=200,
-        router=DocumentRouter.leads(boost=float("inf")),
+        router=DocumentRouter.leads(boost=float("inf"), min_naming=ONE_WORD),
     )
     hard.add_documents(DOCS)
     found = hard.invoke(QUERY, k=3, mode="chunks")

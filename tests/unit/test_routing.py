@@ -20,6 +20,10 @@ from langchain_rse.routing import DEFAULT_BOOST, LeadIndex
 NAMES = ["Orion", "Lyra", "Vega"]
 QUERY = "termination notice period of the Orion supply agreement"
 REQUEST = {"query": QUERY, "filter": None}
+ONE_WORD = 1.0
+"""``min_naming`` that routes a query naming its contract by one word no other lead holds
+(``Orion``: among three look-alike contracts the only word that names one; the default asks
+for more, see ``LeadIndex.naming_weight``)."""
 
 
 def contract(name: str, clauses: int = 8, tail: str = "") -> Document:
@@ -106,7 +110,10 @@ def test_the_lead_reaches_past_a_cover_legend() -> None:
     assert "ORION SUPPLY AGREEMENT" in leads.get(["orion.txt"])[0].page_content
     assert leads.hits(QUERY)[0][0] == "orion.txt"
     retriever = RSERetriever(
-        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=200, enricher=NoEnricher()
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        chunk_size=200,
+        enricher=NoEnricher(),
+        router=DocumentRouter.leads(min_naming=ONE_WORD),
     )
     retriever.add_documents(docs)
     assert retriever.router is not None
@@ -317,6 +324,9 @@ def test_the_default_routes_softly_with_the_built_in_lead_index() -> None:
     assert router.sync and router.boost == DEFAULT_BOOST and router.check_k == 10
     # each retriever gets its own lead index
     assert default_retriever().router.retriever is not router.retriever  # type: ignore[union-attr]
+    retriever = default_retriever(router=DocumentRouter.leads(min_naming=ONE_WORD))
+    router = retriever.router
+    assert router is not None and isinstance(router.retriever, LeadIndex)
     docs = [contract(n) for n in NAMES]
     retriever.add_documents(docs)
     assert len(router.retriever) == 3  # type: ignore[arg-type]
@@ -330,10 +340,10 @@ def test_the_default_routes_softly_with_the_built_in_lead_index() -> None:
 
 
 def test_soft_boost_favours_without_filtering() -> None:
-    retriever = default_retriever(router=DocumentRouter.leads(boost=0.5))
+    retriever = default_retriever(router=DocumentRouter.leads(boost=0.5, min_naming=ONE_WORD))
     retriever.add_documents([contract(n) for n in NAMES])
     soft = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
-    retriever.router = DocumentRouter.leads(boost=math.inf)
+    retriever.router = DocumentRouter.leads(boost=math.inf, min_naming=ONE_WORD)
     assert isinstance(retriever.router.retriever, LeadIndex)
     assert retriever._writer.leads is retriever.router.retriever  # rebound on assignment
     assert len(retriever.router.retriever) == 3  # filled from the records
@@ -507,7 +517,7 @@ def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
     from langchain_rse.pipeline import QuerySettings, tracing
     from langchain_rse.segments import choose_segments as select
 
-    retriever = default_retriever()
+    retriever = default_retriever(router=DocumentRouter.leads(min_naming=ONE_WORD))
     retriever.add_documents(
         [contract(n) for n in [*NAMES, "Draco", "Cygnus", "Aquila", "Hydra", "Carina"]]
     )

@@ -4,7 +4,11 @@ Transmission of HIV-1*)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -75,3 +79,94 @@ def test_a_question_that_names_its_document_is_routed(retriever: RSERetriever) -
     query = "In Mother-to-Child Transmission of HIV-1, what reduces transmission?"
     assert retriever.router.route(query) == {"hiv"}
     assert retriever.invoke(query)[0].metadata["doc_id"] == "hiv"
+
+
+WORDS = [
+    "kestrel",
+    "marten",
+    "osprey",
+    "pike",
+    "quokka",
+    "raven",
+    "sable",
+    "tern",
+    "umber",
+    "vireo",
+    "wren",
+    "yarrow",
+    "zephyr",
+    "alder",
+    "birch",
+    "cedar",
+]
+KINDS = ["Supply", "Licence", "Distribution", "Services"]
+ASKS = [
+    "The date of the contract",
+    "Which state's law governs the interpretation of the contract?",
+    "On what date will the contract's initial term expire?",
+    "Is there a cap on liability?",
+]
+
+
+def phrasings(kind: str, first: str, second: str, ask: str) -> dict[str, str]:
+    """One question in the families of ``benchmarks/cuad_data.py`` (``noname`` last)."""
+    name = f"{kind} Agreement between {first} and {second}"
+    body = ask.rstrip("?.")
+    lower = body[0].lower() + body[1:]
+    return {
+        "consider": f"Consider the {name}; {ask}",
+        "question": f"In the {name}, {lower}?",
+        "inside": f"What does the {name} say about {lower}?",
+        "end": f"{body}, according to the {name}?",
+        "possessive": f"{first}'s {kind} Agreement: {ask}",
+        "partial": f"in the {kind.lower()} agreement with {first.lower().removesuffix(' inc.')}, "
+        f"{lower}?",
+        "noname": ask,
+    }
+
+
+@settings(max_examples=30)
+@given(
+    n=st.integers(3, 8),
+    seed=st.integers(0, 10_000),
+    ask=st.sampled_from(ASKS),
+    asked=st.integers(0, 7),
+)
+def test_a_question_is_routed_alike_however_it_names_its_contract(
+    n: int, seed: int, ask: str, asked: int
+) -> None:
+    """Every naming phrasing routes to the contract it names; the question alone nowhere."""
+    rng = random.Random(seed)
+    words = [w.title() for w in rng.sample(WORDS, 2 * n)]
+    parties = [
+        (f"{words[2 * i]} {words[2 * i + 1]} Inc.", "Northwind Trading LLC") for i in range(n)
+    ]
+    kinds = [rng.choice(KINDS) for _ in range(n)]
+    filler = "\n\n".join(  # the opening: past the 2,000 characters of a lead
+        f"Recital {c}. The parties wish to cooperate on the terms set out below, in good faith "
+        "and for their mutual benefit, as recorded in the schedules."
+        for c in range(1, 16)
+    )
+    clauses = (
+        "Liability. Each party's liability is capped at the fees paid. Governing law. The "
+        "interpretation of this contract is governed by the laws of the State of New York. "
+        "Term. The initial term expires on 1 May 2030 unless renewed."
+    )
+    docs = [
+        Document(
+            f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n{filler}\n\n{clauses}",
+            id=f"c{i}",
+        )
+        for i, (kind, (a, b)) in enumerate(zip(kinds, parties))
+    ]
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=300, show_progress=False
+    )
+    retriever.add_documents(docs)
+    router = retriever.router
+    assert router is not None
+    i = asked % n
+    questions = phrasings(kinds[i], *parties[i], ask)
+    routes = {family: router.route(q) for family, q in questions.items()}
+    assert routes.pop("noname") is None
+    assert routes == dict.fromkeys(routes, {f"c{i}"})
