@@ -17,12 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.documents import Document
-from langchain_text_splitters import RecursiveCharacterTextSplitter, TextSplitter
+from langchain_text_splitters import TextSplitter
+
+from langchain_rse.indexing.sections import section_starts
 
 __all__ = [
     "LEAD_CHARS",
     "PAGE_OFFSETS",
     "Chunk",
+    "SectionSplitter",
     "check_page_offsets",
     "combine_pages",
     "doc_id_for",
@@ -103,8 +106,81 @@ def document_leads(documents: Iterable[Document], max_chars: int = LEAD_CHARS) -
     return leads
 
 
+_BREAKS = (
+    re.compile(r"\S(?=[ \t]*\r?\n[ \t]*\r?\n)"),  # a paragraph's end (a blank line follows)
+    re.compile(r"\S(?=[ \t]*\r?\n)"),  # a line's end
+    re.compile(r"[.!?;:](?=\s)"),  # a sentence's or clause's end
+    re.compile(r"\S(?=\s)"),  # a word's end
+)
+"""Where a chunk may end, strongest first: the offset just after each match."""
+
+
+class SectionSplitter(TextSplitter):
+    """Splits each section on its own into chunks of about ``chunk_size`` characters that
+    end where the text pauses.
+
+    Sections start at line headings (``indexing.sections``: Markdown ``#`` headings and
+    underlined or overlined titles), so a chunk never ends on the next section's title.
+    Within a section each chunk ends at the strongest break (a paragraph's end, then a
+    line's, a sentence's, a word's) in the second half of its ``chunk_size`` window, the
+    latest of that strength; so short paragraphs are packed together and wrapped
+    reStructuredText and Markdown make chunks about as long as plain text does. Chunks
+    start at the next non-blank character (with ``chunk_overlap``, at the first word that
+    many characters before the previous chunk's end). Every chunk is an exact slice.
+    """
+
+    def split_text(self, text: str) -> list[str]:
+        """The chunks of ``text``, in text order."""
+        bounds = [0, *(s for s in section_starts(text) if s > 0), len(text)]
+        return [
+            text[s:e]
+            for start, end in zip(bounds, bounds[1:])
+            for s, e in self._section_spans(text, start, end)
+        ]
+
+    def _section_spans(self, text: str, lo: int, hi: int) -> list[tuple[int, int]]:
+        section = text[lo:hi]
+        breaks = [[lo + m.end() for m in pattern.finditer(section)] for pattern in _BREAKS]
+        last = section.rstrip()
+        spans: list[tuple[int, int]] = []
+        start = lo + len(section) - len(section.lstrip())
+        stop = lo + len(last)
+        size, overlap = self._chunk_size, self._chunk_overlap
+        while start < stop:
+            end = stop if stop - start <= size else _best_break(breaks, start, size)
+            spans.append((start, end))
+            if end >= stop:
+                break
+            nxt = end
+            if overlap:
+                words = breaks[-1]
+                i = bisect_right(words, end - overlap - 1)
+                nxt = words[i] if i < len(words) and words[i] < end else end
+            found = _NON_SPACE.search(text, nxt, stop)
+            following = found.start() if found else stop
+            start = following if following > start else end
+        return spans
+
+
+def _best_break(breaks: list[list[int]], start: int, size: int) -> int:
+    """The end of a chunk starting at ``start``: the strongest break in the second half of
+    its window, the latest of that strength; else the strongest, latest in the first half;
+    else a hard cut at ``size``."""
+    hi, half = start + size, start + size // 2
+    fallback = 0
+    for offsets in breaks:
+        i = bisect_right(offsets, hi) - 1
+        if i >= 0 and offsets[i] > start:
+            if offsets[i] >= half:
+                return offsets[i]
+            fallback = fallback or offsets[i]
+    return fallback or hi
+
+
 def make_splitter(chunk_size: int = DEFAULT_CHUNK_SIZE, chunk_overlap: int = 0) -> TextSplitter:
-    """The default splitter: paragraphs, then lines, then sentences, then words."""
+    """The default splitter (:class:`SectionSplitter`): each section on its own, in chunks
+    of about ``chunk_size`` characters that end at a paragraph's, line's, sentence's or
+    word's end."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if chunk_overlap < 0 or chunk_overlap >= chunk_size:
@@ -112,13 +188,7 @@ def make_splitter(chunk_size: int = DEFAULT_CHUNK_SIZE, chunk_overlap: int = 0) 
             f"chunk_overlap must be in [0, chunk_size), got {chunk_overlap} "
             f"with chunk_size={chunk_size}"
         )
-    return RecursiveCharacterTextSplitter(
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-        separators=["\n\n", "\n", ". ", " ", ""],
-        keep_separator="end",
-        strip_whitespace=True,
-    )
+    return SectionSplitter(chunk_size=chunk_size, chunk_overlap=chunk_overlap)
 
 
 _NON_SPACE = re.compile(r"\S")
