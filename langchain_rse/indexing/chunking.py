@@ -19,7 +19,7 @@ from typing import Any
 from langchain_core.documents import Document
 from langchain_text_splitters import TextSplitter
 
-from langchain_rse.indexing.sections import section_starts
+from langchain_rse.indexing.sections import line_headings
 
 __all__ = [
     "LEAD_CHARS",
@@ -120,7 +120,8 @@ class SectionSplitter(TextSplitter):
     end where the text pauses.
 
     Sections start at line headings (``indexing.sections``: Markdown ``#`` headings and
-    underlined or overlined titles), so a chunk never ends on the next section's title.
+    underlined or overlined titles), so a chunk never ends on the next section's title,
+    and a section's first chunk holds more than its title when the section does.
     Within a section each chunk ends at the strongest break (a paragraph's end, then a
     line's, a sentence's, a word's) in the second half of its ``chunk_size`` window, the
     latest of that strength; so short paragraphs are packed together and wrapped
@@ -131,14 +132,16 @@ class SectionSplitter(TextSplitter):
 
     def split_text(self, text: str) -> list[str]:
         """The chunks of ``text``, in text order."""
-        bounds = [0, *(s for s in section_starts(text) if s > 0), len(text)]
+        headings = [(h.start, h.end) for h in line_headings(text) if h.start > 0]
+        bounds = [(0, 0), *headings, (len(text), len(text))]
         return [
             text[s:e]
-            for start, end in zip(bounds, bounds[1:])
-            for s, e in self._section_spans(text, start, end)
+            for (start, title_end), (end, _) in zip(bounds, bounds[1:])
+            for s, e in self._section_spans(text, start, end, title_end)
         ]
 
-    def _section_spans(self, text: str, lo: int, hi: int) -> list[tuple[int, int]]:
+    def _section_spans(self, text: str, lo: int, hi: int, title_end: int) -> list[tuple[int, int]]:
+        """The chunks of ``text[lo:hi]``, a section whose title ends at ``title_end``."""
         section = text[lo:hi]
         breaks = [[lo + m.end() for m in pattern.finditer(section)] for pattern in _BREAKS]
         last = section.rstrip()
@@ -147,7 +150,7 @@ class SectionSplitter(TextSplitter):
         stop = lo + len(last)
         size, overlap = self._chunk_size, self._chunk_overlap
         while start < stop:
-            end = stop if stop - start <= size else _best_break(breaks, start, size)
+            end = stop if stop - start <= size else _best_break(breaks, start, size, title_end)
             spans.append((start, end))
             if end >= stop:
                 break
@@ -162,15 +165,16 @@ class SectionSplitter(TextSplitter):
         return spans
 
 
-def _best_break(breaks: list[list[int]], start: int, size: int) -> int:
+def _best_break(breaks: list[list[int]], start: int, size: int, title_end: int = 0) -> int:
     """The end of a chunk starting at ``start``: the strongest break in the second half of
     its window, the latest of that strength; else the strongest, latest in the first half;
-    else a hard cut at ``size``."""
+    else a hard cut at ``size``. Never within a title that ends at ``title_end``."""
     hi, half = start + size, start + size // 2
+    floor = max(start, title_end)
     fallback = 0
     for offsets in breaks:
         i = bisect_right(offsets, hi) - 1
-        if i >= 0 and offsets[i] > start:
+        if i >= 0 and offsets[i] > floor:
             if offsets[i] >= half:
                 return offsets[i]
             fallback = fallback or offsets[i]

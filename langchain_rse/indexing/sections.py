@@ -85,15 +85,15 @@ def _fenced_spans(text: str, skip: set[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def _underlined(text: str) -> list[tuple[int, int, str, str, str]]:
-    """``(start, end, title, style, adornment start)`` of each underlined or overlined title.
+def _underlined(text: str) -> list[tuple[int, int, str, str, tuple[int, ...]]]:
+    """``(start, end, title, style, adornment starts)`` of each underlined or overlined title.
 
     A title is one line with a letter or digit, not indented unless overlined, after a blank
     line (or the text's start); the adornment is a line of one punctuation character, 3 or
     more long; an overline must be the same character. The style is the character
     (``"over"`` and the character when overlined: reStructuredText tells the two apart).
     """
-    found: list[tuple[int, int, str, str, str]] = []
+    found: list[tuple[int, int, str, str, tuple[int, ...]]] = []
     taken_to = -1
     adornments = list(_line_matches(_ADORNMENT, text))
     for n, match in enumerate(adornments):
@@ -113,7 +113,8 @@ def _underlined(text: str) -> list[tuple[int, int, str, str, str]]:
                 and _is_title(text[title_start:title_end].strip())
             ):
                 title = text[title_start:title_end].strip()
-                found.append((line_start, under.end(), title, "over" + ch, under.start("h")))
+                rules = (line_start, under.start("h"))
+                found.append((line_start, under.end(), title, "over" + ch, rules))
                 taken_to = under.end()
                 continue
         # Underlined: the line above is the title, after a blank line or the text's start.
@@ -125,7 +126,7 @@ def _underlined(text: str) -> list[tuple[int, int, str, str, str]]:
             continue
         if title_start > 0 and _line_at(text, title_start - 1)[1].strip():
             continue  # the last line of a paragraph over a rule
-        found.append((title_start, match.end(), title, ch, line_start))
+        found.append((title_start, match.end(), title, ch, (line_start,)))
         taken_to = match.end()
     return found
 
@@ -144,7 +145,7 @@ def line_headings(text: str) -> list[LineHeading]:
     setext ``===`` is a level-1 and ``---`` a level-2 heading there).
     """
     underlined = _underlined(text)
-    spans = _fenced_spans(text, {u[4] for u in underlined})
+    spans = _fenced_spans(text, {rule for u in underlined for rule in u[4]})
     span_starts = [s for s, _ in spans]
 
     def fenced(start: int) -> bool:
