@@ -11,15 +11,15 @@ import hashlib
 import json
 import math
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.documents import Document
-from langchain_text_splitters import TextSplitter
+from langchain_text_splitters import RecursiveCharacterTextSplitter, TextSplitter
 
-from langchain_rse.indexing.sections import line_headings
+from langchain_rse.indexing.sections import LineHeading, line_headings
 
 __all__ = [
     "LEAD_CHARS",
@@ -116,41 +116,51 @@ _BREAKS = (
 
 
 class SectionSplitter(TextSplitter):
-    """Splits each section on its own into chunks of about ``chunk_size`` characters that
-    end where the text pauses.
+    """The default splitter: chunks of about ``chunk_size`` characters that end where the
+    text pauses, and sections for documents with headings.
 
-    Sections start at line headings (``indexing.sections``: Markdown ``#`` headings and
-    underlined or overlined titles), so a chunk never ends on the next section's title,
-    and a section's first chunk holds more than its title when the section does.
-    Within a section each chunk ends at the strongest break (a paragraph's end, then a
-    line's, a sentence's, a word's) in the second half of its ``chunk_size`` window, the
-    latest of that strength; so short paragraphs are packed together and wrapped
+    Text without line headings is split as it always was: a recursive splitter on
+    paragraphs, then lines, sentences and words (the chunks the RSE presets were tuned on).
+    Text with line headings (``indexing.sections``: Markdown ``#`` headings, titles
+    underlined or overlined as in reStructuredText and AsciiDoc) is split in one pass: each
+    chunk ends at the strongest break in the second half of its window (a section's end,
+    then a paragraph's, a line's, a sentence's, a word's), the latest of that strength, and
+    never inside or right after a title. So a section too short to fill half a chunk is
+    packed with what follows, short paragraphs are packed together, and wrapped
     reStructuredText and Markdown make chunks about as long as plain text does. Chunks
     start at the next non-blank character (with ``chunk_overlap``, at the first word that
     many characters before the previous chunk's end). Every chunk is an exact slice.
     """
 
+    def __init__(self, chunk_size: int, chunk_overlap: int = 0) -> None:
+        super().__init__(chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+        self._plain = RecursiveCharacterTextSplitter(
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            separators=["\n\n", "\n", ". ", " ", ""],
+            keep_separator="end",
+            strip_whitespace=True,
+        )
+
     def split_text(self, text: str) -> list[str]:
         """The chunks of ``text``, in text order."""
-        headings = [(h.start, h.end) for h in line_headings(text) if h.start > 0]
-        bounds = [(0, 0), *headings, (len(text), len(text))]
-        return [
-            text[s:e]
-            for (start, title_end), (end, _) in zip(bounds, bounds[1:])
-            for s, e in self._section_spans(text, start, end, title_end)
-        ]
+        headings = line_headings(text)
+        if not headings:
+            return self._plain.split_text(text)
+        return [text[s:e] for s, e in self._spans(text, headings)]
 
-    def _section_spans(self, text: str, lo: int, hi: int, title_end: int) -> list[tuple[int, int]]:
-        """The chunks of ``text[lo:hi]``, a section whose title ends at ``title_end``."""
-        section = text[lo:hi]
-        breaks = [[lo + m.end() for m in pattern.finditer(section)] for pattern in _BREAKS]
-        last = section.rstrip()
+    def _spans(self, text: str, headings: list[LineHeading]) -> list[tuple[int, int]]:
+        titles = [(h.start, h.end) for h in headings]
+        section_ends = [len(text[: h.start].rstrip()) for h in headings if h.start > 0]
+        breaks = [
+            [p for p in offsets if not _in_title(titles, p)]
+            for offsets in (section_ends, *([m.end() for m in b.finditer(text)] for b in _BREAKS))
+        ]
         spans: list[tuple[int, int]] = []
-        start = lo + len(section) - len(section.lstrip())
-        stop = lo + len(last)
+        start, stop = len(text) - len(text.lstrip()), len(text.rstrip())
         size, overlap = self._chunk_size, self._chunk_overlap
         while start < stop:
-            end = stop if stop - start <= size else _best_break(breaks, start, size, title_end)
+            end = stop if stop - start <= size else _best_break(breaks, start, size)
             spans.append((start, end))
             if end >= stop:
                 break
@@ -165,16 +175,21 @@ class SectionSplitter(TextSplitter):
         return spans
 
 
-def _best_break(breaks: list[list[int]], start: int, size: int, title_end: int = 0) -> int:
+def _in_title(titles: list[tuple[int, int]], offset: int) -> bool:
+    """Whether a chunk ending at ``offset`` would end inside or right after a title."""
+    i = bisect_left(titles, (offset, -1)) - 1
+    return i >= 0 and titles[i][0] < offset <= titles[i][1]
+
+
+def _best_break(breaks: list[list[int]], start: int, size: int) -> int:
     """The end of a chunk starting at ``start``: the strongest break in the second half of
     its window, the latest of that strength; else the strongest, latest in the first half;
-    else a hard cut at ``size``. Never within a title that ends at ``title_end``."""
+    else a hard cut at ``size``."""
     hi, half = start + size, start + size // 2
-    floor = max(start, title_end)
     fallback = 0
     for offsets in breaks:
         i = bisect_right(offsets, hi) - 1
-        if i >= 0 and offsets[i] > floor:
+        if i >= 0 and offsets[i] > start:
             if offsets[i] >= half:
                 return offsets[i]
             fallback = fallback or offsets[i]
@@ -182,9 +197,9 @@ def _best_break(breaks: list[list[int]], start: int, size: int, title_end: int =
 
 
 def make_splitter(chunk_size: int = DEFAULT_CHUNK_SIZE, chunk_overlap: int = 0) -> TextSplitter:
-    """The default splitter (:class:`SectionSplitter`): each section on its own, in chunks
-    of about ``chunk_size`` characters that end at a paragraph's, line's, sentence's or
-    word's end."""
+    """The default splitter (:class:`SectionSplitter`): chunks of about ``chunk_size``
+    characters ending at a paragraph's, line's, sentence's or word's end, and at sections
+    in documents with headings."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if chunk_overlap < 0 or chunk_overlap >= chunk_size:
