@@ -81,12 +81,15 @@ def test_rst_and_asciidoc_files_are_read_by_the_command(tmp_path: Path) -> None:
     assert all(isinstance(d, Document) and d.page_content == RST for d in docs)
 
 
-def test_short_wrapped_paragraphs_are_packed() -> None:
-    para = "A short line of wrapped\ndocumentation text here.\n\n"  # 50 characters
-    text = "Title\n=====\n\n" + para * 40
+def test_wrapped_paragraphs_are_packed() -> None:
+    # reST wraps at ~70 characters; paragraphs a little over the chunk size left a short
+    # tail chunk each (205 characters on average at size 300 for Flask's docs)
+    line = "Sessions store data between requests in a signed cookie here."  # 62
+    para = "\n".join([line] * 6)  # 377 characters
+    text = "Title\n=====\n\n" + "\n\n".join([para] * 20) + "\n"
     chunks = split_text(text, "d", make_splitter(300))
     sizes = [c.end_index - c.start_index for c in chunks]
-    assert max(sizes) <= 300 and sum(sizes) / len(sizes) >= 200
+    assert max(sizes) <= 300 and sum(sizes) / len(sizes) >= 240
 
 
 ADORNMENTS = "=-~^\"'*+#:._"
