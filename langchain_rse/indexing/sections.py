@@ -21,8 +21,10 @@ _MD_HEADING_BODY = r"(?P<h> {0,3}(?P<hashes>#{1,6})[ \t]+(?P<title>\S.*)$)"
 _MD_HEADING = (re.compile(r"\n" + _MD_HEADING_BODY, re.M), re.compile(_MD_HEADING_BODY, re.M))
 _MD_FENCE_BODY = r"(?P<h> {0,3}(?P<fence>`{3,}|~{3,}))"
 _MD_FENCE = (re.compile(r"\n" + _MD_FENCE_BODY), re.compile(_MD_FENCE_BODY))
-_ADORNMENT_BODY = r"(?P<h>(?P<ch>[!-/:-@\[-_{-~])(?P=ch){2,})[ \t]*\r?$"
-"""A line of one punctuation character (not a backtick: Markdown's fence), 3 or more long."""
+_ADORNMENT_BODY = r"(?P<h>[!-/:-@\[-_{-~]{3,})[ \t]*\r?$"
+"""A line of punctuation (not a backtick: Markdown's fence), 3 or more long; an adornment
+when it is one character repeated (checked in Python: a backreference repeated in the
+pattern costs memory per character)."""
 _ADORNMENT = (re.compile(r"\n" + _ADORNMENT_BODY, re.M), re.compile(_ADORNMENT_BODY, re.M))
 _MAX_TITLE_CHARS = 120
 """An underlined line longer than this is prose over a rule, not a title."""
@@ -95,19 +97,21 @@ def _underlined(text: str) -> list[tuple[int, int, str, str, tuple[int, ...]]]:
     """
     found: list[tuple[int, int, str, str, tuple[int, ...]]] = []
     taken_to = -1
-    adornments = list(_line_matches(_ADORNMENT, text))
+    adornments = [
+        m for m in _line_matches(_ADORNMENT, text) if not m.group("h").strip(m.group("h")[0])
+    ]
     for n, match in enumerate(adornments):
         line_start = match.start("h")
         if line_start < taken_to:
             continue
-        ch = match.group("ch")
+        ch = match.group("h")[0]
         # Overlined: this line, a title line, then the same adornment.
         title_start = match.end() + 1
         if n + 1 < len(adornments) and title_start < len(text):
             under = adornments[n + 1]
             title_end = text.find("\n", title_start)
             if (
-                under.group("ch") == ch
+                under.group("h")[0] == ch
                 and title_end >= 0
                 and under.start("h") == title_end + 1
                 and _is_title(text[title_start:title_end].strip())
