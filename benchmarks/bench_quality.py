@@ -1,7 +1,9 @@
 """The default retriever beside three peers on every dev corpus, at equal context budgets.
 
-One table per corpus (CUAD dev, Anthropic's code set, COVID-QA dev). Every method uses the
-same embedding model (the bundled one, vectors cached in ``benchmarks/.cache/``):
+One table per corpus (CUAD dev, Anthropic's code set, COVID-QA dev, and ``docs``: Flask
+3.1.0's reStructuredText documentation with the 44 questions of
+``benchmarks/data/flask_questions.json``). Every method uses the same embedding model (the
+bundled one, vectors cached in ``benchmarks/.cache/``):
 
 * ``default``: ``RSERetriever`` with its defaults, called as a user would with a context
   budget: ``retriever.invoke(q, k=50, max_chars=budget)``;
@@ -9,18 +11,29 @@ same embedding model (the bundled one, vectors cached in ``benchmarks/.cache/``)
 * ``naive500``: LangChain's ``RecursiveCharacterTextSplitter(chunk_size=500)`` chunks (no
   header) in FAISS, top-k;
 * ``ensemble``: LangChain's ``EnsembleRetriever([BM25Retriever, FAISS], weights=[0.5, 0.5])``
-  over the same 500-character chunks.
+  over the same 500-character chunks;
+* ``dense1000`` / ``ensemble1000`` (the docs corpus's peers): plain dense top-k over
+  1000-character chunks (no overlap), and the same ensemble over 1000-character chunks with
+  100 characters of overlap.
+
+The docs corpus is Flask's sdist, pinned (``DOCS_SDIST``): read from ``$RSE_DOCS_CORPUS`` (a
+``docs/`` folder) when set, else fetched once with ``pip download`` into
+``benchmarks/.cache/docs/`` (checked against its SHA-256); when neither works the corpus is
+skipped with a message. Each question's gold is the paragraph holding its quoted anchor,
+re-located on load (a mismatch is an error, not a silent skip).
 
 Each peer's best-first ranges are cut at the budget (``common.cut_at_budget``). Per budget:
 character recall / precision, evidence hit (at least half the gold characters returned),
 wrong-document share (returned characters from documents holding no gold), characters
-returned, and ``misled``: questions whose whole answer came from one wrong document while
-dense top-k had a gold document first; results under 100 characters, and questions with an
-answer in a gap (gold text not returned between two returned segments of its document at most
-600 characters apart), counted. Questions split into halves by document (``a``: the
+returned, results under 100 characters (``frag``), questions whose missing answer
+characters lie between two returned ranges of its document (``gap``), and ``misled``:
+questions whose whole answer came from one wrong document while dense top-k had a gold
+document first. Questions split into halves by document (``a``: the
 documents at even positions in name order, ``b``: odd; all stay indexed), to tune on one and
-check on the other. On the code set, Pass@5/10/20 of the default in chunks mode (each given
-chunk indexed whole as its own document), beside the published numbers.
+check on the other. Top-3 hit: the first three results of a plain call (the default's
+``invoke(q)``, a peer's first three chunks) hold at least half of a gold span. On the code
+set, Pass@5/10/20 of the default in chunks mode (each given chunk indexed whole as its own
+document), beside the published numbers.
 
 Tuning: ``--set key=value[,key=value]`` (repeatable) adds ``default[key=value]``, the same
 retriever built with those settings (values are Python literals; ``reranker=embedding`` is the
@@ -55,10 +68,14 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import hashlib
 import json
 import math
+import os
 import random
 import subprocess
+import sys
+import tarfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -98,11 +115,22 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rse import RSERetriever
 
-CORPORA = ("cuad", "code", "covidqa")
+CORPORA = ("cuad", "code", "covidqa", "docs")
 BUDGETS = (2000, 4000, 8000)
 TARGET_BUDGET = 4000
-PEERS = ("dense", "naive500", "ensemble")
+PEERS = ("dense", "naive500", "ensemble", "dense1000", "ensemble1000")
+CORPUS_PEERS = {"docs": ("dense", "dense1000", "ensemble1000")}
+"""Peers scored when ``--peers`` is not given (others: the first three of :data:`PEERS`)."""
 NAIVE_CHUNK = 500
+WIDE_CHUNK, WIDE_OVERLAP = 1000, 100
+"""The docs peers' chunks: 1000 characters, the ensemble's with 100 of overlap."""
+FRAGMENT_CHARS = 100
+"""A result shorter than this is counted as a fragment."""
+TOP_N = 3
+"""Top-N hit: the answer is in the first ``TOP_N`` results of a plain call."""
+DOCS_QUESTIONS = Path(__file__).resolve().parent / "data" / "flask_questions.json"
+DOCS_SDIST = ("flask", "3.1.0", "5f873c5184c897c8d9d1b05df1e3d01b14910ce69607a117bd3277098a5836ac")
+"""The docs corpus: package, pinned version, SHA-256 of its sdist."""
 DEFAULT_K = 50
 """Segments the default may return: large enough that only the budget binds."""
 PASS_KS = (5, 10, 20)
@@ -116,14 +144,10 @@ PUBLISHED = {
 CODE_CHUNK_SIZE = 8000
 """Larger than the longest given chunk of the code set (3,898 characters): each stays whole."""
 OFFTOPIC = Path(__file__).resolve().parent / "offtopic_questions.txt"
-SHORT_CHARS = 100
-"""Results shorter than this are counted (fragments: a bare heading, a few words)."""
-GAP_CHARS = 600
-"""Gold text between two returned segments of its document at most this far apart (about
-two default chunks) counts as an answer left in a gap."""
 
-Method = Callable[[str, int], list[Span]]
-"""A query and a budget in characters -> the returned ranges, best first."""
+Method = Callable[[str, int | None], list[Span]]
+"""A query and a budget in characters -> the returned ranges, best first (budget ``None``:
+a plain call, the method's own defaults)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +167,10 @@ def load_corpus(
         "cuad": "cuad/dev.json",
         "code": "anthropic_codebase/codebase_chunks.json",
         "covidqa": "covidqa/dev.json",
+        "docs": "",
     }[name]
+    if name == "docs":
+        return load_docs()
     if not (data_dir() / path).exists():
         log(f"{name}: {data_dir() / path} not found; skipping (see benchmarks/README.md)")
         return None
@@ -189,6 +216,75 @@ def load_covidqa() -> Corpus:
         for t in dev["tests"]
     ]
     return Corpus("covidqa", dev["documents"], queries)
+
+
+def docs_folder() -> Path | None:
+    """The pinned sdist's ``docs/`` folder: ``$RSE_DOCS_CORPUS``, the cached copy, or fetched
+    with ``pip download`` (SHA-256 checked) into ``benchmarks/.cache/docs/``; None with a
+    message when it cannot be had."""
+    if env := os.environ.get("RSE_DOCS_CORPUS"):
+        folder = Path(env).expanduser()
+        if not folder.is_dir():
+            log(f"docs: RSE_DOCS_CORPUS={env} is not a folder; skipping")
+            return None
+        return folder
+    package, version, sha256 = DOCS_SDIST
+    root = CACHE_DIR / "docs"
+    folder = root / f"{package}-{version}" / "docs"
+    if folder.is_dir():
+        return folder
+    archive = root / f"{package}-{version}.tar.gz"
+    if not archive.exists():
+        log(f"docs: fetching the {package}=={version} sdist into {root}")
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+        pip += [f"{package}=={version}", "-d", str(root)]
+        done = subprocess.run(pip, capture_output=True, text=True)
+        if done.returncode or not archive.exists():
+            log(
+                f"docs: could not fetch {package}=={version} ({done.stderr.strip()[-300:]}); "
+                "skipping (set RSE_DOCS_CORPUS to its docs/ folder)"
+            )
+            return None
+    if hashlib.sha256(archive.read_bytes()).hexdigest() != sha256:
+        raise RuntimeError(f"{archive} does not have the pinned SHA-256 {sha256}")
+    prefix = f"{package}-{version}/docs/"
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+        tar.extractall(root, members=members, filter="data")
+    return folder
+
+
+def load_docs() -> Corpus | None:
+    """Every ``.rst`` file of the docs folder (id: its path in the folder) and the
+    questions, each gold span re-located from its anchor and checked."""
+    folder = docs_folder()
+    if folder is None:
+        return None
+    documents = {
+        p.relative_to(folder).as_posix(): p.read_text(encoding="utf-8")
+        for p in sorted(folder.rglob("*.rst"))
+    }
+    data = json.loads(DOCS_QUESTIONS.read_text(encoding="utf-8"))
+    queries = []
+    for q in data["questions"]:
+        text = documents[q["file"]]
+        start, end = paragraph_of(text, q["anchor"])
+        if [start, end] != q["span"]:
+            raise ValueError(
+                f"{q['id']}: the anchor's paragraph is at {start}-{end}, not {q['span']}"
+            )
+        queries.append(Query(q["question"], [(q["file"], start, end)], q["kind"]))
+    return Corpus("docs", documents, queries)
+
+
+def paragraph_of(text: str, anchor: str) -> tuple[int, int]:
+    """The blank-line-delimited paragraph of ``text`` holding ``anchor`` (which occurs once)."""
+    if text.count(anchor) != 1:
+        raise ValueError(f"anchor {anchor!r} occurs {text.count(anchor)} times, not once")
+    at = text.find(anchor)
+    start = text.rfind("\n\n", 0, at)
+    end = text.find("\n\n", at + len(anchor))
+    return (0 if start < 0 else start + 2), (len(text) if end < 0 else end)
 
 
 def smaller(corpus: Corpus, n_docs: int) -> Corpus:
@@ -264,14 +360,21 @@ def build_default(
 
 
 def default_method(retriever: RSERetriever, k: int = DEFAULT_K) -> Method:
-    """The library's own pipeline, given the budget as a user gives it."""
-    return lambda q, budget: spans_of(retriever.invoke(q, k=k, max_chars=budget))
+    """The library's own pipeline, given the budget as a user gives it (no budget: a plain
+    ``invoke(q)``)."""
+
+    def method(q: str, budget: int | None) -> list[Span]:
+        if budget is None:
+            return spans_of(retriever.invoke(q))
+        return spans_of(retriever.invoke(q, k=k, max_chars=budget))
+
+    return method
 
 
 def ranked(search: Callable[[str], list[Span]]) -> Method:
     """A budget-blind ranking, searched once per query and cut at each budget."""
     cached = functools.lru_cache(maxsize=4)(search)
-    return lambda q, budget: cut_at_budget(cached(q), budget)
+    return lambda q, budget: cached(q) if budget is None else cut_at_budget(cached(q), budget)
 
 
 def fetch_k(chunk_size: int, budgets: Sequence[int] = BUDGETS) -> int:
@@ -285,12 +388,12 @@ def dense_method(retriever: RSERetriever, budgets: Sequence[int] = BUDGETS) -> M
     return ranked(lambda q: spans_of(store.similarity_search(q, k=k)))
 
 
-def naive_chunks(corpus: Corpus, chunk_size: int = NAIVE_CHUNK) -> list[Document]:
-    """LangChain's recursive splitter, no overlap, no header; offsets in the metadata."""
+def naive_chunks(corpus: Corpus, chunk_size: int = NAIVE_CHUNK, overlap: int = 0) -> list[Document]:
+    """LangChain's recursive splitter, no header; offsets in the metadata."""
     from langchain_text_splitters import RecursiveCharacterTextSplitter
 
     splitter = RecursiveCharacterTextSplitter(
-        chunk_size=chunk_size, chunk_overlap=0, add_start_index=True
+        chunk_size=chunk_size, chunk_overlap=overlap, add_start_index=True
     )
     chunks = splitter.split_documents(
         [
@@ -303,25 +406,34 @@ def naive_chunks(corpus: Corpus, chunk_size: int = NAIVE_CHUNK) -> list[Document
     return chunks
 
 
-def build_naive(corpus: Corpus, embeddings: CachedEmbeddings) -> tuple[Any, list[Document]]:
-    """A FAISS store of the naive 500-character chunks, and the chunks."""
+def build_naive(
+    corpus: Corpus, embeddings: CachedEmbeddings, chunk_size: int = NAIVE_CHUNK, overlap: int = 0
+) -> tuple[Any, list[Document]]:
+    """A FAISS store of the naive chunks (500 characters by default), and the chunks."""
     from langchain_community.vectorstores import FAISS
 
-    chunks = naive_chunks(corpus)
+    chunks = naive_chunks(corpus, chunk_size, overlap)
     return FAISS.from_documents(chunks, embeddings), chunks
 
 
-def naive_method(store: Any, budgets: Sequence[int] = BUDGETS) -> Method:
-    k = fetch_k(NAIVE_CHUNK, budgets)
+def naive_method(
+    store: Any, budgets: Sequence[int] = BUDGETS, chunk_size: int = NAIVE_CHUNK
+) -> Method:
+    k = fetch_k(chunk_size, budgets)
     return ranked(lambda q: spans_of(store.similarity_search(q, k=k)))
 
 
-def ensemble_method(store: Any, chunks: list[Document], budgets: Sequence[int] = BUDGETS) -> Method:
+def ensemble_method(
+    store: Any,
+    chunks: list[Document],
+    budgets: Sequence[int] = BUDGETS,
+    chunk_size: int = NAIVE_CHUNK,
+) -> Method:
     """LangChain's ``EnsembleRetriever(BM25Retriever, FAISS)`` 0.5 / 0.5, as documented."""
     from langchain_classic.retrievers import EnsembleRetriever
     from langchain_community.retrievers import BM25Retriever
 
-    k = fetch_k(NAIVE_CHUNK, budgets)
+    k = fetch_k(chunk_size, budgets)
     bm25 = BM25Retriever.from_documents(chunks, k=k)
     dense = store.as_retriever(search_kwargs={"k": k})
     ensemble = EnsembleRetriever(retrievers=[bm25, dense], weights=[0.5, 0.5])
@@ -358,7 +470,31 @@ def make_methods(
             methods["naive500"] = naive_method(store, budgets)
         if "ensemble" in peers:
             methods["ensemble"] = ensemble_method(store, chunks, budgets)
+    if "dense1000" in peers:
+        log(f"{corpus.name}: indexing {WIDE_CHUNK}-character chunks")
+        store, _ = build_naive(corpus, embeddings, WIDE_CHUNK)
+        methods["dense1000"] = naive_method(store, budgets, WIDE_CHUNK)
+    if "ensemble1000" in peers:
+        log(f"{corpus.name}: indexing {WIDE_CHUNK}/{WIDE_OVERLAP}-character chunks")
+        store, chunks = build_naive(corpus, embeddings, WIDE_CHUNK, WIDE_OVERLAP)
+        methods["ensemble1000"] = ensemble_method(store, chunks, budgets, WIDE_CHUNK)
     return methods
+
+
+def covered(gold: Sequence[Span], got: Sequence[Span]) -> bool:
+    """Whether ``got`` holds at least half of the characters of some gold span."""
+    return any(recall_precision([g], got)[0] >= 0.5 for g in gold)
+
+
+def in_gap(gold: Sequence[Span], got: Sequence[Span]) -> bool:
+    """Whether a gold character left out lies between two returned ranges of its document."""
+    for f, gs, ge in gold:
+        mine = sorted((s, e) for d, s, e in got if d == f)
+        for (_, left_end), (right_start, _) in zip(mine, mine[1:]):
+            lo, hi = max(gs, left_end), min(ge, right_start)
+            if lo < hi:
+                return True
+    return False
 
 
 def score(
@@ -386,37 +522,24 @@ def score(
                     log(f"{name} returned {chars} characters at budget {b}: over budget")
                 r, p = recall_precision(q.gold, got)
                 docs = {f for f, _, _ in got}
-                short = sum(e - s < SHORT_CHARS for _, s, e in got)
                 wrong = sum(e - s for f, s, e in got if f not in gold_docs)
                 misled = len(docs) == 1 and not docs & gold_docs and dense_first[j]
                 row = {
+                    "frag": float(sum(e - s < FRAGMENT_CHARS for _, s, e in got)),
+                    "gap": float(in_gap(q.gold, got)),
                     "recall": r,
                     "precision": p,
                     "evidence": float(r >= 0.5),
                     "wrong_doc": wrong / chars if chars else 0.0,
                     "chars": float(chars),
                     "misled": float(misled),
-                    "short": float(short),
-                    "in_gap": float(in_gap(q.gold, got)),
                 }
                 for key, value in row.items():
                     out[name][b].setdefault(key, []).append(value)
+            top = method(q.text, None)[:TOP_N]
+            out[name].setdefault(0, {}).setdefault("top", []).append(float(covered(q.gold, top)))
         log(f"{corpus.name} {name}: {(time.perf_counter() - t0) / max(len(idx), 1):.2f}s/query")
     return out
-
-
-def in_gap(gold: Sequence[Span], got: Sequence[Span], most: int = GAP_CHARS) -> bool:
-    """Whether some gold text that was not returned lies between two returned segments of
-    its document at most ``most`` characters apart (an answer left in a gap)."""
-    by_doc: dict[str, list[tuple[int, int]]] = {}
-    for f, s, e in got:
-        by_doc.setdefault(f, []).append((s, e))
-    for f, s, e in gold:
-        spans = sorted(by_doc.get(f, []))
-        for (_, b1), (a2, _) in zip(spans, spans[1:]):
-            if a2 - b1 <= most and s < a2 and e > b1:  # the gap holds part of the gold
-                return True
-    return False
 
 
 def pass_at_k(
@@ -478,8 +601,7 @@ def report(
     members = {h: set(split[h]) for h in ("a", "b")}
     pos = {h: [j for j, i in enumerate(idx) if i in members[h]] for h in ("a", "b")}
     header = ["method", "budget", "recall %", "precision %", "evidence %", "wrong doc %"]
-    header += ["chars", "misled (n)", f"< {SHORT_CHARS} chars (n)", "in a gap (n)"]
-    header.append("recall a / b %")
+    header += ["chars", "frag (n)", "gap (n)", "misled (n)", "recall a / b %"]
     rows = []
     for b in budgets:
         for name, res in results.items():
@@ -492,8 +614,8 @@ def report(
                     for m in ("recall", "precision", "evidence", "wrong_doc")
                 ),
             ]
-            row += [f"{v['chars']:.0f}", f"{sum(res[b]['misled']):.0f}"]
-            row += [f"{sum(res[b]['short']):.0f}", f"{sum(res[b]['in_gap']):.0f}"]
+            row += [f"{v['chars']:.0f}"]
+            row += [f"{sum(res[b][m]):.0f}" for m in ("frag", "gap", "misled")]
             row.append(
                 " / ".join(
                     f"{100 * _mean([res[b]['recall'][j] for j in pos[h]]):.1f}" if pos[h] else "-"
@@ -502,9 +624,28 @@ def report(
             )
             rows.append(row)
     lines = [fmt_table(header, rows)]
+    kinds = sorted({corpus.queries[i].category for i in idx})
+    by_kind = len(kinds) <= 5
+    top_rows = []
+    for name, res in results.items():
+        hits = res[0]["top"]
+        row = [name, f"{sum(hits):.0f} / {len(hits)}"]
+        if by_kind:
+            for kind in kinds:
+                mine = [h for h, i in zip(hits, idx) if corpus.queries[i].category == kind]
+                row.append(f"{sum(mine):.0f} / {len(mine)}")
+        top_rows.append(row)
+    top_header = ["method", f"top-{TOP_N} hit", *(kinds if by_kind else [])]
+    lines.append(
+        f"\nTop-{TOP_N} hit (plain call, no budget):\n\n" + fmt_table(top_header, top_rows)
+    )
     target = TARGET_BUDGET if TARGET_BUDGET in budgets else sorted(budgets)[len(budgets) // 2]
     best = max(
         (m for m in PEERS if m in results), key=lambda m: _mean(results[m][target]["recall"])
+    )
+    top = paired_test(
+        [100 * x for x in results["default"][0]["top"]],
+        [100 * x for x in results[best][0]["top"]],
     )
     d, p = results["default"][target]["recall"], results[best][target]["recall"]
     t = paired_test([100 * x for x in d], [100 * x for x in p])
@@ -514,7 +655,8 @@ def report(
     lines.append(
         f"\ndefault - best peer ({best}) at {target // 1000}k recall: {t.diff:+.1f} points, "
         f"p = {t.p:.3f}, wins / losses {t.wins} / {t.losses} (paired sign-flip test, "
-        f"{len(d)} questions); precision x{precision:.2f} of {best}'s"
+        f"{len(d)} questions); precision x{precision:.2f} of {best}'s; top-{TOP_N} hit "
+        f"{top.diff:+.1f} points, p = {top.p:.3f}"
     )
     for name in (m for m in results if m.startswith("default[")):
         for b in budgets:
@@ -613,9 +755,15 @@ def run_corpus(
         f"{len(idx)} of {len(corpus.queries)} questions (half {args.half})"
     )
     embeddings.embed_array([corpus.queries[i].text for i in idx], "query")  # batched, cached
-    methods = make_methods(corpus, embeddings, args.budgets, args.set, args.peers)
+    peers = args.peers or list(CORPUS_PEERS.get(name, PEERS[:3]))
+    methods = make_methods(corpus, embeddings, args.budgets, args.set, peers)
     results = score(corpus, methods, idx, args.budgets)
-    title = {"cuad": "CUAD dev", "code": "Anthropic code set", "covidqa": "COVID-QA dev"}[name]
+    title = {
+        "cuad": "CUAD dev",
+        "code": "Anthropic code set",
+        "covidqa": "COVID-QA dev",
+        "docs": "Flask 3.1.0 docs (reST)",
+    }[name]
     text = (
         f"## {title}: {len(corpus.documents)} documents ({n_chars / 1e6:.2f}M characters), "
         f"{len(idx)} questions (half {args.half}{', quick' if args.quick else ''}"
@@ -656,7 +804,7 @@ def run_corpus(
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--corpus", default=",".join(CORPORA), help="comma-separated: cuad,code,covidqa"
+        "--corpus", default=",".join(CORPORA), help="comma-separated: cuad,code,covidqa,docs"
     )
     ap.add_argument("--half", default="all", choices=("a", "b", "all"))
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
@@ -689,8 +837,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument(
         "--peers",
-        default=",".join(PEERS),
-        help="LangChain peers to score beside the default (dense always runs)",
+        default="",
+        help="peers to score beside the default (dense always runs); default: the corpus's own",
     )
     ap.add_argument(
         "--offtopic",

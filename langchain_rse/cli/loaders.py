@@ -197,6 +197,9 @@ def _read_docx(path: Path, encoding: str | None, max_chars: int) -> LoadedText:
 _READERS: dict[str, Callable[[Path, str | None, int], LoadedText]] = {
     ".txt": _read_plain,
     ".md": _read_plain,
+    ".rst": _read_plain,
+    ".adoc": _read_plain,
+    ".asciidoc": _read_plain,
     ".pdf": _read_pdf,
     ".html": _read_html,
     ".htm": _read_html,

@@ -1,8 +1,10 @@
 """The offline enricher: the document title and the section-heading path of each chunk.
 
-Headings are found in one linear pass: Markdown ``#`` headings outside code blocks, or in
-plain text numbered clauses, ``ARTICLE``/``Section``/``Item`` headings and ALL-CAPS lines,
-less table cells (a line followed on its row by a number cell, ``REVENUES   2019``, is a
+Headings are found in one linear pass: line headings (``indexing.sections``: Markdown ``#``
+headings outside code blocks, and titles underlined or overlined with ``===``, ``---``,
+``~~~``, ``^^^`` ... as reStructuredText, AsciiDoc and Markdown write them), or in plain
+text numbered clauses, ``ARTICLE``/``Section``/``Item`` headings and ALL-CAPS lines, less
+table cells (a line followed on its row by a number cell, ``REVENUES   2019``, is a
 table row; a bare number ending a row, its last cell); an untitled number is a heading only
 where it continues the clause numbering (``4.29`` -> ``4.30``, ``4.2`` -> ``4.2.1``).
 """
@@ -12,27 +14,20 @@ from __future__ import annotations
 import os
 import re
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from langchain_rse.enrichment.base import BaseEnricher, clip, collapse
 from langchain_rse.indexing.chunking import Chunk
 from langchain_rse.indexing.records import ChunkContext
+from langchain_rse.indexing.sections import line_headings
 
 __all__ = ["HEADER_VERSION", "HeaderEnricher", "HeaderOutline"]
 
-HEADER_VERSION = "header-v2"
+HEADER_VERSION = "header-v3"
 """Part of :meth:`HeaderEnricher.fingerprint`: bumped when heading detection or wording
 changes, so indexes built with the old header are re-enriched."""
-
-# ``^`` in MULTILINE mode is slow (tried at every position): line-anchored patterns start
-# with a literal newline instead, and the text's first line is matched separately. Closing
-# ``#``\ s are cut in Python (``_md_title``): a lazy title would backtrack quadratically.
-_MD_HEADING_BODY = r"(?P<h> {0,3}(?P<hashes>#{1,6})[ \t]+(?P<title>\S.*)$)"
-_MD_HEADING = (re.compile(r"\n" + _MD_HEADING_BODY, re.M), re.compile(_MD_HEADING_BODY, re.M))
-_MD_FENCE_BODY = r"(?P<h> {0,3}(?P<fence>`{3,}|~{3,}))"
-_MD_FENCE = (re.compile(r"\n" + _MD_FENCE_BODY), re.compile(_MD_FENCE_BODY))
 
 # A "logical line" starts at a line start (up to 3 spaces in) or after 3+ spaces (PDF text).
 _NEWLINE_START = re.compile(r"\n[ \t]{0,3}(?=[A-Z0-9])")
@@ -85,21 +80,11 @@ class _Heading(NamedTuple):
     level: int
     text: str
     kind: str
-    """``"markdown"``, ``"keyword"``, ``"roman"``, ``"number"`` or ``"caps"``."""
+    """``"markdown"``, ``"underlined"``, ``"keyword"``, ``"roman"``, ``"number"`` or
+    ``"caps"``."""
     titled: bool = True
     number: tuple[int, ...] = ()
     """The clause number of a ``"number"`` or ``Section 4.2`` heading (``(4, 2)``)."""
-
-
-def _line_matches(
-    patterns: tuple[re.Pattern[str], re.Pattern[str]], text: str
-) -> Iterator[re.Match[str]]:
-    """Matches of a line-anchored pattern pair ``(after a newline, at the text start)``."""
-    after_newline, at_start = patterns
-    first = at_start.match(text)
-    if first is not None:
-        yield first
-    yield from after_newline.finditer(text)
 
 
 def _heading_title(raw: str | None) -> str:
@@ -249,48 +234,6 @@ def _roman_number(numeral: str) -> tuple[int, ...]:
     return (sum(-v if v < after else v for v, after in zip(values, [*values[1:], 0])),)
 
 
-def _fenced_spans(text: str) -> list[tuple[int, int]]:
-    """``(start, end)`` of the fenced code blocks of a Markdown text (unclosed: to the end)."""
-    spans: list[tuple[int, int]] = []
-    open_at: int | None = None
-    open_fence = ""
-    for match in _line_matches(_MD_FENCE, text):
-        fence = match.group("fence")
-        if open_at is None:
-            open_at, open_fence = match.start("h"), fence
-        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence):
-            spans.append((open_at, match.end()))
-            open_at = None
-    if open_at is not None:
-        spans.append((open_at, len(text)))
-    return spans
-
-
-def _md_title(line: str) -> str:
-    """A Markdown heading's title: the rest of its line less a closing ``#`` sequence
-    (one that follows a blank: ``## Term ##`` -> ``Term``, ``## C#`` stays ``C#``)."""
-    title = line.rstrip(" \t\r")
-    bare = title.rstrip("#")
-    return bare.rstrip(" \t") if bare != title and bare[-1:] in (" ", "\t") else title
-
-
-def _markdown_headings(text: str) -> list[_Heading]:
-    """Markdown ATX headings outside fenced code blocks (those without letters ignored)."""
-    spans = _fenced_spans(text)
-    span_starts = [s for s, _ in spans]
-    headings: list[_Heading] = []
-    for match in _line_matches(_MD_HEADING, text):
-        start = match.start("h")
-        i = bisect_left(span_starts, start + 1) - 1
-        if i >= 0 and start < spans[i][1]:
-            continue  # a '# comment' inside a code block
-        title = collapse(_md_title(match.group("title")))
-        if any(ch.isalnum() for ch in title):
-            level = len(match.group("hashes"))
-            headings.append(_Heading(start, match.end(), level, title, "markdown"))
-    return headings
-
-
 def _logical_line_starts(text: str) -> list[int]:
     """Sorted starts of logical lines that begin with a capital letter or a digit."""
     starts = {m.end() for m in _NEWLINE_START.finditer(text)}
@@ -390,9 +333,11 @@ def _heading_paths(headings: Sequence[_Heading]) -> list[tuple[str, ...]]:
 
 
 def _first_line(text: str) -> str:
-    """The first non-empty logical line of ``text`` (ends at a newline or a 3+ space run)."""
+    """The first logical line of ``text`` with a letter or digit (ends at a newline or a 3+
+    space run): never a rule of ``=`` signs."""
     for match in re.finditer(r"\S.*?(?=\n|[ \t\xa0]{3}|\Z)", text[:100_000]):
-        return collapse(match.group())
+        if any(ch.isalnum() for ch in match.group()):
+            return collapse(match.group())
     return ""
 
 
@@ -412,9 +357,10 @@ class HeaderOutline:
 class HeaderEnricher(BaseEnricher):
     """Offline context: the document title and the section-heading path of each chunk.
 
-    The title is ``metadata["title"]``, else the first Markdown heading, else (plain text)
-    the first ALL-CAPS heading line in the first 3,000 characters, else the first non-empty
-    line, else the base name of ``metadata["source"]``. Headings are those of the module
+    The title is ``metadata["title"]``, else the first line heading (Markdown ``#``, or a
+    title underlined or overlined as in reStructuredText), else (plain text) the first
+    ALL-CAPS heading line in the first 3,000 characters, else the first line with a letter
+    or digit, else the base name of ``metadata["source"]``. Headings are those of the module
     docstring; each chunk takes the path of the headings that start before the end of its
     first line.
 
@@ -436,11 +382,11 @@ class HeaderEnricher(BaseEnricher):
 
     def outline(self, text: str, metadata: dict[str, Any]) -> HeaderOutline:
         """Title and headings of a document (used once per document)."""
-        headings = _markdown_headings(text)
-        # A lone "# of Units" line is not Markdown: two headings, or one on the first line.
-        markdown = len(headings) >= 2 or (
-            len(headings) == 1 and not text[: headings[0].start].strip()
-        )
+        headings = [
+            _Heading(h.start, h.end, h.level, clip(h.title, 100), h.kind)
+            for h in line_headings(text)
+        ]
+        markdown = bool(headings)  # Markdown, reStructuredText, AsciiDoc
         if not markdown:
             headings = _plain_headings(text)
         title = ""

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +19,13 @@ from typing import Any
 from langchain_core.documents import Document
 from langchain_text_splitters import RecursiveCharacterTextSplitter, TextSplitter
 
+from langchain_rse.indexing.sections import LineHeading, line_headings
+
 __all__ = [
     "LEAD_CHARS",
     "PAGE_OFFSETS",
     "Chunk",
+    "SectionSplitter",
     "check_page_offsets",
     "combine_pages",
     "doc_id_for",
@@ -103,8 +106,100 @@ def document_leads(documents: Iterable[Document], max_chars: int = LEAD_CHARS) -
     return leads
 
 
+_BREAKS = (
+    re.compile(r"\S(?=[ \t]*\r?\n[ \t]*\r?\n)"),  # a paragraph's end (a blank line follows)
+    re.compile(r"\S(?=[ \t]*\r?\n)"),  # a line's end
+    re.compile(r"[.!?;:](?=\s)"),  # a sentence's or clause's end
+    re.compile(r"\S(?=\s)"),  # a word's end
+)
+"""Where a chunk may end, strongest first: the offset just after each match."""
+
+
+class SectionSplitter(TextSplitter):
+    """The default splitter: chunks of about ``chunk_size`` characters that end where the
+    text pauses, and sections for documents with headings.
+
+    Text without line headings is split as it always was: a recursive splitter on
+    paragraphs, then lines, sentences and words (the chunks the RSE presets were tuned on).
+    Text with line headings (``indexing.sections``: Markdown ``#`` headings, titles
+    underlined or overlined as in reStructuredText and AsciiDoc) is split in one pass: each
+    chunk ends at the strongest break in the second half of its window (a section's end,
+    then a paragraph's, a line's, a sentence's, a word's), the latest of that strength, and
+    never inside or right after a title. So a section too short to fill half a chunk is
+    packed with what follows, short paragraphs are packed together, and wrapped
+    reStructuredText and Markdown make chunks about as long as plain text does. Chunks
+    start at the next non-blank character (with ``chunk_overlap``, at the first word that
+    many characters before the previous chunk's end). Every chunk is an exact slice.
+    """
+
+    def __init__(self, chunk_size: int, chunk_overlap: int = 0) -> None:
+        super().__init__(chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+        self._plain = RecursiveCharacterTextSplitter(
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            separators=["\n\n", "\n", ". ", " ", ""],
+            keep_separator="end",
+            strip_whitespace=True,
+        )
+
+    def split_text(self, text: str) -> list[str]:
+        """The chunks of ``text``, in text order."""
+        headings = line_headings(text)
+        if not headings:
+            return self._plain.split_text(text)
+        return [text[s:e] for s, e in self._spans(text, headings)]
+
+    def _spans(self, text: str, headings: list[LineHeading]) -> list[tuple[int, int]]:
+        titles = [(h.start, h.end) for h in headings]
+        section_ends = [len(text[: h.start].rstrip()) for h in headings if h.start > 0]
+        breaks = [
+            [p for p in offsets if not _in_title(titles, p)]
+            for offsets in (section_ends, *([m.end() for m in b.finditer(text)] for b in _BREAKS))
+        ]
+        spans: list[tuple[int, int]] = []
+        start, stop = len(text) - len(text.lstrip()), len(text.rstrip())
+        size, overlap = self._chunk_size, self._chunk_overlap
+        while start < stop:
+            end = stop if stop - start <= size else _best_break(breaks, start, size)
+            spans.append((start, end))
+            if end >= stop:
+                break
+            nxt = end
+            if overlap:
+                words = breaks[-1]
+                i = bisect_right(words, end - overlap - 1)
+                nxt = words[i] if i < len(words) and words[i] < end else end
+            found = _NON_SPACE.search(text, nxt, stop)
+            following = found.start() if found else stop
+            start = following if following > start else end
+        return spans
+
+
+def _in_title(titles: list[tuple[int, int]], offset: int) -> bool:
+    """Whether a chunk ending at ``offset`` would end inside or right after a title."""
+    i = bisect_left(titles, (offset, -1)) - 1
+    return i >= 0 and titles[i][0] < offset <= titles[i][1]
+
+
+def _best_break(breaks: list[list[int]], start: int, size: int) -> int:
+    """The end of a chunk starting at ``start``: the strongest break in the second half of
+    its window, the latest of that strength; else the strongest, latest in the first half;
+    else a hard cut at ``size``."""
+    hi, half = start + size, start + size // 2
+    fallback = 0
+    for offsets in breaks:
+        i = bisect_right(offsets, hi) - 1
+        if i >= 0 and offsets[i] > start:
+            if offsets[i] >= half:
+                return offsets[i]
+            fallback = fallback or offsets[i]
+    return fallback or hi
+
+
 def make_splitter(chunk_size: int = DEFAULT_CHUNK_SIZE, chunk_overlap: int = 0) -> TextSplitter:
-    """The default splitter: paragraphs, then lines, then sentences, then words."""
+    """The default splitter (:class:`SectionSplitter`): chunks of about ``chunk_size``
+    characters ending at a paragraph's, line's, sentence's or word's end, and at sections
+    in documents with headings."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if chunk_overlap < 0 or chunk_overlap >= chunk_size:
@@ -112,13 +207,7 @@ def make_splitter(chunk_size: int = DEFAULT_CHUNK_SIZE, chunk_overlap: int = 0) 
             f"chunk_overlap must be in [0, chunk_size), got {chunk_overlap} "
             f"with chunk_size={chunk_size}"
         )
-    return RecursiveCharacterTextSplitter(
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-        separators=["\n\n", "\n", ". ", " ", ""],
-        keep_separator="end",
-        strip_whitespace=True,
-    )
+    return SectionSplitter(chunk_size=chunk_size, chunk_overlap=chunk_overlap)
 
 
 _NON_SPACE = re.compile(r"\S")
