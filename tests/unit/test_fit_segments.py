@@ -75,11 +75,10 @@ def test_a_one_word_query_gets_passages_not_headings() -> None:
         for d in got:
             assert len(d.page_content) >= 100, d.page_content
             assert "session stores data" in d.page_content
-    off = _retriever(HEADED, min_result_chars=0, snap_chars=0, bridge_chunks=0)
-    bare = [
-        d.page_content for d in off.invoke("sessions", max_chars=1000) if len(d.page_content) < 100
-    ]
-    assert bare  # without the rule: bare headings
+    # No control here: since headings are sections (SectionSplitter never ends a chunk on a
+    # title), a bare heading no longer arises from this document even with the rule off;
+    # fit_segments' growing of short results is checked on its own by
+    # test_properties_segments.py.
 
 
 def test_chunks_mode_with_overlapping_chunks_keeps_each_chunk() -> None:
