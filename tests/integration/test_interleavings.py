@@ -350,7 +350,7 @@ def test_random_interleavings_in_memory() -> None:
 
 PROCESS = """
 import json, random, sys, time
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 import redis
 from langchain_core.documents import Document
 from engines import build

@@ -61,7 +61,7 @@ def all_texts() -> dict[str, list[str]]:
 
 WORKER = """
 import json, os, queue, sys, threading, time
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 from langchain_core.documents import Document
 from engines import build
 from langchain_rse.indexing.records import pointer_key

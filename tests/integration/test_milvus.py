@@ -223,7 +223,7 @@ async def test_async_equals_sync(make) -> None:
 
 WRITER = """
 import json, sys, time
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 from langchain_community.storage import RedisStore
 from langchain_core.documents import Document
 from langchain_rse import RSERetriever

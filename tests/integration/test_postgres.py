@@ -376,7 +376,7 @@ def worker_text(n: int) -> str:
 
 WRITER = """
 import sys
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 from langchain_core.documents import Document
 from test_postgres import ALPHA, retriever, worker_text
 r = retriever(sys.argv[2])

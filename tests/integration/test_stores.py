@@ -29,7 +29,7 @@ from servers import chroma_server, missing_server, redis_server
 
 from conftest import corpus_documents
 from helpers import HashingEmbeddings, make_contract
-from langchain_rse import RSERetriever
+from langchain_rse import DocumentRouter, RSERetriever
 from langchain_rse.indexing.records import chunk_key, chunk_uuid
 from langchain_rse.persistence import default_vectorstore
 
@@ -388,8 +388,10 @@ async def test_filters_hold_on_the_async_path_and_with_several_queries(make) -> 
 
 def test_a_doc_id_filter_and_focus_search_inside_one_document(make) -> None:
     from test_focus import DOCS, LAW, QUERY
+    from test_routing import ONE_WORD
 
-    r = make(chunk_size=200)
+    # the three contracts are named by one word each (see test_routing.ONE_WORD)
+    r = make(chunk_size=200, router=DocumentRouter.leads(min_naming=ONE_WORD))
     r.add_documents(DOCS)
     for mode in ("segments", "chunks"):
         found = r.invoke(

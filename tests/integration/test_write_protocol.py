@@ -179,7 +179,7 @@ def test_a_writer_that_lost_the_pointer_race_deletes_its_own_chunks(monkeypatch)
 
 WORKER = """
 import sys, json
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 import chromadb
 from langchain_chroma import Chroma
 from langchain_community.storage import RedisStore
@@ -282,7 +282,7 @@ def test_two_processes_replacing_the_same_documents_leave_no_orphans(servers) ->
 
 INDEXER = """
 import sys, json
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_text_splitters import RecursiveCharacterTextSplitter

@@ -147,7 +147,7 @@ def test_the_default_store_is_ours_and_keeps_no_chunk_text(tmp_path: Path) -> No
 
 _DEFAULT_PATH = """
 import sys, tempfile
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever, cached_embeddings
 from langchain_rse.persistence import default_vectorstore

@@ -52,7 +52,8 @@ def test_round_trip_identical(built, tmp_path) -> None:
 def test_round_trip_in_a_fresh_process(built, tmp_path) -> None:
     built.save(tmp_path / "idx")
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]);"
+        "import json, sys;"
+        'sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")];'
         "from helpers import HashingEmbeddings; from langchain_rse import RSERetriever;"
         "r = RSERetriever.load(sys.argv[2], embedding=HashingEmbeddings());"
         "print(json.dumps([[(d.page_content, d.metadata) for d in r.invoke(q)] "
@@ -174,7 +175,7 @@ def test_manifest_cannot_point_outside_the_directory(built, tmp_path) -> None:
 
 SAVER = """
 import sys, itertools
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 from helpers import HashingEmbeddings, make_contract
 from langchain_core.documents import Document
 from langchain_rse import RSERetriever
