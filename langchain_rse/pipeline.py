@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import re
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -35,6 +35,7 @@ from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import candidates, confirmed_route, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
+from langchain_rse.lexical import BM25Index
 from langchain_rse.query import Candidate, Route
 from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter, query_coverage
@@ -146,7 +147,7 @@ THROWN = (RerankError, StaleRead)
 """Handler errors raised inside the generator (failed rerank: fused ranking; stale: re-read)."""
 
 
-def clean_query(query: Any, max_chars: int = MAX_QUERY_CHARS) -> str:
+def clean_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
     """The query with control characters as spaces; ``TypeError`` / ``ValueError`` for a
     query that is not a string, is blank, or is longer than ``max_chars``."""
     if not isinstance(query, str):
@@ -161,7 +162,7 @@ def clean_query(query: Any, max_chars: int = MAX_QUERY_CHARS) -> str:
     return query
 
 
-def check_k(k: Any) -> int:
+def check_k(k: object) -> int:
     """``k`` as a non-negative int, else ``ValueError``."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be a non-negative integer, got {k!r}")
@@ -175,7 +176,7 @@ MAX_MAX_CHARS = 1_000_000_000
 """The largest context budget accepted (a billion characters: more than any call returns)."""
 
 
-def check_max_chars(value: Any) -> int | None:
+def check_max_chars(value: object) -> int | None:
     """A context budget: None or an int from :data:`MIN_MAX_CHARS` to :data:`MAX_MAX_CHARS`,
     else ``ValueError``."""
     if value is None:
@@ -194,7 +195,7 @@ def check_max_chars(value: Any) -> int | None:
 
 
 def query_set(
-    query: str, queries: Any, expansions: list[str], max_queries: int, max_chars: int
+    query: str, queries: object, expansions: list[str], max_queries: int, max_chars: int
 ) -> list[str]:
     """The original query first, then extra (``queries=``) and expanded queries, each
     checked, without case-insensitive duplicates, at most ``max_queries``."""
@@ -217,7 +218,7 @@ INVOKE_ARGS = ("k", "mode", "queries", "filter", "max_chars")
 """The keyword arguments ``invoke`` accepts besides ``config``."""
 
 
-def check_invoke_args(unknown: dict[str, Any]) -> None:
+def check_invoke_args(unknown: Mapping[str, object]) -> None:
     """``TypeError`` naming unknown ``invoke`` keywords (``top_k=`` is not ``k=``)."""
     if unknown:
         raise TypeError(
@@ -257,13 +258,13 @@ class QuerySettings:
     @classmethod
     def of(
         cls,
-        r: Any,
+        r: RetrieverSettings,
         query: str,
         k: int,
-        mode: Any,
-        queries: Any,
+        mode: object,
+        queries: object,
         expansions: list[str],
-        f: Any,
+        f: object,
         max_chars: int | None = None,
     ) -> QuerySettings:
         """The settings of one call of retriever ``r`` (its fields, narrowed by the call's)."""
@@ -283,6 +284,41 @@ class QuerySettings:
             filter=both(parse(r.filter), call_filter) if r.filter else call_filter,
             max_chars=max_chars,
         )
+
+
+class RetrieverSettings(Protocol):
+    """What a retrieval reads from the retriever's settings
+    (:class:`~langchain_rse.retriever.RSERetriever`)."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def max_chars(self) -> int | None: ...
+
+    @property
+    def weights(self) -> tuple[float, float]: ...
+
+    @property
+    def params(self) -> RSEParams: ...
+
+    @property
+    def filter(self) -> Mapping[str, object] | None: ...
+
+    @property
+    def reranker(self) -> BaseReranker | None: ...
+
+    @property
+    def router(self) -> DocumentRouter | None: ...
+
+    @property
+    def query_expander(self) -> object: ...
+
+    @property
+    def lexical_store(self) -> object: ...
 
 
 class Replaced(Exception):
@@ -424,23 +460,25 @@ def _retrying(
 
 
 def retrieval(
-    r: Any,
-    query: Any,
-    k: Any,
-    mode: Any,
-    queries: Any,
-    filter: Any,
-    max_chars: Any,
-    unknown: dict[str, Any],
+    r: RetrieverSettings,
+    lexical: BM25Index,
+    query: object,
+    k: object,
+    mode: object,
+    queries: object,
+    filter: object,
+    max_chars: object,
+    unknown: Mapping[str, object],
 ) -> Steps:
     """Check one call of retriever ``r`` (at once), and return its retrieval: an
-    :class:`Expand` when a query expander is set, then :func:`retrieve`."""
+    :class:`Expand` when a query expander is set, then :func:`retrieve` (``lexical``: its
+    in-process BM25 index, for :func:`abstains`)."""
     check_invoke_args(unknown)
     query, k = clean_query(query), check_k(r.k if k is None else k)
     max_chars = check_max_chars(r.max_chars if max_chars is None else max_chars)
 
     def steps() -> Steps:
-        if k == 0 or abstains(r, query):
+        if k == 0 or abstains(r, lexical, query):
             return []
         expansions = (yield Expand(query)) if r.query_expander is not None else []
         s = QuerySettings.of(r, query, k, mode, queries, expansions, filter, max_chars)
@@ -449,13 +487,14 @@ def retrieval(
     return steps()
 
 
-def abstains(r: Any, query: str) -> bool:
-    """Whether retriever ``r`` returns nothing for ``query``: its in-process BM25 index holds
-    too little of the query's words (the router's ``min_coverage``, :func:`query_coverage`)."""
+def abstains(r: RetrieverSettings, lexical: BM25Index, query: str) -> bool:
+    """Whether retriever ``r`` returns nothing for ``query``: its in-process BM25 index
+    ``lexical`` holds too little of the query's words (the router's ``min_coverage``,
+    :func:`query_coverage`)."""
     router = r.router
     if router is None or router.min_coverage <= 0 or r.lexical_store is not None:
         return False
-    coverage = query_coverage(r._lexical, query)
+    coverage = query_coverage(lexical, query)
     if coverage < router.min_coverage:
         logger.debug("abstained: the index holds %.2f of the query's weight", coverage)
         return True

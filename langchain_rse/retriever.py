@@ -342,8 +342,8 @@ class RSERetriever(DocumentIndex):
         have written one meanwhile): a ``ValueError`` then too, that group left unwritten.
         """
         with self._writer.lock:
-            check_writable(self, documents, ids)
-            return drive(*index_steps(self, documents, ids, False))
+            check_writable(self.filter, self._records, documents, ids)
+            return drive(*index_steps(self, self._writer, documents, ids, False))
 
     async def aadd_documents(
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
@@ -352,8 +352,8 @@ class RSERetriever(DocumentIndex):
         (under the same lock as the sync path, re-checking what another writer wrote, and
         with a bound :attr:`filter` who owns each id)."""
         if self.filter:
-            await asyncio.to_thread(check_writable, self, documents, ids)
-        return await adrive(*index_steps(self, documents, ids, True))
+            await asyncio.to_thread(check_writable, self.filter, self._records, documents, ids)
+        return await adrive(*index_steps(self, self._writer, documents, ids, True))
 
     @staticmethod
     def _allows(f: Filter | None, doc_id: str, metadata: dict[str, Any]) -> bool:
@@ -456,7 +456,9 @@ class RSERetriever(DocumentIndex):
         max_chars: int | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
+        steps = pipeline.retrieval(
+            self, self._lexical, query, k, mode, queries, filter, max_chars, kwargs
+        )
         return drive(steps, self._handlers(run_manager.get_child(), False), pipeline.THROWN)
 
     async def _aget_relevant_documents(
@@ -471,7 +473,9 @@ class RSERetriever(DocumentIndex):
         max_chars: int | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
+        steps = pipeline.retrieval(
+            self, self._lexical, query, k, mode, queries, filter, max_chars, kwargs
+        )
         return await adrive(steps, self._handlers(run_manager.get_child(), True), pipeline.THROWN)
 
     def as_tool(  # type: ignore[override]

@@ -31,7 +31,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 import numpy as np
 from langchain_core.documents import Document
@@ -163,6 +163,29 @@ def get_preset(name: str) -> RSEParams:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown RSE preset {name!r}; known: {sorted(PRESETS)}") from None
+
+
+class SegmentSettings(Protocol):
+    """What segment selection reads from a query's settings
+    (:class:`~langchain_rse.pipeline.QuerySettings`)."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def queries(self) -> list[str]: ...
+
+    @property
+    def params(self) -> RSEParams: ...
+
+    @property
+    def rerank(self) -> bool: ...
+
+    @property
+    def max_chars(self) -> int | None: ...
 
 
 class Segment(NamedTuple):
@@ -302,14 +325,14 @@ def merge_touching(segments: Sequence[Segment]) -> list[Segment]:
         if last >= 0 and before.doc == seg.doc and before.end == seg.start:
             run_of[i] = run_of[last]
         last = i
-    runs: dict[int, list[Any]] = {}  # in the order of each run's best segment
+    runs: dict[int, Segment] = {}  # in the order of each run's best segment
     for seg, run in zip(segments, run_of):
         if (joined := runs.get(run)) is None:
-            runs[run] = list(seg)
+            runs[run] = seg
         else:
-            joined[1], joined[2] = min(joined[1], seg.start), max(joined[2], seg.end)
-            joined[3] += seg.value
-    return sorted((Segment(*r) for r in runs.values()), key=lambda g: -g.value)
+            start, end = min(joined.start, seg.start), max(joined.end, seg.end)
+            runs[run] = Segment(joined.doc, start, end, joined.value + seg.value)
+    return sorted(runs.values(), key=lambda g: -g.value)
 
 
 def by_best_chunk(
@@ -336,7 +359,7 @@ Selection = list[tuple[str, int, int, float]]
 
 
 def choose_segments(
-    s: Any,
+    s: SegmentSettings,
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     route: Route | None = None,
@@ -393,7 +416,7 @@ def choose_segments(
 
 
 def keep_dense_first(
-    s: Any,
+    s: SegmentSettings,
     segs: list[Segment],
     cands: list[Candidate],
     metas: dict[str, DocRecord],
@@ -468,7 +491,7 @@ class Chosen(NamedTuple):
 
 
 def fit_segments(
-    s: Any,
+    s: SegmentSettings,
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     texts: dict[str, str],
@@ -554,7 +577,7 @@ def _chosen(g: _Piece, metas: dict[str, DocRecord]) -> Chosen:
 
 
 def _dense_first_span(
-    s: Any, cands: list[Candidate], metas: dict[str, DocRecord]
+    s: SegmentSettings, cands: list[Candidate], metas: dict[str, DocRecord]
 ) -> tuple[str, int, int] | None:
     """``(doc_id, start, end)`` of the dense search's first chunk, when the rule keeps it."""
     if not (s.params.keep_dense_first and not s.rerank and s.k > 1):
@@ -786,7 +809,7 @@ def _grow(
 
 
 def segment_documents(
-    s: Any,
+    s: SegmentSettings,
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     bodies: dict[str, Body],
@@ -799,7 +822,7 @@ def segment_documents(
     out = []
     for doc_id, start, end, score, first, last in chosen:
         meta, body = metas[doc_id], bodies[doc_id]
-        md: dict[str, Any] = dict(meta.metadata)
+        md: dict[str, object] = dict(meta.metadata)
         md.update(
             doc_id=doc_id,
             start_index=first,
@@ -810,7 +833,7 @@ def segment_documents(
         )
         offsets = md.pop(PAGE_OFFSETS, None)
         if offsets:  # a source with pages: the segment's pages, 1-based and inclusive
-            md["page_start"], md["page_end"] = page_range(offsets, first, last)
+            md["page_start"], md["page_end"] = page_range(cast("list[int]", offsets), first, last)
         if s.mode == "chunks":
             c = by_key[(doc_id, start)]
             md.update(
@@ -833,7 +856,7 @@ def segment_documents(
 
 
 def _query_ranks(
-    s: Any, by_key: dict[tuple[str, int], Candidate], doc_id: str, start: int, end: int
+    s: SegmentSettings, by_key: dict[tuple[str, int], Candidate], doc_id: str, start: int, end: int
 ) -> dict[str, int]:
     """Which queries found a result, and their best rank in either branch."""
     hits: dict[str, int] = {}
