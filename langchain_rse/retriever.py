@@ -247,6 +247,10 @@ class RSERetriever(DocumentIndex):
             leads.use_stemmer(self.lexical_stemmer)  # leads are analyzed as the chunks are
         self._writer.attach_leads(leads)
 
+    def _lexical_index(self) -> BM25Index:
+        """The in-process BM25 index (:func:`~langchain_rse.persistence.load_index` fills it)."""
+        return self._lexical
+
     def _sync_local(self) -> Callable[[], None] | None:
         """Before an in-process search (BM25, leads): a shared record store's generation check."""
         return self._writer.sync_local if self._writer.shared else None
@@ -419,7 +423,7 @@ class RSERetriever(DocumentIndex):
         :meth:`load`); components are saved as class and non-secret settings; a bound
         :attr:`filter` is neither saved nor limits what is."""
         with self._writer.lock:
-            n = save_index(self, path)
+            n = save_index(self, self._lexical, path)
         logger.info("saved index with %d chunks to %s", n, path)
 
     @classmethod
@@ -442,7 +446,9 @@ class RSERetriever(DocumentIndex):
         Keyword arguments override saved settings. A corrupted, tampered or newer-format
         index raises ``IndexFormatError`` naming the file.
         """
-        return load_index(cls, path, embedding, vectorstore, docstore, strict, kwargs)  # type: ignore[no-any-return]
+        return load_index(
+            cls, cls._lexical_index, path, embedding, vectorstore, docstore, strict, kwargs
+        )
 
     def _get_relevant_documents(
         self,
