@@ -197,7 +197,7 @@ class RSERetriever(DocumentIndex):
 
     @model_validator(mode="before")
     @classmethod
-    def _renamed(cls, data: Any) -> Any:
+    def _renamed(cls, data: object) -> object:
         """``strict_rerank`` is the reranker's setting (``CohereReranker(strict=True)``)."""
         if isinstance(data, dict) and "strict_rerank" in data:
             raise ValueError(
@@ -211,7 +211,7 @@ class RSERetriever(DocumentIndex):
         check_settings(self)
         return self
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         # validate_assignment stores the value first: a rejected one puts the old one back.
         old = self.__dict__.get(name)
         try:
@@ -223,7 +223,7 @@ class RSERetriever(DocumentIndex):
         if name == "router":
             self._bind_router()
 
-    def model_post_init(self, context: Any, /) -> None:
+    def model_post_init(self, context: object, /) -> None:
         self._lexical = BM25Index(stemmer=self.lexical_stemmer)
         self._records = RecordStore(self.docstore, isinstance(self.docstore, InMemoryByteStore))
         lock = ReadWriteLock(enabled=is_local(self.vectorstore))
@@ -311,7 +311,7 @@ class RSERetriever(DocumentIndex):
 
     __str__ = __repr__
 
-    def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
+    def _get_ls_params(self, **kwargs: object) -> LangSmithRetrieverParams:
         return {**super()._get_ls_params(**kwargs), **ls_params(self.vectorstore)}  # type: ignore[typeddict-item]
 
     @classmethod
@@ -333,7 +333,7 @@ class RSERetriever(DocumentIndex):
         return retriever
 
     def add_documents(
-        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
+        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: object
     ) -> list[str]:
         """Index long source documents; returns their doc ids.
 
@@ -350,7 +350,7 @@ class RSERetriever(DocumentIndex):
             return drive(*index_steps(self, self._writer, documents, ids, False))
 
     async def aadd_documents(
-        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
+        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: object
     ) -> list[str]:
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
         (under the same lock as the sync path, re-checking what another writer wrote, and
@@ -364,7 +364,7 @@ class RSERetriever(DocumentIndex):
         """Whether ``f`` (None: no filter) allows an indexed document."""
         return f is None or matches(f, {**metadata, "doc_id": doc_id})
 
-    def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
+    def delete(self, ids: Sequence[str] | None = None, **kwargs: object) -> DeleteResponse:
         """Remove documents (by doc id) from the vector store, lexical index and record
         store. With a bound :attr:`filter`, only documents it allows: other ids are treated
         as unknown (not removed, not in ``succeeded``). An id named twice counts once."""
@@ -381,7 +381,7 @@ class RSERetriever(DocumentIndex):
             found = self._writer.delete(doc_ids, self.router)
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
-    async def adelete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
+    async def adelete(self, ids: Sequence[str] | None = None, **kwargs: object) -> DeleteResponse:
         """Async :meth:`delete` (runs in a thread)."""
         return await asyncio.to_thread(self.delete, ids)
 
@@ -395,15 +395,15 @@ class RSERetriever(DocumentIndex):
         """Async :meth:`vacuum` (runs in a thread)."""
         return await asyncio.to_thread(self.vacuum, min_age_s)
 
-    def upsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
+    def upsert(self, items: Sequence[Document], /, **kwargs: object) -> UpsertResponse:
         """``DocumentIndex`` API (``langchain_core.indexing.index``): :meth:`add_documents`."""
         return UpsertResponse(succeeded=self.add_documents(items), failed=[])
 
-    async def aupsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
+    async def aupsert(self, items: Sequence[Document], /, **kwargs: object) -> UpsertResponse:
         """Async :meth:`upsert`."""
         return UpsertResponse(succeeded=await self.aadd_documents(items), failed=[])
 
-    def get(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]:
+    def get(self, ids: Sequence[str], /, **kwargs: object) -> list[Document]:
         """The indexed source documents with these doc ids (unknown ids are skipped, and so
         are documents a bound :attr:`filter` rejects)."""
         f = parse(self.filter) if self.filter else None
@@ -435,7 +435,7 @@ class RSERetriever(DocumentIndex):
         vectorstore: VectorStore | None = None,
         docstore: BaseStore[str, bytes] | None = None,
         strict: bool = False,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> RSERetriever:
         """Load a directory written by :meth:`save`.
 
@@ -460,7 +460,7 @@ class RSERetriever(DocumentIndex):
         queries: list[str] | None = None,
         filter: dict[str, Any] | None = None,
         max_chars: int | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Document]:
         steps = pipeline.retrieval(
             self, self._lexical, query, k, mode, queries, filter, max_chars, kwargs
@@ -477,7 +477,7 @@ class RSERetriever(DocumentIndex):
         queries: list[str] | None = None,
         filter: dict[str, Any] | None = None,
         max_chars: int | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Document]:
         steps = pipeline.retrieval(
             self, self._lexical, query, k, mode, queries, filter, max_chars, kwargs
