@@ -243,7 +243,7 @@ class RSERetriever(DocumentIndex):
         if not isinstance(leads, LeadIndex):
             leads = None
         else:
-            leads._before_search = self._sync_local()
+            leads.check_before_search(self._sync_local())
             leads.use_stemmer(self.lexical_stemmer)  # leads are analyzed as the chunks are
         self._writer.attach_leads(leads)
 
