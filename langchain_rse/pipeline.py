@@ -576,13 +576,14 @@ def handlers(
         Search: partial(
             branches.asearch if a else branches.search, router=router, callbacks=callbacks
         ),
-        Focus: partial(
-            branches.afocus if a else branches.focus, router=router, callbacks=callbacks
-        ),
         ReadPointers: records.apointers if a else records.pointers,
         ReadBodies: records.abodies if a else records.bodies,
         Record: record,
     }
+    if router is not None:  # (a query focuses only with a router)
+        out[Focus] = partial(
+            branches.afocus if a else branches.focus, router=router, callbacks=callbacks
+        )
     if expander is not None:
         out[Expand] = partial(expander.aexpand if a else expander.expand, callbacks=callbacks)
     if reranker is not None:
