@@ -110,7 +110,7 @@ def sanitize_context(raw: str, max_chars: int = 500) -> str:
     return clip(text, max_chars)
 
 
-def _is_anthropic(llm: Any) -> bool:
+def _is_anthropic(llm: object) -> bool:
     """Whether ``llm`` is an Anthropic chat model (explicit prompt-cache breakpoints)."""
     llm = underlying_model(llm)
     llm_type = ""
@@ -142,7 +142,7 @@ class EnrichmentUsage:
     cache_hits: int = 0
     """Chunks whose context came from the enricher's own cache (no request at all)."""
 
-    def add_reply(self, message: Any) -> None:
+    def add_reply(self, message: object) -> None:
         """Count one reply's ``usage_metadata``."""
         usage = getattr(message, "usage_metadata", None) or {}
         self.input_tokens += int(usage.get("input_tokens") or 0)
