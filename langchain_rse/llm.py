@@ -26,7 +26,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from langchain_core.runnables import RunnableWithFallbacks
+from langchain_core.runnables import Runnable, RunnableWithFallbacks
 from langchain_core.runnables.base import RunnableBindingBase
 from langchain_core.runnables.config import get_executor_for_config
 from pydantic import BaseModel, SecretStr
@@ -177,7 +177,7 @@ class ModelCalls:
     (``model_retries``: the retries the model still makes by itself).
     """
 
-    model: Any
+    model: Runnable[LanguageModelInput, object]
     """Called (``invoke``/``ainvoke``) at most ``max_concurrency`` at a time."""
     cache: BaseStore[str, bytes]
     retry: RetryPolicy
@@ -349,7 +349,7 @@ class CallsModel:
     """Mixin of a class that calls ``llm`` through :class:`ModelCalls` (the attributes below
     are read at each call, so changing them takes effect)."""
 
-    llm: Any
+    llm: Runnable[LanguageModelInput, object]
     cache: BaseStore[str, bytes]
     max_concurrency: int
     max_retries: int
@@ -363,7 +363,11 @@ class CallsModel:
     _lock: threading.Lock
 
     def _init_calls(
-        self, llm: object, cache: BaseStore[str, bytes], max_concurrency: int, retry: RetryPolicy
+        self,
+        llm: Runnable[LanguageModelInput, object],
+        cache: BaseStore[str, bytes],
+        max_concurrency: int,
+        retry: RetryPolicy,
     ) -> None:
         """Check and set the attributes above; warn if the model's retries stay on."""
         if max_concurrency < 1:

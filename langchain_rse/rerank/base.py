@@ -12,7 +12,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, get_args
+from typing import Generic, Literal, SupportsFloat, TypeVar, cast, get_args
 
 import numpy as np
 from langchain_core.callbacks import Callbacks
@@ -281,11 +281,11 @@ _POSITION_KEY = "_langchain_rse_rerank_position"
 
 def _score_of(document: Document) -> float | None:
     """A finite numeric ``relevance_score`` from ``document.metadata``, else ``None``."""
-    value: Any = document.metadata.get("relevance_score")
+    value = document.metadata.get("relevance_score")
     if isinstance(value, bool):
         return None
     try:
-        score = float(value)
+        score = float(cast("SupportsFloat", value))  # anything: float() and the except decide
     except (TypeError, ValueError):
         return None
     return score if math.isfinite(score) else None
