@@ -23,7 +23,7 @@ from collections.abc import Generator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
@@ -39,7 +39,7 @@ from langchain_rse.lexical import BM25Index
 from langchain_rse.query import Candidate, Route
 from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter, query_coverage
-from langchain_rse.search import SearchBranches
+from langchain_rse.search import Focused, Found, SearchBranches
 from langchain_rse.segments import (
     Chosen,
     RSEParams,
@@ -128,7 +128,7 @@ class Settled(NamedTuple):
     """Run ``steps`` (a query's last attempt) while no write swaps a pointer or removes a
     version (in process) → their result."""
 
-    steps: Generator[Any, Any, list[Document]]
+    steps: Steps
 
 
 class Record(NamedTuple):
@@ -140,8 +140,11 @@ class Record(NamedTuple):
     bodies: dict[str, Body]
 
 
-Steps = Generator[Any, Any, list[Document]]
-"""A retrieval generator: it yields requests and returns the documents."""
+Request = tuple[object, ...]
+"""One of the requests above (each a ``NamedTuple``)."""
+Steps = Generator[Request, object, list[Document]]
+"""A retrieval generator: it yields requests, is sent their answers (each of the type its
+request names) and returns the documents."""
 
 THROWN = (RerankError, StaleRead)
 """Handler errors raised inside the generator (failed rerank: fused ranking; stale: re-read)."""
@@ -411,7 +414,8 @@ def run_pipeline(
     if not cands:
         return []
     doc_ids = list(dict.fromkeys([c.doc_id for c in cands]))
-    metas = {m.doc_id: m for m in (yield ReadPointers(doc_ids)) if m is not None}
+    pointers = cast("list[DocRecord | None]", (yield ReadPointers(doc_ids)))
+    metas = {m.doc_id: m for m in pointers if m is not None}
     found, cands = cands, live_candidates(cands, metas, s.filter)
     if seen is not None and (new := replaced(found, cands, metas) - seen):
         raise Replaced(new)
@@ -422,10 +426,11 @@ def run_pipeline(
     fallback = False
     if s.rerank:
         need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
-        bodies.update(zip((m.doc_id for m in need), (yield ReadBodies(need))))
+        bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
         try:
             queries = s.rerank_queries or s.queries
-            reranked = yield Rerank(queries, rerank_inputs(cands, bodies, metas))
+            request = Rerank(queries, rerank_inputs(cands, bodies, metas))
+            reranked = cast("list[RerankResult]", (yield request))
         except RerankError as exc:
             if s.strict_rerank:
                 raise
@@ -434,7 +439,7 @@ def run_pipeline(
     cands = apply_relevance(s, cands, reranked)
     selection = choose_segments(s, cands, metas, route)
     need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
-    bodies.update(zip((m.doc_id for m in need), (yield ReadBodies(need))))
+    bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
     texts = {d: bodies[d].text for d in dict.fromkeys(g[0] for g in selection)}
     chosen = fit_segments(s, cands, metas, texts, selection)
     yield Record(cands, metas, chosen, bodies)
@@ -480,7 +485,9 @@ def retrieval(
     def steps() -> Steps:
         if k == 0 or abstains(r, lexical, query):
             return []
-        expansions = (yield Expand(query)) if r.query_expander is not None else []
+        expansions: list[str] = []
+        if r.query_expander is not None:
+            expansions = cast("list[str]", (yield Expand(query)))
         s = QuerySettings.of(r, query, k, mode, queries, expansions, filter, max_chars)
         return (yield from retrieve(s, r.router))
 
@@ -518,7 +525,7 @@ def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
         except Replaced as exc:
             logger.debug("documents %s were replaced during a query; searching again", exc)
             seen |= exc.versions
-    return (yield Settled(_attempt(s, router, None)))
+    return cast("list[Document]", (yield Settled(_attempt(s, router, None))))
 
 
 def _attempt(
@@ -531,15 +538,15 @@ def _attempt(
 
 def _search(
     s: QuerySettings, router: DocumentRouter | None
-) -> Generator[Any, Any, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
+) -> Generator[Request, object, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
     """The searches and fusion of :func:`retrieve`: the settings (with the focus text as
     a rerank query, when focused) and the candidates with their route."""
-    dense, lexical, routed = yield Search(s.queries, s.filter)
+    dense, lexical, routed = cast(Found, (yield Search(s.queries, s.filter)))
     confirmed = False
     if routed is not None and router is not None and router.focuses(s.queries[0]):
         routed, confirmed = confirmed_route(s, dense, lexical, routed, router), True
         if routed is not None:
-            extra = yield Focus(s.queries[0], routed, s.filter)
+            extra = cast("Focused | None", (yield Focus(s.queries[0], routed, s.filter)))
             if extra is not None:  # the query's other clauses, inside the routed documents
                 text, focus_dense, focus_lexical = extra
                 dense, lexical = [*dense, focus_dense], [*lexical, focus_lexical]

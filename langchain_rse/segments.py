@@ -35,12 +35,16 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 import numpy as np
 from langchain_core.documents import Document
+from numpy.typing import NDArray
 
 from langchain_rse.indexing.chunking import PAGE_OFFSETS, page_range
 
 if TYPE_CHECKING:
     from langchain_rse.indexing.records import Body, DocRecord
     from langchain_rse.query import Candidate, Route
+
+Floats = NDArray[np.float64]
+Ints = NDArray[np.int64]
 
 __all__ = [
     "PRESETS",
@@ -197,7 +201,7 @@ class Segment(NamedTuple):
     value: float
 
 
-def rank_relevance(n: int, decay_rate: float) -> np.ndarray:
+def rank_relevance(n: int, decay_rate: float) -> Floats:
     """Relevance of ranks ``0..n-1`` when only a ranking is known: ``exp(-rank/decay)``."""
     return np.exp(-np.arange(n, dtype=np.float64) / decay_rate)
 
@@ -206,7 +210,7 @@ def chunk_values(
     num_chunks: Sequence[int],
     hits: Iterable[tuple[int, int, float]],
     irrelevant_chunk_penalty: float,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Floats, Ints]:
     """Values of every chunk of the candidate documents, flattened.
 
     ``num_chunks[d]`` is the chunk count of candidate document ``d``; ``hits`` are
@@ -229,12 +233,12 @@ def chunk_values(
 
 
 def best_segments(
-    values: np.ndarray,
-    offsets: np.ndarray,
+    values: Floats,
+    offsets: Ints,
     max_segment_chunks: int,
     max_total_chunks: int,
     min_segment_value: float,
-    sizes: np.ndarray | None = None,
+    sizes: Ints | None = None,
     max_size: int | None = None,
 ) -> list[Segment]:
     """Greedy-exact segment search (see the module docstring); best first.
@@ -335,9 +339,7 @@ def merge_touching(segments: Sequence[Segment]) -> list[Segment]:
     return sorted(runs.values(), key=lambda g: -g.value)
 
 
-def by_best_chunk(
-    segments: Sequence[Segment], values: np.ndarray, offsets: np.ndarray
-) -> list[Segment]:
+def by_best_chunk(segments: Sequence[Segment], values: Floats, offsets: Ints) -> list[Segment]:
     """``segments`` ordered by the value of their best chunk (ties: as given): the segment
     holding the top-ranked chunk comes first, however long the others are. Total value
     decides which segments :func:`best_segments` picks; a reader (and a budget cut) wants
@@ -421,8 +423,8 @@ def keep_dense_first(
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     docs: list[str],
-    values: np.ndarray,
-    offsets: np.ndarray,
+    values: Floats,
+    offsets: Ints,
 ) -> list[Segment]:
     """The first ``k`` of ``segs``, holding the chunk the query's dense search ranked first.
 
