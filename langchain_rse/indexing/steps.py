@@ -33,13 +33,13 @@ import time
 from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar, cast
 
 from langchain_core.documents import Document
 from langchain_text_splitters import TextSplitter
 from tqdm.auto import tqdm
 
-from langchain_rse.driver import Handlers
+from langchain_rse.driver import Handler, Handlers
 from langchain_rse.enrichment import BaseEnricher, ChunkContext
 from langchain_rse.filters import Filter, matches, parse
 from langchain_rse.indexing.chunking import Chunk, doc_id_for, make_splitter
@@ -178,7 +178,7 @@ class Todo:
     """The version the plan found current (None: the document was not indexed)."""
 
     @property
-    def enrich_args(self) -> tuple[str, str, dict[str, Any], list[Chunk]]:
+    def enrich_args(self) -> tuple[str, str, dict[str, object], list[Chunk]]:
         """The arguments of ``BaseEnricher.enrich`` / ``aenrich`` for this document."""
         return self.doc_id, self.doc.page_content, self.doc.metadata, self.chunks
 
@@ -267,7 +267,7 @@ class WriteGroup(NamedTuple):
 
 def indexing(
     group_chunks: int, show_progress: bool | None, enricher: BaseEnricher
-) -> Generator[Any, Any, list[str]]:
+) -> Generator[tuple[object, ...], object, list[str]]:
     """``add_documents`` as a sans-I/O generator (driven by
     :func:`~langchain_rse.driver.drive`): :class:`MakePlan`, then per document
     :class:`Enrich`, per group :class:`WriteGroup`. Documents go in groups of about
@@ -275,12 +275,13 @@ def indexing(
     index texts and vectors; one progress display counts the chunks written, and beside
     them the chunks enriched. Returns every document's id.
     """
-    plan: Plan = yield MakePlan()
+    plan = cast(Plan, (yield MakePlan()))
     with Progress("embedding + writing", plan.chunks, show=show_progress) as progress:
         for n, group in enumerate(plan.groups(group_chunks)):
             prepared = []
             for todo in group:
-                prepared.append(Prepared.of(todo, (yield Enrich(todo)), enricher))
+                contexts = cast("list[ChunkContext] | None", (yield Enrich(todo)))
+                prepared.append(Prepared.of(todo, contexts, enricher))
                 progress.prepared(len(todo.chunks))
             yield WriteGroup(prepared, plan.removals if n == 0 else [], progress.update)
     return plan.doc_ids
@@ -298,7 +299,7 @@ def index_steps(
     documents: Sequence[Document],
     ids: Sequence[str] | None,
     asynchronous: bool,
-) -> tuple[Generator[Any, Any, list[str]], Handlers]:
+) -> tuple[Generator[tuple[object, ...], object, list[str]], Handlers]:
     """:func:`indexing` of ``documents`` with retriever ``r``'s settings by its ``writer``,
     and its handlers: plan (with ``r``'s splitter and fingerprints), enrich (natively async
     on the async path) and write (in a thread there, under the writer's lock, re-checking
@@ -346,7 +347,7 @@ def index_steps(
     return steps, {kind: _aclosing(steps, h) for kind, h in ahandlers.items()}
 
 
-def _closing(steps: Generator[Any, Any, Any], handler: Callable[..., Any]) -> Callable[..., Any]:
+def _closing(steps: Generator[object, object, object], handler: Handler) -> Handler:
     """``handler``, closing the suspended ``steps`` when it raises (Ctrl-C included), so the
     progress display ends before the caller reports the error, not when the traceback is
     collected."""
@@ -361,7 +362,7 @@ def _closing(steps: Generator[Any, Any, Any], handler: Callable[..., Any]) -> Ca
     return run
 
 
-def _aclosing(steps: Generator[Any, Any, Any], handler: Callable[..., Any]) -> Callable[..., Any]:
+def _aclosing(steps: Generator[object, object, object], handler: Handler) -> Handler:
     """:func:`_closing` for an asynchronous handler."""
 
     async def run(*args: object) -> object:
