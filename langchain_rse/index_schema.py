@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from langchain_core.embeddings import Embeddings
 from pydantic import (
@@ -53,13 +54,44 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 # ---------------------------------------------------------------- settings
 
 
 _POSITIVE = ("fetch_k", "max_document_chars")
 
 
-def check_settings(r: Any) -> None:
+class Settings(Protocol):
+    """What :func:`check_settings` reads of a retriever
+    (:class:`~langchain_rse.retriever.RSERetriever`)."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def max_chars(self) -> int | None: ...
+
+    @property
+    def fetch_k(self) -> int: ...
+
+    @property
+    def max_document_chars(self) -> int: ...
+
+    @property
+    def splitter(self) -> object: ...
+
+    @property
+    def chunk_size(self) -> int: ...
+
+    @property
+    def weights(self) -> tuple[float, float]: ...
+
+    @property
+    def rse_params(self) -> object: ...
+
+
+def check_settings(r: Settings) -> None:
     """Raise ``ValueError`` for a retriever configuration that could not run (checked at
     construction and on every assignment, so a bad setting fails where it is made)."""
     from langchain_rse.pipeline import check_k, check_max_chars
@@ -78,7 +110,7 @@ def check_settings(r: Any) -> None:
         get_preset(r.rse_params)
 
 
-def check_delete_ids(ids: Any) -> list[str]:
+def check_delete_ids(ids: Sequence[str] | None) -> list[str]:
     """The document ids of a ``delete`` call: a list, never None (everything) or a string."""
     if ids is None:
         raise ValueError(
@@ -90,7 +122,7 @@ def check_delete_ids(ids: Any) -> list[str]:
     return list(ids)
 
 
-def check_expander(value: Any) -> Any:
+def check_expander(value: T) -> T:
     """A query expander needs ``expand`` and ``aexpand``."""
     if value is not None and not (hasattr(value, "expand") and hasattr(value, "aexpand")):
         raise TypeError(
@@ -321,13 +353,13 @@ _ENDPOINT = re.compile(r"url|uri|host|endpoint|api_base|base_path|proxy|domain|s
 who can write to it could point at their own host (with the caller's key in the request)."""
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: object) -> bool:
     if isinstance(value, (list, tuple)):
         return all(isinstance(v, _PRIMITIVES) for v in value)
     return isinstance(value, _PRIMITIVES)
 
 
-def describe_component(component: Any) -> dict[str, Any] | None:
+def describe_component(component: object) -> dict[str, Any] | None:
     """A component's class and its non-secret settings (plain values only: no keys, no
     models, no stores), as saved in the manifest."""
     if component is None:
@@ -351,7 +383,7 @@ def describe_component(component: Any) -> dict[str, Any] | None:
     }
 
 
-def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
+def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> object:
     """Rebuild a component this library can rebuild from its saved settings, else None;
     ``IndexFormatError`` when the settings do not fit the class."""
     name, settings, objects = spec["class"], dict(spec["settings"]), spec.get("objects", {})
@@ -371,7 +403,7 @@ def _restore(spec: dict[str, Any], embedding: Embeddings | None) -> Any:
     return component
 
 
-def _checked(cls: type, settings: dict[str, Any]) -> Any:
+def _checked(cls: type, settings: dict[str, Any]) -> object:
     """``cls(**settings)``, the values checked strictly (``"4"`` is not an ``int``): by
     the model of a pydantic class, else by the annotations of its ``__init__``."""
     if issubclass(cls, BaseModel):
@@ -387,7 +419,7 @@ def _checked(cls: type, settings: dict[str, Any]) -> Any:
 
 def _build(
     name: str, settings: dict[str, Any], objects: dict[str, str], embedding: Embeddings | None
-) -> Any:
+) -> object:
     from langchain_rse import enrichment, rerank
 
     try:
@@ -415,7 +447,7 @@ def _build(
     return None
 
 
-def _router(given: Any, spec: dict[str, Any]) -> Any:
+def _router(given: object, spec: dict[str, Any]) -> object:
     """A bare retriever passed for a saved router gets the saved routing settings."""
     from langchain_core.retrievers import BaseRetriever
 

@@ -26,10 +26,11 @@ from dataclasses import KW_ONLY, dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from langchain_core.runnables import RunnableWithFallbacks
+from langchain_core.runnables import Runnable, RunnableWithFallbacks
 from langchain_core.runnables.base import RunnableBindingBase
 from langchain_core.runnables.config import get_executor_for_config
 from pydantic import BaseModel, SecretStr
+from pydantic.fields import FieldInfo
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 if TYPE_CHECKING:
@@ -161,10 +162,10 @@ class CallJob(ABC):
         """The model input for ``key``."""
 
     @abstractmethod
-    def answered(self, key: str, reply: Any) -> bytes:
+    def answered(self, key: str, reply: object) -> bytes:
         """Take a reply: the bytes to cache, or raise (:class:`UnusableReply`) to fail it."""
 
-    def attempted(self, reply: Any) -> None:  # noqa: B027 - an optional hook
+    def attempted(self, reply: object) -> None:  # noqa: B027 - an optional hook
         """Called once per request with its reply or its exception (for accounting)."""
 
 
@@ -176,7 +177,7 @@ class ModelCalls:
     (``model_retries``: the retries the model still makes by itself).
     """
 
-    model: Any
+    model: Runnable[LanguageModelInput, object]
     """Called (``invoke``/``ainvoke``) at most ``max_concurrency`` at a time."""
     cache: BaseStore[str, bytes]
     retry: RetryPolicy
@@ -301,7 +302,7 @@ class ModelCalls:
         for offset in range(0, len(keys), size):
             yield keys[offset : offset + size]
 
-    def _outcome(self, job: CallJob, key: str, reply: Any) -> bytes:
+    def _outcome(self, job: CallJob, key: str, reply: object) -> bytes:
         job.attempted(reply)
         if isinstance(reply, BaseException):
             raise reply
@@ -348,7 +349,7 @@ class CallsModel:
     """Mixin of a class that calls ``llm`` through :class:`ModelCalls` (the attributes below
     are read at each call, so changing them takes effect)."""
 
-    llm: Any
+    llm: Runnable[LanguageModelInput, object]
     cache: BaseStore[str, bytes]
     max_concurrency: int
     max_retries: int
@@ -362,7 +363,11 @@ class CallsModel:
     _lock: threading.Lock
 
     def _init_calls(
-        self, llm: Any, cache: BaseStore[str, bytes], max_concurrency: int, retry: RetryPolicy
+        self,
+        llm: Runnable[LanguageModelInput, object],
+        cache: BaseStore[str, bytes],
+        max_concurrency: int,
+        retry: RetryPolicy,
     ) -> None:
         """Check and set the attributes above; warn if the model's retries stay on."""
         if max_concurrency < 1:
@@ -406,7 +411,7 @@ class CallsModel:
         )
 
 
-def message_text(message: Any) -> str:
+def message_text(message: object) -> str:
     """The text of a chat model reply (string content or text content blocks)."""
     content = getattr(message, "content", message)
     if isinstance(content, str):
@@ -421,14 +426,14 @@ def message_text(message: Any) -> str:
     return "".join(parts)
 
 
-def underlying_model(llm: Any) -> Any:
+def underlying_model(llm: object) -> object:
     """The chat model inside LangChain wrappers (``bind``, ``with_fallbacks``: the primary)."""
     while isinstance(llm, (RunnableBindingBase, RunnableWithFallbacks)):
         llm = llm.bound if isinstance(llm, RunnableBindingBase) else llm.runnable
     return llm
 
 
-def model_identity(llm: Any) -> str:
+def model_identity(llm: object) -> str:
     """``"<ChatModelClass>:<model name>"``: enough to key a cache, no secrets. Wrappers are
     looked through, so ``llm.with_config(...)`` shares the cache of ``llm``."""
     llm = underlying_model(llm)
@@ -441,7 +446,7 @@ def model_identity(llm: Any) -> str:
     return f"{type(llm).__name__}:{name}"
 
 
-def redact_secrets(text: str, llm: Any) -> str:
+def redact_secrets(text: str, llm: object) -> str:
     """``text`` with every ``SecretStr`` value of the model in ``llm`` (an API key, say) as
     ``***`` (a proxy may echo the request's headers into an error message)."""
     model = underlying_model(llm)
@@ -459,7 +464,7 @@ _SDK_DEFAULT_RETRIES = 2
 """What ``max_retries=None`` means for the openai and anthropic SDKs."""
 
 
-def without_model_retries(llm: Any) -> tuple[Any, int]:
+def without_model_retries(llm: object) -> tuple[object, int]:
     """``llm`` with the chat models in it rebuilt with ``max_retries=0``, and the retries left.
 
     A chat model with a ``max_retries`` field (``None``: the SDK's 2) is rebuilt from its
@@ -481,8 +486,10 @@ def without_model_retries(llm: Any) -> tuple[Any, int]:
     return _model_without_retries(llm)
 
 
-def _model_without_retries(model: Any) -> tuple[Any, int]:
-    fields = type(model).model_fields if isinstance(model, BaseModel) else {}
+def _model_without_retries(model: object) -> tuple[object, int]:
+    if not isinstance(model, BaseModel):
+        return model, 0
+    fields = type(model).model_fields
     current = getattr(model, "max_retries", 0) if "max_retries" in fields else 0
     if current == 0 or isinstance(current, bool) or not isinstance(current, (int, type(None))):
         return model, 0
@@ -494,7 +501,7 @@ def _model_without_retries(model: Any) -> tuple[Any, int]:
     data[_input_name("max_retries", fields["max_retries"])] = 0
     try:
         copy = type(model).model_validate(data)
-        if copy.max_retries != 0 or model_identity(copy) != model_identity(model):
+        if getattr(copy, "max_retries", None) != 0 or model_identity(copy) != model_identity(model):
             raise ValueError("the copy differs from the model")
     except Exception as error:
         logger.warning(
@@ -509,7 +516,7 @@ def _model_without_retries(model: Any) -> tuple[Any, int]:
     return copy, 0
 
 
-def _input_name(name: str, info: Any) -> str:
+def _input_name(name: str, info: FieldInfo) -> str:
     """The key that sets field ``name`` in ``model_validate`` (its alias when it has one)."""
     for alias in (info.validation_alias, info.alias):
         if isinstance(alias, str):

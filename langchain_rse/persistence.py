@@ -28,13 +28,16 @@ import re
 import secrets
 import stat
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol, TypeVar, cast, overload
 
 from filelock import FileLock
 from langchain_core.embeddings import Embeddings
+from langchain_core.stores import BaseStore, InMemoryByteStore
 from langchain_core.vectorstores import VectorStore
-from pydantic import ValidationError
+from langchain_text_splitters import TextSplitter
+from pydantic import BaseModel, ValidationError
 
 __all__ = [
     "FORMAT_NAME",
@@ -67,9 +70,14 @@ from langchain_rse.indexing.store import (
     save_vectorstore,
     vectorstore_kind,
 )
+from langchain_rse.lexical import BM25Index
+from langchain_rse.routing import DocumentRouter
 from langchain_rse.segments import RSEParams
 
 logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
 
 FORMAT_NAME = "langchain-rse-index"
 FORMAT_VERSION = 2
@@ -100,12 +108,12 @@ def atomic_write(path: Path, data: bytes | memoryview) -> None:
         raise
 
 
-def _json_bytes(obj: Any) -> bytes:
+def _json_bytes(obj: object) -> bytes:
     compact = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return compact.encode("utf-8", "surrogatepass")
 
 
-def _parse_json(data: bytes, what: str) -> Any:
+def _parse_json(data: bytes, what: str) -> object:
     try:
         return json.loads(data.decode("utf-8", "surrogatepass"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -132,7 +140,7 @@ class IndexWriter:
         }
         return name
 
-    def add_json(self, role: str, obj: Any) -> str:
+    def add_json(self, role: str, obj: object) -> str:
         return self.add_bytes(role, "json", _json_bytes(obj))
 
     def commit(self, manifest: dict[str, Any]) -> None:
@@ -277,13 +285,19 @@ class IndexFiles:
             )
         return data
 
-    def json(self, role: str, model: Any = None) -> Any:
+    @overload
+    def json(self, role: str) -> object: ...
+
+    @overload
+    def json(self, role: str, model: type[M]) -> M: ...
+
+    def json(self, role: str, model: type[M] | None = None) -> object:
         """The JSON data file for ``role``, checked against the pydantic ``model`` if given
         (then the model instance is returned)."""
         data = _parse_json(self.read(role), f"index file {self.name(role)!r}")
         return data if model is None else self.json_check(role, data, model)
 
-    def json_check(self, role: str, data: Any, model: Any) -> Any:
+    def json_check(self, role: str, data: object, model: type[M]) -> M:
         """``data`` read from the file for ``role`` as the pydantic ``model``."""
         try:
             return model.model_validate(data)
@@ -313,7 +327,7 @@ def _library_version() -> str:
         return "unknown"
 
 
-def _splitter_config(r: Any) -> dict[str, Any]:
+def _splitter_config(r: SavedRetriever) -> dict[str, Any]:
     """The splitter and RSE parameters as the manifest holds them: a preset by name,
     explicit parameters as a table, and a splitter that ``make_splitter`` makes as its
     ``chunk_size`` and ``chunk_overlap`` (then with the preset in force pinned by name)."""
@@ -333,19 +347,45 @@ def _splitter_config(r: Any) -> dict[str, Any]:
     }
 
 
-def save_index(retriever: Any, path: str | os.PathLike[str]) -> int:
-    """Write ``retriever``'s own state to ``path`` (see :meth:`RSERetriever.save`);
-    returns the number of chunks saved."""
+class SavedRetriever(Protocol):
+    """What a save reads of the retriever (:class:`~langchain_rse.retriever.RSERetriever`)
+    besides :data:`SAVED_FIELDS` and :data:`COMPONENTS`."""
+
+    @property
+    def vectorstore(self) -> VectorStore: ...
+
+    @property
+    def docstore(self) -> BaseStore[str, bytes]: ...
+
+    @property
+    def lexical_store(self) -> VectorStore | None: ...
+
+    @property
+    def splitter(self) -> TextSplitter | None: ...
+
+    @property
+    def chunk_size(self) -> int: ...
+
+    @property
+    def rse_params(self) -> RSEParams | str | None: ...
+
+    @property
+    def preset_name(self) -> str: ...
+
+    @property
+    def router(self) -> DocumentRouter | None: ...
+
+
+def save_index(retriever: SavedRetriever, lexical: BM25Index, path: str | os.PathLike[str]) -> int:
+    """Write ``retriever``'s own state (``lexical``: its in-process BM25 index) to ``path``
+    (see :meth:`RSERetriever.save`); returns the number of chunks saved."""
     Path(path).mkdir(parents=True, exist_ok=True)
     with FileLock(Path(path) / LOCK_FILE):  # another process's save finishes first
-        return _save_index(retriever, IndexWriter(path))
+        return _save_index(retriever, lexical, IndexWriter(path))
 
 
-def _save_index(retriever: Any, writer: IndexWriter) -> int:
-
-    from langchain_core.stores import InMemoryByteStore
-
-    header, arrays = retriever._lexical.export_state()
+def _save_index(retriever: SavedRetriever, lexical: BM25Index, writer: IndexWriter) -> int:
+    header, arrays = lexical.export_state()
     writer.add_json("lexical", header)
     writer.add_bytes("lexical_tf", "npz", arrays)
     docstore_kind = "external"
@@ -364,7 +404,7 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
         name: index_schema.describe_component(getattr(retriever, name)) for name in COMPONENTS
     }
     router_spec = components["router"]
-    if router_spec is not None:
+    if router_spec is not None and retriever.router is not None:
         router_spec["settings"] = retriever.router.settings()
     writer.commit(
         {
@@ -382,7 +422,7 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
             "docstore": {"kind": docstore_kind, "class": type(retriever.docstore).__name__},
             "lexical": {
                 "kind": "in_process" if retriever.lexical_store is None else "external",
-                "class": type(retriever.lexical_store or retriever._lexical).__name__,
+                "class": type(retriever.lexical_store or lexical).__name__,
             },
             "vectorstore": save_vectorstore(retriever.vectorstore, writer),
             "stats": {"chunks": len(header["keys"])},
@@ -392,15 +432,17 @@ def _save_index(retriever: Any, writer: IndexWriter) -> int:
 
 
 def load_index(
-    cls: Any,
+    cls: Callable[..., R],
+    lexical_of: Callable[[R], BM25Index],
     path: str | os.PathLike[str],
     embedding: Embeddings | None,
     vectorstore: VectorStore | None,
-    docstore: Any,
+    docstore: BaseStore[str, bytes] | None,
     strict: bool,
     kwargs: dict[str, Any],
-) -> Any:
-    """Rebuild a retriever from a directory written by :func:`save_index`.
+) -> R:
+    """Rebuild a retriever (built by ``cls``; ``lexical_of``: its in-process BM25 index)
+    from a directory written by :func:`save_index`.
 
     A save that replaces the index while it is read (and removes the files of the
     generation being read) makes it read the new generation instead."""
@@ -409,7 +451,15 @@ def load_index(
         manifest = read_manifest(directory)
         try:
             return _load_index(
-                cls, directory, manifest, embedding, vectorstore, docstore, strict, kwargs
+                cls,
+                lexical_of,
+                directory,
+                manifest,
+                embedding,
+                vectorstore,
+                docstore,
+                strict,
+                kwargs,
             )
         except IndexFormatError:
             if attempt + 1 == _LOAD_ATTEMPTS or not _replaced(directory, manifest):
@@ -430,15 +480,16 @@ def _replaced(directory: Path, manifest: dict[str, Any]) -> bool:
 
 
 def _load_index(
-    cls: Any,
+    cls: Callable[..., R],
+    lexical_of: Callable[[R], BM25Index],
     directory: Path,
     manifest: dict[str, Any],
     embedding: Embeddings | None,
     vectorstore: VectorStore | None,
-    docstore: Any,
+    docstore: BaseStore[str, bytes] | None,
     strict: bool,
     kwargs: dict[str, Any],
-) -> Any:
+) -> R:
     config = dict(manifest["config"])
     if config.pop("custom_splitter") and "splitter" not in kwargs:
         raise ValueError("this index was built with a custom splitter; pass splitter=...")
@@ -475,12 +526,13 @@ def _load_index(
                 )
             docstore = _load_docstore(files)
         lexical = files.json("lexical")
-        files.json_check("lexical", lexical, index_schema.Lexical)
-        _check_chunk_keys(lexical["keys"], files.name("lexical"))
+        _check_chunk_keys(
+            files.json_check("lexical", lexical, index_schema.Lexical).keys, files.name("lexical")
+        )
         retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
         tf = files.read("lexical_tf")
         try:
-            retriever._lexical.load_state(lexical, tf)
+            lexical_of(retriever).load_state(cast("dict[str, object]", lexical), tf)
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
             raise IndexFormatError(
                 f"the lexical index cannot be loaded from {files.name('lexical')!r} and "
@@ -499,11 +551,9 @@ def _check_chunk_keys(keys: list[str], name: str) -> None:
             raise IndexFormatError(f"index file {name!r} holds {key!r}, not a chunk key") from None
 
 
-def _load_docstore(files: IndexFiles) -> Any:
+def _load_docstore(files: IndexFiles) -> InMemoryByteStore:
     """The in-memory record store from ``docstore.<gen>.jsonl``: one ``[key, JSON record]``
     pair per line, each record checked (:func:`_check_records`)."""
-    from langchain_core.stores import InMemoryByteStore
-
     name = files.name("docstore")
     try:
         raw = files.read("docstore").decode("utf-8", "surrogatepass")

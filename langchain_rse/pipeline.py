@@ -19,11 +19,11 @@ import asyncio
 import dataclasses
 import logging
 import re
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol, cast
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import Document
@@ -35,10 +35,11 @@ from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import candidates, confirmed_route, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
+from langchain_rse.lexical import BM25Index
 from langchain_rse.query import Candidate, Route
 from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter, query_coverage
-from langchain_rse.search import SearchBranches
+from langchain_rse.search import Focused, Found, SearchBranches
 from langchain_rse.segments import (
     Chosen,
     RSEParams,
@@ -127,7 +128,7 @@ class Settled(NamedTuple):
     """Run ``steps`` (a query's last attempt) while no write swaps a pointer or removes a
     version (in process) → their result."""
 
-    steps: Generator[Any, Any, list[Document]]
+    steps: Steps
 
 
 class Record(NamedTuple):
@@ -139,14 +140,17 @@ class Record(NamedTuple):
     bodies: dict[str, Body]
 
 
-Steps = Generator[Any, Any, list[Document]]
-"""A retrieval generator: it yields requests and returns the documents."""
+Request = tuple[object, ...]
+"""One of the requests above (each a ``NamedTuple``)."""
+Steps = Generator[Request, object, list[Document]]
+"""A retrieval generator: it yields requests, is sent their answers (each of the type its
+request names) and returns the documents."""
 
 THROWN = (RerankError, StaleRead)
 """Handler errors raised inside the generator (failed rerank: fused ranking; stale: re-read)."""
 
 
-def clean_query(query: Any, max_chars: int = MAX_QUERY_CHARS) -> str:
+def clean_query(query: object, max_chars: int = MAX_QUERY_CHARS) -> str:
     """The query with control characters as spaces; ``TypeError`` / ``ValueError`` for a
     query that is not a string, is blank, or is longer than ``max_chars``."""
     if not isinstance(query, str):
@@ -161,7 +165,7 @@ def clean_query(query: Any, max_chars: int = MAX_QUERY_CHARS) -> str:
     return query
 
 
-def check_k(k: Any) -> int:
+def check_k(k: object) -> int:
     """``k`` as a non-negative int, else ``ValueError``."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be a non-negative integer, got {k!r}")
@@ -175,7 +179,7 @@ MAX_MAX_CHARS = 1_000_000_000
 """The largest context budget accepted (a billion characters: more than any call returns)."""
 
 
-def check_max_chars(value: Any) -> int | None:
+def check_max_chars(value: object) -> int | None:
     """A context budget: None or an int from :data:`MIN_MAX_CHARS` to :data:`MAX_MAX_CHARS`,
     else ``ValueError``."""
     if value is None:
@@ -194,7 +198,7 @@ def check_max_chars(value: Any) -> int | None:
 
 
 def query_set(
-    query: str, queries: Any, expansions: list[str], max_queries: int, max_chars: int
+    query: str, queries: object, expansions: list[str], max_queries: int, max_chars: int
 ) -> list[str]:
     """The original query first, then extra (``queries=``) and expanded queries, each
     checked, without case-insensitive duplicates, at most ``max_queries``."""
@@ -217,7 +221,7 @@ INVOKE_ARGS = ("k", "mode", "queries", "filter", "max_chars")
 """The keyword arguments ``invoke`` accepts besides ``config``."""
 
 
-def check_invoke_args(unknown: dict[str, Any]) -> None:
+def check_invoke_args(unknown: Mapping[str, object]) -> None:
     """``TypeError`` naming unknown ``invoke`` keywords (``top_k=`` is not ``k=``)."""
     if unknown:
         raise TypeError(
@@ -257,13 +261,13 @@ class QuerySettings:
     @classmethod
     def of(
         cls,
-        r: Any,
+        r: RetrieverSettings,
         query: str,
         k: int,
-        mode: Any,
-        queries: Any,
+        mode: object,
+        queries: object,
         expansions: list[str],
-        f: Any,
+        f: object,
         max_chars: int | None = None,
     ) -> QuerySettings:
         """The settings of one call of retriever ``r`` (its fields, narrowed by the call's)."""
@@ -283,6 +287,41 @@ class QuerySettings:
             filter=both(parse(r.filter), call_filter) if r.filter else call_filter,
             max_chars=max_chars,
         )
+
+
+class RetrieverSettings(Protocol):
+    """What a retrieval reads from the retriever's settings
+    (:class:`~langchain_rse.retriever.RSERetriever`)."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def max_chars(self) -> int | None: ...
+
+    @property
+    def weights(self) -> tuple[float, float]: ...
+
+    @property
+    def params(self) -> RSEParams: ...
+
+    @property
+    def filter(self) -> Mapping[str, object] | None: ...
+
+    @property
+    def reranker(self) -> BaseReranker | None: ...
+
+    @property
+    def router(self) -> DocumentRouter | None: ...
+
+    @property
+    def query_expander(self) -> object: ...
+
+    @property
+    def lexical_store(self) -> object: ...
 
 
 class Replaced(Exception):
@@ -375,7 +414,8 @@ def run_pipeline(
     if not cands:
         return []
     doc_ids = list(dict.fromkeys([c.doc_id for c in cands]))
-    metas = {m.doc_id: m for m in (yield ReadPointers(doc_ids)) if m is not None}
+    pointers = cast("list[DocRecord | None]", (yield ReadPointers(doc_ids)))
+    metas = {m.doc_id: m for m in pointers if m is not None}
     found, cands = cands, live_candidates(cands, metas, s.filter)
     if seen is not None and (new := replaced(found, cands, metas) - seen):
         raise Replaced(new)
@@ -386,10 +426,11 @@ def run_pipeline(
     fallback = False
     if s.rerank:
         need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
-        bodies.update(zip((m.doc_id for m in need), (yield ReadBodies(need))))
+        bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
         try:
             queries = s.rerank_queries or s.queries
-            reranked = yield Rerank(queries, rerank_inputs(cands, bodies, metas))
+            request = Rerank(queries, rerank_inputs(cands, bodies, metas))
+            reranked = cast("list[RerankResult]", (yield request))
         except RerankError as exc:
             if s.strict_rerank:
                 raise
@@ -398,7 +439,7 @@ def run_pipeline(
     cands = apply_relevance(s, cands, reranked)
     selection = choose_segments(s, cands, metas, route)
     need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
-    bodies.update(zip((m.doc_id for m in need), (yield ReadBodies(need))))
+    bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
     texts = {d: bodies[d].text for d in dict.fromkeys(g[0] for g in selection)}
     chosen = fit_segments(s, cands, metas, texts, selection)
     yield Record(cands, metas, chosen, bodies)
@@ -424,38 +465,43 @@ def _retrying(
 
 
 def retrieval(
-    r: Any,
-    query: Any,
-    k: Any,
-    mode: Any,
-    queries: Any,
-    filter: Any,
-    max_chars: Any,
-    unknown: dict[str, Any],
+    r: RetrieverSettings,
+    lexical: BM25Index,
+    query: object,
+    k: object,
+    mode: object,
+    queries: object,
+    filter: object,
+    max_chars: object,
+    unknown: Mapping[str, object],
 ) -> Steps:
     """Check one call of retriever ``r`` (at once), and return its retrieval: an
-    :class:`Expand` when a query expander is set, then :func:`retrieve`."""
+    :class:`Expand` when a query expander is set, then :func:`retrieve` (``lexical``: its
+    in-process BM25 index, for :func:`abstains`)."""
     check_invoke_args(unknown)
     query, k = clean_query(query), check_k(r.k if k is None else k)
     max_chars = check_max_chars(r.max_chars if max_chars is None else max_chars)
 
     def steps() -> Steps:
-        if k == 0 or abstains(r, query):
+        if k == 0 or abstains(r, lexical, query):
             return []
-        expansions = (yield Expand(query)) if r.query_expander is not None else []
+        expansions: list[str] = []
+        if r.query_expander is not None:
+            expansions = cast("list[str]", (yield Expand(query)))
         s = QuerySettings.of(r, query, k, mode, queries, expansions, filter, max_chars)
         return (yield from retrieve(s, r.router))
 
     return steps()
 
 
-def abstains(r: Any, query: str) -> bool:
-    """Whether retriever ``r`` returns nothing for ``query``: its in-process BM25 index holds
-    too little of the query's words (the router's ``min_coverage``, :func:`query_coverage`)."""
+def abstains(r: RetrieverSettings, lexical: BM25Index, query: str) -> bool:
+    """Whether retriever ``r`` returns nothing for ``query``: its in-process BM25 index
+    ``lexical`` holds too little of the query's words (the router's ``min_coverage``,
+    :func:`query_coverage`)."""
     router = r.router
     if router is None or router.min_coverage <= 0 or r.lexical_store is not None:
         return False
-    coverage = query_coverage(r._lexical, query)
+    coverage = query_coverage(lexical, query)
     if coverage < router.min_coverage:
         logger.debug("abstained: the index holds %.2f of the query's weight", coverage)
         return True
@@ -479,7 +525,7 @@ def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
         except Replaced as exc:
             logger.debug("documents %s were replaced during a query; searching again", exc)
             seen |= exc.versions
-    return (yield Settled(_attempt(s, router, None)))
+    return cast("list[Document]", (yield Settled(_attempt(s, router, None))))
 
 
 def _attempt(
@@ -492,15 +538,15 @@ def _attempt(
 
 def _search(
     s: QuerySettings, router: DocumentRouter | None
-) -> Generator[Any, Any, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
+) -> Generator[Request, object, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
     """The searches and fusion of :func:`retrieve`: the settings (with the focus text as
     a rerank query, when focused) and the candidates with their route."""
-    dense, lexical, routed = yield Search(s.queries, s.filter)
+    dense, lexical, routed = cast(Found, (yield Search(s.queries, s.filter)))
     confirmed = False
     if routed is not None and router is not None and router.focuses(s.queries[0]):
         routed, confirmed = confirmed_route(s, dense, lexical, routed, router), True
         if routed is not None:
-            extra = yield Focus(s.queries[0], routed, s.filter)
+            extra = cast("Focused | None", (yield Focus(s.queries[0], routed, s.filter)))
             if extra is not None:  # the query's other clauses, inside the routed documents
                 text, focus_dense, focus_lexical = extra
                 dense, lexical = [*dense, focus_dense], [*lexical, focus_lexical]
@@ -537,13 +583,14 @@ def handlers(
         Search: partial(
             branches.asearch if a else branches.search, router=router, callbacks=callbacks
         ),
-        Focus: partial(
-            branches.afocus if a else branches.focus, router=router, callbacks=callbacks
-        ),
         ReadPointers: records.apointers if a else records.pointers,
         ReadBodies: records.abodies if a else records.bodies,
         Record: record,
     }
+    if router is not None:  # (a query focuses only with a router)
+        out[Focus] = partial(
+            branches.afocus if a else branches.focus, router=router, callbacks=callbacks
+        )
     if expander is not None:
         out[Expand] = partial(expander.aexpand if a else expander.expand, callbacks=callbacks)
     if reranker is not None:

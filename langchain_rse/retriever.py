@@ -197,7 +197,7 @@ class RSERetriever(DocumentIndex):
 
     @model_validator(mode="before")
     @classmethod
-    def _renamed(cls, data: Any) -> Any:
+    def _renamed(cls, data: object) -> object:
         """``strict_rerank`` is the reranker's setting (``CohereReranker(strict=True)``)."""
         if isinstance(data, dict) and "strict_rerank" in data:
             raise ValueError(
@@ -211,7 +211,7 @@ class RSERetriever(DocumentIndex):
         check_settings(self)
         return self
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         # validate_assignment stores the value first: a rejected one puts the old one back.
         old = self.__dict__.get(name)
         try:
@@ -223,7 +223,7 @@ class RSERetriever(DocumentIndex):
         if name == "router":
             self._bind_router()
 
-    def model_post_init(self, context: Any, /) -> None:
+    def model_post_init(self, context: object, /) -> None:
         self._lexical = BM25Index(stemmer=self.lexical_stemmer)
         self._records = RecordStore(self.docstore, isinstance(self.docstore, InMemoryByteStore))
         lock = ReadWriteLock(enabled=is_local(self.vectorstore))
@@ -243,9 +243,13 @@ class RSERetriever(DocumentIndex):
         if not isinstance(leads, LeadIndex):
             leads = None
         else:
-            leads._before_search = self._sync_local()
+            leads.check_before_search(self._sync_local())
             leads.use_stemmer(self.lexical_stemmer)  # leads are analyzed as the chunks are
         self._writer.attach_leads(leads)
+
+    def _lexical_index(self) -> BM25Index:
+        """The in-process BM25 index (:func:`~langchain_rse.persistence.load_index` fills it)."""
+        return self._lexical
 
     def _sync_local(self) -> Callable[[], None] | None:
         """Before an in-process search (BM25, leads): a shared record store's generation check."""
@@ -307,7 +311,7 @@ class RSERetriever(DocumentIndex):
 
     __str__ = __repr__
 
-    def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
+    def _get_ls_params(self, **kwargs: object) -> LangSmithRetrieverParams:
         return {**super()._get_ls_params(**kwargs), **ls_params(self.vectorstore)}  # type: ignore[typeddict-item]
 
     @classmethod
@@ -329,7 +333,7 @@ class RSERetriever(DocumentIndex):
         return retriever
 
     def add_documents(
-        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
+        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: object
     ) -> list[str]:
         """Index long source documents; returns their doc ids.
 
@@ -342,25 +346,25 @@ class RSERetriever(DocumentIndex):
         have written one meanwhile): a ``ValueError`` then too, that group left unwritten.
         """
         with self._writer.lock:
-            check_writable(self, documents, ids)
-            return drive(*index_steps(self, documents, ids, False))
+            check_writable(self.filter, self._records, documents, ids)
+            return drive(*index_steps(self, self._writer, documents, ids, False))
 
     async def aadd_documents(
-        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: Any
+        self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: object
     ) -> list[str]:
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
         (under the same lock as the sync path, re-checking what another writer wrote, and
         with a bound :attr:`filter` who owns each id)."""
         if self.filter:
-            await asyncio.to_thread(check_writable, self, documents, ids)
-        return await adrive(*index_steps(self, documents, ids, True))
+            await asyncio.to_thread(check_writable, self.filter, self._records, documents, ids)
+        return await adrive(*index_steps(self, self._writer, documents, ids, True))
 
     @staticmethod
     def _allows(f: Filter | None, doc_id: str, metadata: dict[str, Any]) -> bool:
         """Whether ``f`` (None: no filter) allows an indexed document."""
         return f is None or matches(f, {**metadata, "doc_id": doc_id})
 
-    def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
+    def delete(self, ids: Sequence[str] | None = None, **kwargs: object) -> DeleteResponse:
         """Remove documents (by doc id) from the vector store, lexical index and record
         store. With a bound :attr:`filter`, only documents it allows: other ids are treated
         as unknown (not removed, not in ``succeeded``). An id named twice counts once."""
@@ -377,7 +381,7 @@ class RSERetriever(DocumentIndex):
             found = self._writer.delete(doc_ids, self.router)
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
-    async def adelete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> DeleteResponse:
+    async def adelete(self, ids: Sequence[str] | None = None, **kwargs: object) -> DeleteResponse:
         """Async :meth:`delete` (runs in a thread)."""
         return await asyncio.to_thread(self.delete, ids)
 
@@ -391,15 +395,15 @@ class RSERetriever(DocumentIndex):
         """Async :meth:`vacuum` (runs in a thread)."""
         return await asyncio.to_thread(self.vacuum, min_age_s)
 
-    def upsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
+    def upsert(self, items: Sequence[Document], /, **kwargs: object) -> UpsertResponse:
         """``DocumentIndex`` API (``langchain_core.indexing.index``): :meth:`add_documents`."""
         return UpsertResponse(succeeded=self.add_documents(items), failed=[])
 
-    async def aupsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
+    async def aupsert(self, items: Sequence[Document], /, **kwargs: object) -> UpsertResponse:
         """Async :meth:`upsert`."""
         return UpsertResponse(succeeded=await self.aadd_documents(items), failed=[])
 
-    def get(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]:
+    def get(self, ids: Sequence[str], /, **kwargs: object) -> list[Document]:
         """The indexed source documents with these doc ids (unknown ids are skipped, and so
         are documents a bound :attr:`filter` rejects)."""
         f = parse(self.filter) if self.filter else None
@@ -419,7 +423,7 @@ class RSERetriever(DocumentIndex):
         :meth:`load`); components are saved as class and non-secret settings; a bound
         :attr:`filter` is neither saved nor limits what is."""
         with self._writer.lock:
-            n = save_index(self, path)
+            n = save_index(self, self._lexical, path)
         logger.info("saved index with %d chunks to %s", n, path)
 
     @classmethod
@@ -431,7 +435,7 @@ class RSERetriever(DocumentIndex):
         vectorstore: VectorStore | None = None,
         docstore: BaseStore[str, bytes] | None = None,
         strict: bool = False,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> RSERetriever:
         """Load a directory written by :meth:`save`.
 
@@ -442,7 +446,9 @@ class RSERetriever(DocumentIndex):
         Keyword arguments override saved settings. A corrupted, tampered or newer-format
         index raises ``IndexFormatError`` naming the file.
         """
-        return load_index(cls, path, embedding, vectorstore, docstore, strict, kwargs)  # type: ignore[no-any-return]
+        return load_index(
+            cls, cls._lexical_index, path, embedding, vectorstore, docstore, strict, kwargs
+        )
 
     def _get_relevant_documents(
         self,
@@ -454,9 +460,11 @@ class RSERetriever(DocumentIndex):
         queries: list[str] | None = None,
         filter: dict[str, Any] | None = None,
         max_chars: int | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Document]:
-        steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
+        steps = pipeline.retrieval(
+            self, self._lexical, query, k, mode, queries, filter, max_chars, kwargs
+        )
         return drive(steps, self._handlers(run_manager.get_child(), False), pipeline.THROWN)
 
     async def _aget_relevant_documents(
@@ -469,9 +477,11 @@ class RSERetriever(DocumentIndex):
         queries: list[str] | None = None,
         filter: dict[str, Any] | None = None,
         max_chars: int | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Document]:
-        steps = pipeline.retrieval(self, query, k, mode, queries, filter, max_chars, kwargs)
+        steps = pipeline.retrieval(
+            self, self._lexical, query, k, mode, queries, filter, max_chars, kwargs
+        )
         return await adrive(steps, self._handlers(run_manager.get_child(), True), pipeline.THROWN)
 
     def as_tool(  # type: ignore[override]

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.callbacks import CallbackManagerForRetrieverRun, Callbacks
 from langchain_core.documents import Document
 from langchain_core.indexing import DeleteResponse, DocumentIndex, UpsertResponse
 from langchain_core.retrievers import BaseRetriever
@@ -140,7 +140,7 @@ class LeadIndex(DocumentIndex):
         """Index (or replace) the leads of these source documents."""
         self.upsert(document_leads(sources))
 
-    def upsert(self, items: Sequence[Document], /, **kwargs: Any) -> UpsertResponse:
+    def upsert(self, items: Sequence[Document], /, **kwargs: object) -> UpsertResponse:
         """Add or replace lead documents (their ids are doc ids; their metadata is what a
         search's filter is checked against)."""
         ids = [doc_id_for(d) for d in items]
@@ -155,7 +155,7 @@ class LeadIndex(DocumentIndex):
             )
         return UpsertResponse(succeeded=ids, failed=[])
 
-    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> DeleteResponse:
+    def delete(self, ids: list[str] | None = None, **kwargs: object) -> DeleteResponse:
         """Remove the leads of these doc ids (unknown ids are ignored)."""
         if ids is None:
             raise ValueError("delete needs a list of document ids")
@@ -164,11 +164,11 @@ class LeadIndex(DocumentIndex):
             self._bm25.delete([_key(i) for i in found])
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
-    def get(self, ids: Sequence[str], /, **kwargs: Any) -> list[Document]:
+    def get(self, ids: Sequence[str], /, **kwargs: object) -> list[Document]:
         """The leads of these doc ids (unknown ids are skipped)."""
         return [lead for i in ids if (lead := self._lead(i)) is not None]
 
-    def _lead(self, doc_id: str, **extra: Any) -> Document | None:
+    def _lead(self, doc_id: str, **extra: object) -> Document | None:
         """The lead of ``doc_id`` as a new ``Document`` (``extra`` added to its metadata)."""
         found = self._leads.get(doc_id)
         if found is None:
@@ -191,6 +191,17 @@ class LeadIndex(DocumentIndex):
         if before is not None:
             before()
         return self._hits(query, filter)
+
+    def part_scores(self, parts: list[str], routed: set[str], f: Filter | None) -> list[float]:
+        """Each part of a query's best lead score among the ``routed`` documents (0: no
+        match), searching the leads ``f`` allows (no generation check: the query's search
+        made it)."""
+        return [max((s for d, s in self._hits(p, f) if d in routed), default=0.0) for p in parts]
+
+    def check_before_search(self, check: Callable[[], None] | None) -> None:
+        """Run ``check`` before each search (the owning retriever sets its shared index's
+        generation check; None: none)."""
+        self._before_search = check
 
     def _hits(self, query: str, filter: Filter | None) -> list[tuple[str, float]]:
         """:meth:`hits` without the shared store's generation check (done once per query)."""
@@ -350,7 +361,7 @@ class DocumentRouter(BaseModel):
         config: RunnableConfig | None = None,
         filter: Filter | None = None,
         *,
-        callbacks: Any = None,
+        callbacks: Callbacks = None,
     ) -> set[str] | None:
         """The documents ``query`` is routed to (:meth:`chosen` of the retriever's hits)
         among those ``filter`` (parsed) allows. The built-in lead index is searched directly
@@ -376,7 +387,7 @@ class DocumentRouter(BaseModel):
         config: RunnableConfig | None = None,
         filter: Filter | None = None,
         *,
-        callbacks: Any = None,
+        callbacks: Callbacks = None,
     ) -> set[str] | None:
         """Async :meth:`route` (the built-in lead index is searched in a thread)."""
         r = self.retriever
@@ -428,7 +439,7 @@ class DocumentRouter(BaseModel):
         if rest.endswith("?"):
             parts = [p for p in (p.strip() for p in rest.split(",")) if p]
             weighed = [*parts[: MAX_CLAUSES - 1], parts[-1]] if len(parts) > MAX_CLAUSES else parts
-            scores = _lead_scores(r, weighed, routed, filter)
+            scores = r.part_scores(weighed, routed, filter)
             scores[-1:-1] = [scores[-1]] * (len(parts) - len(weighed))  # the rest: kept
             keep = [p for p, score in zip(parts, scores) if score <= scores[-1]]
             if len(keep) == len(parts):
@@ -519,7 +530,7 @@ class DocumentRouter(BaseModel):
         }
 
 
-def as_router(value: Any) -> Any:
+def as_router(value: object) -> object:
     """A bare retriever as a :class:`DocumentRouter` with its defaults (the field validator
     of ``RSERetriever.router``); anything else unchanged."""
     return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value
@@ -540,18 +551,10 @@ def _takes_filter(retriever: BaseRetriever) -> bool:
     return "filter" in inspect.signature(method).parameters
 
 
-def _lead_scores(
-    leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | None
-) -> list[float]:
-    """Each part of a query's best lead-index score among the ``routed`` documents (0:
-    no match), searching the leads ``f`` allows."""
-    return [max((s for d, s in leads._hits(p, f) if d in routed), default=0.0) for p in parts]
-
-
 def _naming(leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | None) -> int | None:
     """The index of the part of a query whose lead-index score for the ``routed``
     documents is highest, or None when none matches their leads."""
-    scores = _lead_scores(leads, parts, routed, f)
+    scores = leads.part_scores(parts, routed, f)
     best = max(range(len(parts)), key=scores.__getitem__)
     return best if scores[best] > 0 else None
 

@@ -18,10 +18,11 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar
 
-from langchain_core.callbacks import AsyncCallbackManager, CallbackManager
+from langchain_core.callbacks import AsyncCallbackManager, CallbackManager, Callbacks
 from langchain_core.documents import Document
+from langchain_core.runnables import RunnableConfig
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from langchain_rse.filters import (
@@ -152,6 +153,33 @@ def _within(f: Filter | None, docs: set[str]) -> Filter:
     return out
 
 
+class Router(Protocol):
+    """What the searches ask of a document router
+    (:class:`~langchain_rse.routing.DocumentRouter`)."""
+
+    def route(
+        self,
+        query: str,
+        config: RunnableConfig | None = None,
+        filter: Filter | None = None,
+        *,
+        callbacks: Callbacks = None,
+    ) -> set[str] | None: ...
+
+    async def aroute(
+        self,
+        query: str,
+        config: RunnableConfig | None = None,
+        filter: Filter | None = None,
+        *,
+        callbacks: Callbacks = None,
+    ) -> set[str] | None: ...
+
+    def focus_query(
+        self, query: str, routed: set[str], filter: Filter | None = None
+    ) -> str | None: ...
+
+
 @dataclass
 class SearchBranches:
     """The dense and lexical searches of one retriever configuration."""
@@ -166,7 +194,7 @@ class SearchBranches:
     before_lexical: Callable[[], None] | None = None
     """Called before each in-process lexical search (a shared index's generation check)."""
 
-    def dense(self, request: SearchRequest, callbacks: Any = None) -> DenseResult:
+    def dense(self, request: SearchRequest, callbacks: Callbacks = None) -> DenseResult:
         vs, k, query = self.vectorstore, self.k, request["query"]
         if isinstance(vs, FaissStore):  # the default store: chunk keys and scores only
             with self.lock.read():
@@ -184,7 +212,7 @@ class SearchBranches:
                 hits = [(d, None) for d in vs.similarity_search(query, k=k, **kw)]
         return DenseResult(*_keyed(hits, f))
 
-    async def adense(self, request: SearchRequest, callbacks: Any = None) -> DenseResult:
+    async def adense(self, request: SearchRequest, callbacks: Callbacks = None) -> DenseResult:
         if self.lock.enabled or sync_only(self.vectorstore):
             # in process (under the lock), or a client without async search: in a thread
             return await asyncio.to_thread(self.dense, request)
@@ -198,7 +226,11 @@ class SearchBranches:
         return DenseResult(*_keyed(hits, f))
 
     def search(
-        self, queries: list[str], f: Filter | None, router: Any = None, callbacks: Any = None
+        self,
+        queries: list[str],
+        f: Filter | None,
+        router: Router | None = None,
+        callbacks: Callbacks = None,
     ) -> Found:
         """Both branches for every query, then ``router``'s documents for the first (the
         original) query, in turn, each an internal child run under ``callbacks``
@@ -231,7 +263,11 @@ class SearchBranches:
         return dense, lexical, routed
 
     async def asearch(
-        self, queries: list[str], f: Filter | None, router: Any = None, callbacks: Any = None
+        self,
+        queries: list[str],
+        f: Filter | None,
+        router: Router | None = None,
+        callbacks: Callbacks = None,
     ) -> Found:
         """Async :meth:`search`: every search at once, each an internal child run."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
@@ -267,7 +303,12 @@ class SearchBranches:
         return list(found[:n]), list(found[n : 2 * n]), found[2 * n] if router else None
 
     def focus(
-        self, query: str, routed: set[str], f: Filter | None, router: Any, callbacks: Any = None
+        self,
+        query: str,
+        routed: set[str],
+        f: Filter | None,
+        router: Router,
+        callbacks: Callbacks = None,
     ) -> Focused | None:
         """The text of ``router.focus_query(query, routed)`` (the query's clauses other than
         the one naming the routed documents) and both branches for it, filtered to those
@@ -280,7 +321,12 @@ class SearchBranches:
         return text, dense[0], lexical[0]
 
     async def afocus(
-        self, query: str, routed: set[str], f: Filter | None, router: Any, callbacks: Any = None
+        self,
+        query: str,
+        routed: set[str],
+        f: Filter | None,
+        router: Router,
+        callbacks: Callbacks = None,
     ) -> Focused | None:
         """Async :meth:`focus` (the lead index is searched in a thread)."""
         text = await asyncio.to_thread(router.focus_query, query, routed, f)
@@ -302,11 +348,13 @@ class SearchBranches:
             return None
         return f
 
-    async def alexical_search(self, request: SearchRequest, callbacks: Any = None) -> Sequence[Hit]:
+    async def alexical_search(
+        self, request: SearchRequest, callbacks: Callbacks = None
+    ) -> Sequence[Hit]:
         """Async :meth:`lexical_search` (in a thread)."""
         return await asyncio.to_thread(self.lexical_search, request)
 
-    def lexical_search(self, request: SearchRequest, callbacks: Any = None) -> Sequence[Hit]:
+    def lexical_search(self, request: SearchRequest, callbacks: Callbacks = None) -> Sequence[Hit]:
         f, query = request["filter"], request["query"]
         if self.lexical_store is None:
             if self.before_lexical is not None:
@@ -322,12 +370,12 @@ T = TypeVar("T")
 
 
 def child_run(
-    callbacks: Any,
+    callbacks: Callbacks,
     name: str,
     inputs: dict[str, Any],
     outputs: Callable[[Any], dict[str, Any]],
     call: Callable[..., T],
-    *args: Any,
+    *args: object,
 ) -> T:
     """``call(*args, callbacks=child callbacks)`` as an internal child run under ``callbacks``: a
     chain run named ``name`` whose handlers see ``inputs`` and ``outputs(result)``, never
@@ -343,12 +391,12 @@ def child_run(
 
 
 async def achild_run(
-    callbacks: Any,
+    callbacks: Callbacks,
     name: str,
     inputs: dict[str, Any],
     outputs: Callable[[Any], dict[str, Any]],
     call: Callable[..., Awaitable[T]],
-    *args: Any,
+    *args: object,
 ) -> T:
     """Async :func:`child_run`."""
     run = await AsyncCallbackManager.configure(callbacks).on_chain_start(None, inputs, name=name)

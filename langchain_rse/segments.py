@@ -31,16 +31,20 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 import numpy as np
 from langchain_core.documents import Document
+from numpy.typing import NDArray
 
 from langchain_rse.indexing.chunking import PAGE_OFFSETS, page_range
 
 if TYPE_CHECKING:
     from langchain_rse.indexing.records import Body, DocRecord
     from langchain_rse.query import Candidate, Route
+
+Floats = NDArray[np.float64]
+Ints = NDArray[np.int64]
 
 __all__ = [
     "PRESETS",
@@ -165,6 +169,29 @@ def get_preset(name: str) -> RSEParams:
         raise ValueError(f"unknown RSE preset {name!r}; known: {sorted(PRESETS)}") from None
 
 
+class SegmentSettings(Protocol):
+    """What segment selection reads from a query's settings
+    (:class:`~langchain_rse.pipeline.QuerySettings`)."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def queries(self) -> list[str]: ...
+
+    @property
+    def params(self) -> RSEParams: ...
+
+    @property
+    def rerank(self) -> bool: ...
+
+    @property
+    def max_chars(self) -> int | None: ...
+
+
 class Segment(NamedTuple):
     """A run ``[start, end)`` of chunks of document ``doc`` (indices into the inputs)."""
 
@@ -174,7 +201,7 @@ class Segment(NamedTuple):
     value: float
 
 
-def rank_relevance(n: int, decay_rate: float) -> np.ndarray:
+def rank_relevance(n: int, decay_rate: float) -> Floats:
     """Relevance of ranks ``0..n-1`` when only a ranking is known: ``exp(-rank/decay)``."""
     return np.exp(-np.arange(n, dtype=np.float64) / decay_rate)
 
@@ -183,7 +210,7 @@ def chunk_values(
     num_chunks: Sequence[int],
     hits: Iterable[tuple[int, int, float]],
     irrelevant_chunk_penalty: float,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Floats, Ints]:
     """Values of every chunk of the candidate documents, flattened.
 
     ``num_chunks[d]`` is the chunk count of candidate document ``d``; ``hits`` are
@@ -206,12 +233,12 @@ def chunk_values(
 
 
 def best_segments(
-    values: np.ndarray,
-    offsets: np.ndarray,
+    values: Floats,
+    offsets: Ints,
     max_segment_chunks: int,
     max_total_chunks: int,
     min_segment_value: float,
-    sizes: np.ndarray | None = None,
+    sizes: Ints | None = None,
     max_size: int | None = None,
 ) -> list[Segment]:
     """Greedy-exact segment search (see the module docstring); best first.
@@ -302,19 +329,17 @@ def merge_touching(segments: Sequence[Segment]) -> list[Segment]:
         if last >= 0 and before.doc == seg.doc and before.end == seg.start:
             run_of[i] = run_of[last]
         last = i
-    runs: dict[int, list[Any]] = {}  # in the order of each run's best segment
+    runs: dict[int, Segment] = {}  # in the order of each run's best segment
     for seg, run in zip(segments, run_of):
         if (joined := runs.get(run)) is None:
-            runs[run] = list(seg)
+            runs[run] = seg
         else:
-            joined[1], joined[2] = min(joined[1], seg.start), max(joined[2], seg.end)
-            joined[3] += seg.value
-    return sorted((Segment(*r) for r in runs.values()), key=lambda g: -g.value)
+            start, end = min(joined.start, seg.start), max(joined.end, seg.end)
+            runs[run] = Segment(joined.doc, start, end, joined.value + seg.value)
+    return sorted(runs.values(), key=lambda g: -g.value)
 
 
-def by_best_chunk(
-    segments: Sequence[Segment], values: np.ndarray, offsets: np.ndarray
-) -> list[Segment]:
+def by_best_chunk(segments: Sequence[Segment], values: Floats, offsets: Ints) -> list[Segment]:
     """``segments`` ordered by the value of their best chunk (ties: as given): the segment
     holding the top-ranked chunk comes first, however long the others are. Total value
     decides which segments :func:`best_segments` picks; a reader (and a budget cut) wants
@@ -336,7 +361,7 @@ Selection = list[tuple[str, int, int, float]]
 
 
 def choose_segments(
-    s: Any,
+    s: SegmentSettings,
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     route: Route | None = None,
@@ -393,13 +418,13 @@ def choose_segments(
 
 
 def keep_dense_first(
-    s: Any,
+    s: SegmentSettings,
     segs: list[Segment],
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     docs: list[str],
-    values: np.ndarray,
-    offsets: np.ndarray,
+    values: Floats,
+    offsets: Ints,
 ) -> list[Segment]:
     """The first ``k`` of ``segs``, holding the chunk the query's dense search ranked first.
 
@@ -468,7 +493,7 @@ class Chosen(NamedTuple):
 
 
 def fit_segments(
-    s: Any,
+    s: SegmentSettings,
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     texts: dict[str, str],
@@ -554,7 +579,7 @@ def _chosen(g: _Piece, metas: dict[str, DocRecord]) -> Chosen:
 
 
 def _dense_first_span(
-    s: Any, cands: list[Candidate], metas: dict[str, DocRecord]
+    s: SegmentSettings, cands: list[Candidate], metas: dict[str, DocRecord]
 ) -> tuple[str, int, int] | None:
     """``(doc_id, start, end)`` of the dense search's first chunk, when the rule keeps it."""
     if not (s.params.keep_dense_first and not s.rerank and s.k > 1):
@@ -786,7 +811,7 @@ def _grow(
 
 
 def segment_documents(
-    s: Any,
+    s: SegmentSettings,
     cands: list[Candidate],
     metas: dict[str, DocRecord],
     bodies: dict[str, Body],
@@ -799,7 +824,7 @@ def segment_documents(
     out = []
     for doc_id, start, end, score, first, last in chosen:
         meta, body = metas[doc_id], bodies[doc_id]
-        md: dict[str, Any] = dict(meta.metadata)
+        md: dict[str, object] = dict(meta.metadata)
         md.update(
             doc_id=doc_id,
             start_index=first,
@@ -810,7 +835,7 @@ def segment_documents(
         )
         offsets = md.pop(PAGE_OFFSETS, None)
         if offsets:  # a source with pages: the segment's pages, 1-based and inclusive
-            md["page_start"], md["page_end"] = page_range(offsets, first, last)
+            md["page_start"], md["page_end"] = page_range(cast("list[int]", offsets), first, last)
         if s.mode == "chunks":
             c = by_key[(doc_id, start)]
             md.update(
@@ -833,7 +858,7 @@ def segment_documents(
 
 
 def _query_ranks(
-    s: Any, by_key: dict[tuple[str, int], Candidate], doc_id: str, start: int, end: int
+    s: SegmentSettings, by_key: dict[tuple[str, int], Candidate], doc_id: str, start: int, end: int
 ) -> dict[str, int]:
     """Which queries found a result, and their best rank in either branch."""
     hits: dict[str, int] = {}

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.documents import Document
 
@@ -57,6 +57,13 @@ class Interrupted(Exception):
     """Ctrl-C: the message says what was kept; exit status 130, no traceback."""
 
 
+if TYPE_CHECKING:
+    from langchain_core.embeddings import Embeddings
+
+    from langchain_rse.enrichment import BaseEnricher
+    from langchain_rse.rerank import BaseReranker
+    from langchain_rse.retriever import RSERetriever
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """Control characters other than tab and newline (escape sequences start with them)."""
 
@@ -68,14 +75,14 @@ def screen(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text.replace("\r\n", "\n"))
 
 
-def _json(obj: Any, indent: int | None = 2) -> str:
+def _json(obj: object, indent: int | None = 2) -> str:
     """``obj`` as JSON with the exact text; the C1 controls and DEL, which JSON allows raw,
     are written as ``\\u00XX`` escapes so that printing it cannot drive a terminal."""
     text = json.dumps(obj, ensure_ascii=False, indent=indent)
     return re.sub(r"[\x7f-\x9f]", lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
-def _make_enricher(llm: str | None, index_dir: Path) -> Any:
+def _make_enricher(llm: str | None, index_dir: Path) -> BaseEnricher:
     from langchain_rse.enrichment import HeaderEnricher
 
     if not llm:
@@ -94,7 +101,7 @@ def _make_enricher(llm: str | None, index_dir: Path) -> Any:
     return ContextualEnricher(ChatOpenAI(model=model), cache_dir=index_dir / "context_cache")
 
 
-def _make_reranker(name: str | None) -> Any:
+def _make_reranker(name: str | None) -> BaseReranker | None:
     """The Cohere reranker for ``--reranker cohere`` (``embedding`` needs the open index)."""
     if not name or name == "embedding":
         return None
@@ -107,7 +114,7 @@ def _make_reranker(name: str | None) -> Any:
     return CohereReranker()
 
 
-def _open_index(index_dir: Path, **kwargs: Any) -> Any:
+def _open_index(index_dir: Path, **kwargs: Any) -> RSERetriever:
     from langchain_rse.persistence import MANIFEST
     from langchain_rse.retriever import RSERetriever
 
@@ -119,7 +126,7 @@ def _open_index(index_dir: Path, **kwargs: Any) -> Any:
     return RSERetriever.load(index_dir, **kwargs)
 
 
-def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
+def _local_embeddings(index_dir: Path) -> tuple[Embeddings, Callable[[], int]]:
     """The bundled model, its document vectors cached in the user's cache (so a run killed
     half-way resumes without embedding the finished chunks again), and a function counting
     the vectors in that cache."""
@@ -129,7 +136,9 @@ def _local_embeddings(index_dir: Path) -> tuple[Any, Callable[[], int]]:
     return cached_embeddings(model, store), lambda: cache_size(store, model)
 
 
-def _open_for_indexing(args: argparse.Namespace, index_dir: Path, enricher: Any) -> Any:
+def _open_for_indexing(
+    args: argparse.Namespace, index_dir: Path, enricher: BaseEnricher
+) -> tuple[RSERetriever, Callable[[], int]]:
     from langchain_rse.persistence import MANIFEST, default_vectorstore, read_manifest
     from langchain_rse.retriever import RSERetriever
 

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -109,7 +110,7 @@ def sanitize_context(raw: str, max_chars: int = 500) -> str:
     return clip(text, max_chars)
 
 
-def _is_anthropic(llm: Any) -> bool:
+def _is_anthropic(llm: object) -> bool:
     """Whether ``llm`` is an Anthropic chat model (explicit prompt-cache breakpoints)."""
     llm = underlying_model(llm)
     llm_type = ""
@@ -141,7 +142,7 @@ class EnrichmentUsage:
     cache_hits: int = 0
     """Chunks whose context came from the enricher's own cache (no request at all)."""
 
-    def add_reply(self, message: Any) -> None:
+    def add_reply(self, message: object) -> None:
         """Count one reply's ``usage_metadata``."""
         usage = getattr(message, "usage_metadata", None) or {}
         self.input_tokens += int(usage.get("input_tokens") or 0)
@@ -168,13 +169,37 @@ class _DocPlan:
     head_end: int
 
 
+def _decode(raw: bytes, max_chars: int) -> str | None:
+    """A cached context (sanitized to ``max_chars``), or ``None`` for an unreadable value."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    context = value.get("context") if isinstance(value, dict) else None
+    if not isinstance(context, str) or not context.strip():
+        return None
+    return sanitize_context(context, max_chars)
+
+
+def _encode(context: str, model_identity: str, prompt_version: str) -> bytes:
+    value = {"context": context, "model": model_identity, "prompt": prompt_version}
+    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
 class _ContextJob(CallJob):
     """One ``enrich`` call: the document's plan, the chunks and the contexts so far."""
 
     def __init__(
-        self, enricher: ContextualEnricher, plan: _DocPlan, chunks: Sequence[Chunk], bar: Any
+        self,
+        enricher: ContextualEnricher,
+        plan: _DocPlan,
+        chunks: Sequence[Chunk],
+        bar: tqdm,
+        lock: threading.Lock,
     ) -> None:
         self.enricher = enricher
+        self.lock = lock
+        """The enricher's lock of its usage counts."""
         self.plan = plan
         self.chunks = chunks
         self.bar = bar
@@ -198,29 +223,30 @@ class _ContextJob(CallJob):
         return len(indices)
 
     def cached(self, key: str, raw: bytes) -> bool:
-        context = self.enricher._decode(raw)
+        context = _decode(raw, self.enricher.max_context_chars)
         if context is None:
             return False
         hits = self._fill(key, context)
-        with self.enricher._lock:
+        with self.lock:
             self.enricher.usage.cache_hits += hits
         return True
 
     def prompt(self, key: str) -> list[BaseMessage]:
         return self.enricher.messages(self.plan, self.chunks[self.groups[key][0]])
 
-    def attempted(self, reply: Any) -> None:
-        with self.enricher._lock:
+    def attempted(self, reply: object) -> None:
+        with self.lock:
             self.enricher.usage.llm_calls += 1
             if not isinstance(reply, BaseException):
                 self.enricher.usage.add_reply(reply)
 
-    def answered(self, key: str, reply: Any) -> bytes:
+    def answered(self, key: str, reply: object) -> bytes:
         context = sanitize_context(message_text(reply), self.enricher.max_context_chars)
         if not context:
             raise EmptyContextError("the model returned an empty context")
         self._fill(key, context)
-        return self.enricher._encode(context)
+        enricher = self.enricher
+        return _encode(context, enricher.model_identity, enricher.prompt_version)
 
 
 class ContextualEnricher(CallsModel, BaseEnricher):
@@ -429,21 +455,6 @@ class ContextualEnricher(CallsModel, BaseEnricher):
 
     # -- cache values ------------------------------------------------------------------
 
-    def _decode(self, raw: bytes) -> str | None:
-        """A cached context, or ``None`` for an unreadable value."""
-        try:
-            value = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            return None
-        context = value.get("context") if isinstance(value, dict) else None
-        if not isinstance(context, str) or not context.strip():
-            return None
-        return sanitize_context(context, self.max_context_chars)
-
-    def _encode(self, context: str) -> bytes:
-        value = {"context": context, "model": self.model_identity, "prompt": self.prompt_version}
-        return json.dumps(value, ensure_ascii=False).encode("utf-8")
-
     # -- public API ----------------------------------------------------------------------
 
     def _job(
@@ -456,7 +467,7 @@ class ContextualEnricher(CallsModel, BaseEnricher):
             leave=False,
             disable=not self._progress_enabled(),
         )
-        return _ContextJob(self, self._plan(doc_id, text, metadata), chunks, bar)
+        return _ContextJob(self, self._plan(doc_id, text, metadata), chunks, bar, self._lock)
 
     def enrich(
         self, doc_id: str, text: str, metadata: dict[str, Any], chunks: Sequence[Chunk]

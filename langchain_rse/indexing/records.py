@@ -24,7 +24,7 @@ import uuid
 from array import array
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import lz4.block
 import numpy as np
@@ -107,6 +107,9 @@ def version_key(doc_id: str, version: str | None = None) -> str:
     return prefix if version is None else prefix + version
 
 
+R = TypeVar("R", bound="JsonRecord")
+
+
 class JsonRecord(BaseModel):
     """A record stored as UTF-8 JSON (frozen; fields it does not know are ignored)."""
 
@@ -116,7 +119,7 @@ class JsonRecord(BaseModel):
         return self.model_dump_json().encode("utf-8", "surrogatepass")
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> Any:
+    def from_bytes(cls: type[R], raw: bytes) -> R:
         return cls.model_validate_json(raw)  # UTF-8 JSON, parsed without a str copy
 
 
@@ -188,7 +191,7 @@ class DocRecord(JsonRecord):
 
     @field_validator("spans", mode="before")
     @classmethod
-    def _compact(cls, value: Any) -> Spans:
+    def _compact(cls, value: object) -> Spans:
         if isinstance(value, Spans):
             return value
         if not isinstance(value, (list, tuple)):
@@ -247,7 +250,7 @@ class VersionRecord(JsonRecord):
 _PRIMITIVE = (str, int, float, bool, type(None))
 
 
-def _describe(value: Any) -> Any:
+def _describe(value: object) -> object:
     """A process-independent description: primitives as they are, functions by their
     qualified name and the primitives they close over, other objects by class name."""
     if isinstance(value, _PRIMITIVE):
@@ -471,7 +474,7 @@ class DocBody(JsonRecord):
 
     @field_validator("contexts", mode="before")
     @classmethod
-    def _from_pairs(cls, value: Any) -> Contexts:
+    def _from_pairs(cls, value: object) -> Contexts:
         if isinstance(value, Contexts):
             return value
         if not isinstance(value, (list, tuple)):

@@ -174,6 +174,21 @@ class ReadWriteLock:
                 self._writer = False
                 self._cond.notify_all()
 
+    def acquire_read(self) -> None:
+        """Take a shared hold, waiting while a writer holds the lock or waits for it (see
+        :meth:`read`; :meth:`release_read` gives it back)."""
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_read(self) -> None:
+        """Give back a shared hold taken by :meth:`acquire_read`."""
+        with self._cond:
+            self._readers -= 1
+            if not self._readers and self._writers_waiting:  # only writers wait for readers
+                self._cond.notify_all()
+
     def read(self) -> AbstractContextManager[None]:
         """Shared access (a no-op when the lock is disabled: a server store)."""
         return _Reading(self) if self.enabled else nullcontext()
@@ -193,18 +208,10 @@ class _Reading:
         self._lock = lock
 
     def __enter__(self) -> None:
-        lock = self._lock
-        with lock._cond:
-            while lock._writer or lock._writers_waiting:
-                lock._cond.wait()
-            lock._readers += 1
+        self._lock.acquire_read()
 
     def __exit__(self, *exc: object) -> None:
-        lock = self._lock
-        with lock._cond:
-            lock._readers -= 1
-            if not lock._readers and lock._writers_waiting:  # only writers wait for readers
-                lock._cond.notify_all()
+        self._lock.release_read()
 
 
 class FileByteStore(BaseStore[str, bytes]):

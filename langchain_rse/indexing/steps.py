@@ -30,16 +30,17 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import NamedTuple, Protocol, TypeVar, cast
 
 from langchain_core.documents import Document
+from langchain_text_splitters import TextSplitter
 from tqdm.auto import tqdm
 
-from langchain_rse.driver import Handlers
-from langchain_rse.enrichment import ChunkContext
+from langchain_rse.driver import Handler, Handlers
+from langchain_rse.enrichment import BaseEnricher, ChunkContext
 from langchain_rse.filters import Filter, matches, parse
 from langchain_rse.indexing.chunking import Chunk, doc_id_for, make_splitter
 from langchain_rse.indexing.records import (
@@ -50,6 +51,7 @@ from langchain_rse.indexing.records import (
     is_version_of,
     splitter_fingerprint,
 )
+from langchain_rse.indexing.recordstore import RecordStore
 
 __all__ = [
     "INDEX_BATCH_SIZE",
@@ -66,10 +68,71 @@ __all__ = [
 ]
 
 
-def check_writable(r: Any, documents: Sequence[Document], ids: Sequence[str] | None) -> None:
-    """With retriever ``r``'s bound ``filter``: a ``ValueError`` naming the first document
-    it rejects, or whose id an indexed document it rejects holds (nothing is written)."""
-    f = parse(r.filter) if r.filter else None
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+R_contra = TypeVar("R_contra", contravariant=True)
+
+
+class WriteSettings(Protocol[R_co]):
+    """What a write reads from the retriever's settings
+    (:class:`~langchain_rse.retriever.RSERetriever`); ``R_co``: its router's type."""
+
+    @property
+    def filter(self) -> Mapping[str, object] | None: ...
+
+    @property
+    def show_progress(self) -> bool | None: ...
+
+    @property
+    def enricher(self) -> BaseEnricher: ...
+
+    @property
+    def splitter(self) -> TextSplitter | None: ...
+
+    @property
+    def chunk_size(self) -> int: ...
+
+    @property
+    def max_document_chars(self) -> int: ...
+
+    @property
+    def router(self) -> R_co: ...
+
+
+class GroupWriter(Protocol[R_contra]):
+    """What a write asks of the index's writer (:class:`~langchain_rse.indexing.writer.Writer`)."""
+
+    def plan(
+        self,
+        documents: Sequence[Document],
+        ids: Sequence[str] | None,
+        *,
+        splitter: TextSplitter,
+        fingerprints: tuple[str, str],
+        max_document_chars: int,
+    ) -> Plan: ...
+
+    def write(
+        self,
+        prepared: Sequence[Prepared],
+        removals: Sequence[str],
+        router: R_contra,
+        batch_size: int,
+        progress: Callable[[int], None] | None,
+        owner: Filter | None,
+    ) -> None: ...
+
+
+def check_writable(
+    bound: Mapping[str, object] | None,
+    records: RecordStore,
+    documents: Sequence[Document],
+    ids: Sequence[str] | None,
+) -> None:
+    """With a retriever's ``bound`` filter: a ``ValueError`` naming the first document it
+    rejects, or whose id an indexed document (in ``records``) it rejects holds (nothing is
+    written)."""
+    f = parse(bound) if bound else None
     if f is None:
         return
     if ids is not None and len(ids) != len(documents):
@@ -83,11 +146,11 @@ def check_writable(r: Any, documents: Sequence[Document], ids: Sequence[str] | N
         if not matches(f, {**doc.metadata, "doc_id": doc_id}):
             raise ValueError(
                 f"document {doc_id!r} does not pass this retriever's filter "
-                f"{r.filter!r}; a retriever bound to a filter writes only documents "
+                f"{bound!r}; a retriever bound to a filter writes only documents "
                 "that pass it"
             )
     if named:
-        check_owner(f, r._records.pointers([doc_id for doc_id, _ in named]))
+        check_owner(f, records.pointers([doc_id for doc_id, _ in named]))
 
 
 def check_owner(f: Filter | None, held: Sequence[DocRecord | None]) -> None:
@@ -115,7 +178,7 @@ class Todo:
     """The version the plan found current (None: the document was not indexed)."""
 
     @property
-    def enrich_args(self) -> tuple[str, str, dict[str, Any], list[Chunk]]:
+    def enrich_args(self) -> tuple[str, str, dict[str, object], list[Chunk]]:
         """The arguments of ``BaseEnricher.enrich`` / ``aenrich`` for this document."""
         return self.doc_id, self.doc.page_content, self.doc.metadata, self.chunks
 
@@ -160,7 +223,7 @@ class Prepared:
     """The version the plan found current."""
 
     @classmethod
-    def of(cls, todo: Todo, contexts: list[ChunkContext] | None, enricher: Any) -> Prepared:
+    def of(cls, todo: Todo, contexts: list[ChunkContext] | None, enricher: object) -> Prepared:
         chunks = todo.chunks
         contexts = contexts if contexts is not None else [ChunkContext("", "none")] * len(chunks)
         if len(contexts) != len(chunks):
@@ -203,8 +266,8 @@ class WriteGroup(NamedTuple):
 
 
 def indexing(
-    group_chunks: int, show_progress: bool | None, enricher: Any
-) -> Generator[Any, Any, list[str]]:
+    group_chunks: int, show_progress: bool | None, enricher: BaseEnricher
+) -> Generator[tuple[object, ...], object, list[str]]:
     """``add_documents`` as a sans-I/O generator (driven by
     :func:`~langchain_rse.driver.drive`): :class:`MakePlan`, then per document
     :class:`Enrich`, per group :class:`WriteGroup`. Documents go in groups of about
@@ -212,12 +275,13 @@ def indexing(
     index texts and vectors; one progress display counts the chunks written, and beside
     them the chunks enriched. Returns every document's id.
     """
-    plan: Plan = yield MakePlan()
+    plan = cast(Plan, (yield MakePlan()))
     with Progress("embedding + writing", plan.chunks, show=show_progress) as progress:
         for n, group in enumerate(plan.groups(group_chunks)):
             prepared = []
             for todo in group:
-                prepared.append(Prepared.of(todo, (yield Enrich(todo)), enricher))
+                contexts = cast("list[ChunkContext] | None", (yield Enrich(todo)))
+                prepared.append(Prepared.of(todo, contexts, enricher))
                 progress.prepared(len(todo.chunks))
             yield WriteGroup(prepared, plan.removals if n == 0 else [], progress.update)
     return plan.doc_ids
@@ -230,14 +294,19 @@ INDEX_BATCH_SIZE = 256
 
 
 def index_steps(
-    r: Any, documents: Sequence[Document], ids: Sequence[str] | None, asynchronous: bool
-) -> tuple[Generator[Any, Any, list[str]], Handlers]:
-    """:func:`indexing` of ``documents`` by retriever ``r``, and its handlers: plan (with
-    ``r``'s splitter and fingerprints), enrich (natively async on the async path) and write
-    (in a thread there, under the writer's lock, re-checking what another writer wrote and,
-    with a bound filter, that every document it replaces or removes is the filter's)."""
+    r: WriteSettings[R],
+    writer: GroupWriter[R],
+    documents: Sequence[Document],
+    ids: Sequence[str] | None,
+    asynchronous: bool,
+) -> tuple[Generator[tuple[object, ...], object, list[str]], Handlers]:
+    """:func:`indexing` of ``documents`` with retriever ``r``'s settings by its ``writer``,
+    and its handlers: plan (with ``r``'s splitter and fingerprints), enrich (natively async
+    on the async path) and write (in a thread there, under the writer's lock, re-checking
+    what another writer wrote and, with a bound filter, that every document it replaces or
+    removes is the filter's)."""
     steps = indexing(max(WRITE_GROUP_CHUNKS, INDEX_BATCH_SIZE), r.show_progress, r.enricher)
-    writer, enricher = r._writer, r.enricher
+    enricher = r.enricher
 
     def plan() -> Plan:
         splitter = r.splitter or make_splitter(r.chunk_size)
@@ -257,17 +326,19 @@ def index_steps(
     ) -> None:
         writer.write(prepared, removals, r.router, INDEX_BATCH_SIZE, progress, owner)
 
-    def enrich(todo: Todo) -> Any:
+    def enrich(todo: Todo) -> list[ChunkContext]:
         return enricher.enrich(*todo.enrich_args)
 
-    def aenrich(todo: Todo) -> Any:
+    def aenrich(todo: Todo) -> Coroutine[object, object, list[ChunkContext]]:
         return enricher.aenrich(*todo.enrich_args)
 
     async def aplan() -> Plan:
         return await asyncio.to_thread(plan)
 
-    async def awrite(*args: Any) -> None:
-        await asyncio.to_thread(write, *args)
+    async def awrite(
+        prepared: list[Prepared], removals: list[str], progress: Callable[[int], None]
+    ) -> None:
+        await asyncio.to_thread(write, prepared, removals, progress)
 
     if not asynchronous:
         handlers: Handlers = {MakePlan: plan, Enrich: enrich, WriteGroup: write}
@@ -276,12 +347,12 @@ def index_steps(
     return steps, {kind: _aclosing(steps, h) for kind, h in ahandlers.items()}
 
 
-def _closing(steps: Generator[Any, Any, Any], handler: Callable[..., Any]) -> Callable[..., Any]:
+def _closing(steps: Generator[object, object, object], handler: Handler) -> Handler:
     """``handler``, closing the suspended ``steps`` when it raises (Ctrl-C included), so the
     progress display ends before the caller reports the error, not when the traceback is
     collected."""
 
-    def run(*args: Any) -> Any:
+    def run(*args: object) -> object:
         try:
             return handler(*args)
         except BaseException:
@@ -291,10 +362,10 @@ def _closing(steps: Generator[Any, Any, Any], handler: Callable[..., Any]) -> Ca
     return run
 
 
-def _aclosing(steps: Generator[Any, Any, Any], handler: Callable[..., Any]) -> Callable[..., Any]:
+def _aclosing(steps: Generator[object, object, object], handler: Handler) -> Handler:
     """:func:`_closing` for an asynchronous handler."""
 
-    async def run(*args: Any) -> Any:
+    async def run(*args: object) -> object:
         try:
             reply = handler(*args)
             return await reply if inspect.isawaitable(reply) else reply

@@ -5,12 +5,13 @@ lock and the file byte store are in :mod:`langchain_rse.indexing.recordstore`.""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from pydantic import BaseModel
 
 from langchain_rse.integrations import vectorstore_kind
 
@@ -22,6 +23,9 @@ __all__ = [
 ]
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 class VectorFiles(Protocol):
     """What loading a vector store reads of :class:`~langchain_rse.persistence.IndexFiles`."""
 
@@ -31,7 +35,7 @@ class VectorFiles(Protocol):
 
     def read(self, role: str) -> bytes: ...
 
-    def json(self, role: str, model: Any = None) -> Any: ...
+    def json(self, role: str, model: type[M]) -> M: ...
 
 
 class VectorWriter(Protocol):
@@ -39,7 +43,7 @@ class VectorWriter(Protocol):
 
     def add_bytes(self, role: str, ext: str, data: bytes | memoryview) -> str: ...
 
-    def add_json(self, role: str, obj: Any) -> str: ...
+    def add_json(self, role: str, obj: object) -> str: ...
 
 
 # ---------------------------------------------------------------- the local vector store
@@ -165,7 +169,8 @@ def load_vectorstore(files: VectorFiles, embedding: Embeddings) -> VectorStore:
         FAISS, InMemoryDocstore, DistanceStrategy = _langchain_faiss()
         store = InMemoryDocstore(
             {
-                i: Document(page_content=d.text, metadata=d.metadata, id=i)
+                # (LangChain's FAISS is saved with its texts; None fails as it did)
+                i: Document(page_content=cast(str, d.text), metadata=d.metadata, id=i)
                 for i, d in zip(data.ids, data.documents)
             }
         )

@@ -122,7 +122,7 @@ class FaissStore(VectorStore):
         metadatas: list[dict] | None = None,
         *,
         ids: list[str] | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[str]:
         """Embed and add ``texts``; returns their ids (new UUIDs where none are given)."""
         texts = list(texts)
@@ -173,7 +173,7 @@ class FaissStore(VectorStore):
         self._by_doc = None
         return names
 
-    def delete(self, ids: Sequence[str] | None = None, **kwargs: Any) -> bool | None:
+    def delete(self, ids: Sequence[str] | None = None, **kwargs: object) -> bool | None:
         """Delete these ids (unknown ones are ignored); the later positions move up, in an
         IVF index too (:func:`move_up`)."""
         if ids is None:
@@ -329,14 +329,14 @@ class FaissStore(VectorStore):
         embedding: Sequence[float],
         k: int = 4,
         filter: MetadataFilter = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[tuple[Document, float]]:
         """The ``k`` nearest documents that pass ``filter`` with their cosine similarity."""
         at, scores = self.search_vector(embedding, k, filter)
         return [(self._document(p), s) for p, s in zip(at.tolist(), scores.tolist())]
 
     def similarity_search_with_score(
-        self, query: str, k: int = 4, filter: MetadataFilter = None, **kwargs: Any
+        self, query: str, k: int = 4, filter: MetadataFilter = None, **kwargs: object
     ) -> list[tuple[Document, float]]:
         """The ``k`` nearest documents that pass ``filter`` with their cosine similarity."""
         return self.similarity_search_with_score_by_vector(
@@ -344,12 +344,12 @@ class FaissStore(VectorStore):
         )
 
     def similarity_search_by_vector(
-        self, embedding: list[float], k: int = 4, filter: MetadataFilter = None, **kwargs: Any
+        self, embedding: list[float], k: int = 4, filter: MetadataFilter = None, **kwargs: object
     ) -> list[Document]:
         return [d for d, _ in self.similarity_search_with_score_by_vector(embedding, k, filter)]
 
     def similarity_search(
-        self, query: str, k: int = 4, filter: MetadataFilter = None, **kwargs: Any
+        self, query: str, k: int = 4, filter: MetadataFilter = None, **kwargs: object
     ) -> list[Document]:
         return [d for d, _ in self.similarity_search_with_score(query, k, filter)]
 
@@ -514,7 +514,7 @@ def rebuild_direct_map(ivf: Any) -> None:
         ivf.set_direct_map_type(kind)
 
 
-def is_langchain_faiss(vectorstore: Any) -> bool:
+def is_langchain_faiss(vectorstore: object) -> bool:
     """Whether ``vectorstore`` is LangChain's ``FAISS`` (or a subclass), without importing
     ``langchain-community``."""
     return any(

@@ -95,7 +95,7 @@ class MilvusLexicalStore(Milvus):
         batch_size: int = 1000,
         *,
         ids: list[str] | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[str]:
         reserved = {self._primary_field, self._text_field, *self.vector_fields}
         for metadata in metadatas or []:
@@ -127,7 +127,7 @@ class MilvusLexicalStore(Milvus):
         param: dict | list[dict] | None = None,
         expr: str | None = None,
         timeout: float | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[tuple[Document, float]]:
         """BM25 hits, best first, with their BM25 score (higher is better); ``expr`` is a
         Milvus filter expression over the metadata (``'tenant in ["a", "b"]'``)."""
@@ -143,7 +143,7 @@ class MilvusLexicalStore(Milvus):
         param: dict | list[dict] | None = None,
         expr: str | None = None,
         timeout: float | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[tuple[Document, float]]:
         hits = await super().asimilarity_search_with_score(
             query, k=k, param=param, expr=expr, timeout=timeout, **kwargs

@@ -120,7 +120,7 @@ class PostgresLexicalStore(VectorStore):
         metadatas: list[dict] | None = None,
         *,
         ids: list[str] | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[str]:
         """Insert or replace (by id) one row per text; returns the ids."""
         texts = list(texts)
@@ -144,7 +144,7 @@ class PostgresLexicalStore(VectorStore):
                 )
         return list(ids)
 
-    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
+    def delete(self, ids: list[str] | None = None, **kwargs: object) -> bool:
         if ids:
             with self.engine.begin() as conn:
                 conn.execute(
@@ -167,7 +167,7 @@ class PostgresLexicalStore(VectorStore):
         query: str,
         k: int = 4,
         filter: Mapping[str, Any] | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[tuple[Document, float]]:
         """The ``k`` best rows by BM25 over the query's lexemes, best first."""
         where, params = filter_sql(filter, "d.metadata") if filter else ("true", {})

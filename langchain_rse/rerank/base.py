@@ -12,7 +12,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Generic, Literal, SupportsFloat, TypeVar, cast, get_args
 
 import numpy as np
 from langchain_core.callbacks import Callbacks
@@ -228,20 +228,24 @@ class CalibratedReranker(BaseReranker, BaseModel):
         return RerankResult(indices=indices, scores=scores, relevance=relevance)
 
 
-class _WrappingReranker(CalibratedReranker):
+Output = TypeVar("Output")
+"""What a wrapped model's call returns."""
+
+
+class _WrappingReranker(CalibratedReranker, Generic[Output]):
     """A reranker around a LangChain model's sync and async call: no call for no documents,
     and the model's failures raised as :class:`RerankError`."""
 
     @abstractmethod
-    def _call(self, query: str, documents: Sequence[Document], callbacks: Callbacks) -> Any: ...
+    def _call(self, query: str, documents: Sequence[Document], callbacks: Callbacks) -> Output: ...
 
     @abstractmethod
     async def _acall(
         self, query: str, documents: Sequence[Document], callbacks: Callbacks
-    ) -> Any: ...
+    ) -> Output: ...
 
     @abstractmethod
-    def _read(self, output: Any, n_documents: int) -> RerankResult: ...
+    def _read(self, output: Output, n_documents: int) -> RerankResult: ...
 
     @abstractmethod
     def _failure(self, exc: BaseException, n_documents: int) -> RerankError: ...
@@ -277,17 +281,17 @@ _POSITION_KEY = "_langchain_rse_rerank_position"
 
 def _score_of(document: Document) -> float | None:
     """A finite numeric ``relevance_score`` from ``document.metadata``, else ``None``."""
-    value: Any = document.metadata.get("relevance_score")
+    value = document.metadata.get("relevance_score")
     if isinstance(value, bool):
         return None
     try:
-        score = float(value)
+        score = float(cast("SupportsFloat", value))  # anything: float() and the except decide
     except (TypeError, ValueError):
         return None
     return score if math.isfinite(score) else None
 
 
-class CompressorReranker(_WrappingReranker):
+class CompressorReranker(_WrappingReranker[Sequence[Document]]):
     """Use any LangChain ``BaseDocumentCompressor`` as a reranker.
 
     Example:
@@ -360,12 +364,16 @@ class CompressorReranker(_WrappingReranker):
         rank_scores = [1.0 - rank / n_documents for rank in range(len(positions))]
         return self._result(positions, rank_scores, calibrated=False)
 
-    def _call(self, query: str, documents: Sequence[Document], callbacks: Callbacks) -> Any:
+    def _call(
+        self, query: str, documents: Sequence[Document], callbacks: Callbacks
+    ) -> Sequence[Document]:
         return self.compressor.compress_documents(
             self._tagged(documents), query, callbacks=callbacks
         )
 
-    async def _acall(self, query: str, documents: Sequence[Document], callbacks: Callbacks) -> Any:
+    async def _acall(
+        self, query: str, documents: Sequence[Document], callbacks: Callbacks
+    ) -> Sequence[Document]:
         return await self.compressor.acompress_documents(
             self._tagged(documents), query, callbacks=callbacks
         )
@@ -380,7 +388,7 @@ def _cosines(query: Sequence[float], vectors: Sequence[Sequence[float]]) -> NDAr
     return np.nan_to_num(out, nan=0.0)
 
 
-class EmbeddingReranker(_WrappingReranker):
+class EmbeddingReranker(_WrappingReranker[tuple[list[float], list[list[float]]]]):
     """Rerank by cosine similarity between the query's and each candidate's embedding.
 
     An offline reranker: no API key, no network, any LangChain ``Embeddings``. It is weaker
@@ -428,11 +436,15 @@ class EmbeddingReranker(_WrappingReranker):
     calibration: Literal["auto", "beta", "identity", "minmax", "sigmoid"] = "minmax"
     rank_decay: float | None = Field(default=20.0, gt=0)
 
-    def _call(self, query: str, documents: Sequence[Document], callbacks: Callbacks) -> Any:
+    def _call(
+        self, query: str, documents: Sequence[Document], callbacks: Callbacks
+    ) -> tuple[list[float], list[list[float]]]:
         texts = [d.page_content for d in documents]
         return self.embeddings.embed_query(query), self.embeddings.embed_documents(texts)
 
-    async def _acall(self, query: str, documents: Sequence[Document], callbacks: Callbacks) -> Any:
+    async def _acall(
+        self, query: str, documents: Sequence[Document], callbacks: Callbacks
+    ) -> tuple[list[float], list[list[float]]]:
         texts = [d.page_content for d in documents]
         query_vector = await self.embeddings.aembed_query(query)
         return query_vector, await self.embeddings.aembed_documents(texts)

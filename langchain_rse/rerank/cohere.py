@@ -15,10 +15,10 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import httpx
 import tenacity
@@ -54,12 +54,12 @@ class MalformedResponse(UnusableReply):
     retry = False
 
 
-def _field(item: Any, name: str) -> Any:
+def _field(item: object, name: str) -> object:
     """``item.name`` or ``item[name]``."""
     return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
 
 
-def read_results(response: Any, batch: Batch) -> Pairs:
+def read_results(response: object, batch: Batch) -> Pairs:
     """The validated ``(input position, score)`` pairs of one batch's response."""
     results = _field(response, "results")
     if not isinstance(results, list):
@@ -72,9 +72,9 @@ def read_results(response: Any, batch: Batch) -> Pairs:
             raise MalformedResponse(
                 f"invalid or repeated result index {index!r} for {stop - start} documents"
             )
-        if type(score) not in (int, float) or not math.isfinite(score):
+        if type(score) not in (int, float) or not math.isfinite(cast("int | float", score)):
             raise MalformedResponse(f"invalid relevance_score {score!r} for index {index}")
-        pairs[start + index] = float(score)
+        pairs[start + index] = float(cast("int | float", score))
     return list(pairs.items())
 
 
@@ -111,6 +111,21 @@ _R = TypeVar("_R", Retrying, AsyncRetrying)
 def _executor(pid: int) -> ThreadPoolExecutor:
     """The thread pool shared by the sync calls of process ``pid`` (a fork gets its own)."""
     return ThreadPoolExecutor(max_workers=32, thread_name_prefix="langchain-rse-rerank")
+
+
+class RerankClient(Protocol):
+    """What is called of a ``cohere.ClientV2`` (or ``AsyncClientV2``, whose ``rerank``
+    returns a coroutine)."""
+
+    def rerank(
+        self,
+        *,
+        model: str,
+        query: str,
+        documents: list[str],
+        request_options: dict[str, float],
+        **optional: int,
+    ) -> object: ...
 
 
 @dataclass
@@ -179,8 +194,10 @@ class CohereReranker(CalibratedReranker):
     async_client: Any = Field(default=None, repr=False, exclude=True)
     """Optional ready ``cohere.AsyncClientV2`` (otherwise built per event loop)."""
 
-    _sync_client: Any = PrivateAttr(default=None)
-    _async_clients: Any = PrivateAttr(default_factory=weakref.WeakKeyDictionary)
+    _sync_client: RerankClient | None = PrivateAttr(default=None)
+    _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RerankClient] = (
+        PrivateAttr(default_factory=weakref.WeakKeyDictionary)
+    )
 
     @model_validator(mode="after")
     def _require_key(self) -> CohereReranker:
@@ -193,7 +210,7 @@ class CohereReranker(CalibratedReranker):
 
     # -- clients -----------------------------------------------------------------------------
 
-    def _new_client(self, name: str) -> Any:
+    def _new_client(self, name: str) -> RerankClient:
         """A new ``cohere.<name>`` with the SDK's retries off (tenacity retries instead)."""
         if self.cohere_api_key is None:
             raise ValueError(_MISSING_KEY)
@@ -205,13 +222,15 @@ class CohereReranker(CalibratedReranker):
         options = {"client_name": self.client_name, "timeout": self.timeout, "max_retries": 0}
         return getattr(cohere, name)(api_key=key, base_url=self.base_url, **options)
 
-    def _get_client(self) -> Any:
+    def _get_client(self) -> RerankClient:
         """The sync ``cohere.ClientV2`` (built once)."""
-        if self.client is None and self._sync_client is None:
+        if self.client is not None:
+            return self.client
+        if self._sync_client is None:
             self._sync_client = self._new_client("ClientV2")
-        return self.client if self.client is not None else self._sync_client
+        return self._sync_client
 
-    def _get_async_client(self) -> Any:
+    def _get_async_client(self) -> RerankClient:
         """The ``cohere.AsyncClientV2`` for the running event loop (httpx pools are per loop)."""
         if self.async_client is not None:
             return self.async_client
@@ -230,7 +249,7 @@ class CohereReranker(CalibratedReranker):
         lanes = [batches[lane::n_lanes] for lane in range(n_lanes)]
         return _Plan(query, texts, lanes, time.monotonic() + self.timeout)
 
-    def _send(self, client: Any, plan: _Plan, batch: Batch) -> Any:
+    def _send(self, client: RerankClient, plan: _Plan, batch: Batch) -> object:
         """One attempt, given only the time left (a coroutine with the async client)."""
         remaining = plan.remaining()
         if remaining <= 0:
@@ -302,7 +321,7 @@ class CohereReranker(CalibratedReranker):
 
     # -- sync --------------------------------------------------------------------------------
 
-    def _lane(self, client: Any, plan: _Plan, lane: list[Batch]) -> Pairs:
+    def _lane(self, client: RerankClient, plan: _Plan, lane: list[Batch]) -> Pairs:
         pairs: Pairs = []
         for batch in lane:
             retrying = self._retrying(Retrying, plan)
@@ -339,10 +358,10 @@ class CohereReranker(CalibratedReranker):
 
     # -- async -------------------------------------------------------------------------------
 
-    async def _asend(self, client: Any, plan: _Plan, batch: Batch) -> Any:
-        return await self._send(client, plan, batch)
+    async def _asend(self, client: RerankClient, plan: _Plan, batch: Batch) -> object:
+        return await cast("Awaitable[object]", self._send(client, plan, batch))
 
-    async def _alane(self, client: Any, plan: _Plan, lane: list[Batch]) -> Pairs:
+    async def _alane(self, client: RerankClient, plan: _Plan, lane: list[Batch]) -> Pairs:
         pairs: Pairs = []
         for batch in lane:
             retrying = self._retrying(AsyncRetrying, plan)
