@@ -37,7 +37,7 @@ quote before the citation (``unquoted``: the range is the whole source passage);
 number names no source (``no such source``)."""
 
 _MARKER = re.compile(r"\[(\d{1,6}(?:\s*,\s*\d{1,6})*)\]")
-_QUOTE = re.compile(r'(?:"([^"\n]+)"|“([^”]+)”|«\s?([^»]+?)\s?»)[\s,.;:]*\Z')
+_QUOTE = re.compile(r'(?:"([^"]+)"|“([^”]+)”|«\s?([^»]+?)\s?»)[\s,.;:]*\Z')
 _BETWEEN_MARKERS = re.compile(r"[\s,;]*")
 _CLOSING = ".,;:!?"
 

@@ -107,6 +107,7 @@ def test_runs_of_citations_share_their_quote() -> None:
 
 @settings(max_examples=60)
 @example(at=0, size=5, spaces=False)
+@example(at=45, size=80, spaces=False)  # a quote across a line break
 @given(
     at=st.integers(min_value=0, max_value=200),
     size=st.integers(min_value=1, max_value=80),
