@@ -548,7 +548,7 @@ a later result can score higher. Scores compare results of one query, not across
 
 try next:
   langchain-rse demo "Which law governs the agreement?"
-  langchain-rse index ./your-folder --index ./idx     (.txt .md .pdf .html .docx)
+  langchain-rse index ./your-folder --index ./idx     (.txt .md .rst .adoc .pdf .html .docx)
   langchain-rse query ./idx "your question" --explain   (why each segment was chosen)
   langchain-rse query ./idx "your question" --html why.html
 """
