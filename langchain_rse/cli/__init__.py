@@ -60,6 +60,7 @@ class Interrupted(Exception):
 if TYPE_CHECKING:
     from langchain_core.embeddings import Embeddings
 
+    from langchain_rse.embeddings import VectorCache
     from langchain_rse.enrichment import BaseEnricher
     from langchain_rse.rerank import BaseReranker
     from langchain_rse.retriever import RSERetriever
@@ -126,23 +127,23 @@ def _open_index(index_dir: Path, **kwargs: Any) -> RSERetriever:
     return RSERetriever.load(index_dir, **kwargs)
 
 
-def _local_embeddings(index_dir: Path) -> tuple[Embeddings, Callable[[], int]]:
+def _local_embeddings() -> tuple[Embeddings, VectorCache, Callable[[], int]]:
     """The bundled model, its document vectors cached in the user's cache (so a run killed
-    half-way resumes without embedding the finished chunks again), and a function counting
-    the vectors in that cache."""
+    half-way resumes without embedding the finished chunks again), that cache, and a
+    function counting the model's vectors in it."""
     from langchain_rse.embeddings import LocalEmbeddings, VectorCache, cache_size, cached_embeddings
 
     model, store = LocalEmbeddings(), VectorCache()
-    return cached_embeddings(model, store), lambda: cache_size(store, model)
+    return cached_embeddings(model, store), store, lambda: cache_size(store, model)
 
 
 def _open_for_indexing(
     args: argparse.Namespace, index_dir: Path, enricher: BaseEnricher
-) -> tuple[RSERetriever, Callable[[], int]]:
+) -> tuple[RSERetriever, VectorCache, Callable[[], int]]:
     from langchain_rse.persistence import MANIFEST, default_vectorstore, read_manifest
     from langchain_rse.retriever import RSERetriever
 
-    embedding, cached = _local_embeddings(index_dir)
+    embedding, cache, cached = _local_embeddings()
     if (index_dir / MANIFEST).is_file():
         if read_manifest(index_dir)["embedding"]["class"] != "LocalEmbeddings":
             raise CLIError(
@@ -168,7 +169,7 @@ def _open_for_indexing(
     indexing.INDEX_BATCH_SIZE = 64  # progress (and the embedding cache) move in small steps
     if args.no_progress:
         retriever.show_progress = False
-    return retriever, cached
+    return retriever, cache, cached
 
 
 @contextlib.contextmanager
@@ -265,7 +266,6 @@ def _announce(docs: Sequence[Document]) -> None:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from langchain_rse.embeddings import VectorCache
     from langchain_rse.persistence import MANIFEST, atomic_write
 
     index_dir = Path(args.index)
@@ -301,7 +301,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if not changes.todo and not changes.unchanged and not changes.delete:
         raise CLIError(f"nothing could be indexed: {len(skipped)} file(s) skipped (see above)")
     _announce(changes.todo)
-    retriever, cached = _open_for_indexing(args, index_dir, enricher)
+    retriever, cache, cached = _open_for_indexing(args, index_dir, enricher)
     cached_before = cached()
     saved = False
     try:
@@ -329,7 +329,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         state = "was not changed" if (index_dir / MANIFEST).exists() else "was not written"
         raise Interrupted(
             f"interrupted: the index at {index_dir} {state}; {cached()} chunk vector(s) "
-            f"embedded so far are cached in {VectorCache().path}, so re-run the "
+            f"embedded so far are cached in {cache.path}, so re-run the "
             "same command to finish without embedding them again"
         ) from None
     except PermissionError as exc:
@@ -341,7 +341,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             f"indexed {len(changes.todo)} file(s), {changes.unchanged} unchanged, "
             f"{len(skipped)} skipped, {len(changes.dropped)} removed; {embedded} of their "
             f"{chunks} chunk(s) newly embedded (the others were cached in "
-            f"{VectorCache().path}); index at {index_dir}"
+            f"{cache.path}); index at {index_dir}"
         )
     )
     return 0
