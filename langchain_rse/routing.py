@@ -41,11 +41,10 @@ from langchain_rse.lexical.tokenizer import tokenize
 
 __all__ = [
     "DEFAULT_BOOST",
-    "MAX_CLAUSES",
+    "NAME_WORD",
     "DocumentRouter",
     "LeadIndex",
     "as_router",
-    "query_clauses",
     "query_coverage",
 ]
 
@@ -61,24 +60,23 @@ UNIQUE_TERM = 0.9
 leads hold 0.72."""
 DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set)."""
-MAX_CLAUSES = 8
-"""Clauses (and comma-separated parts of a naming question) of one query that routing
-weighs: the first ones, where a question names its document. The rest stay in the focus
-text but are not searched one by one, so a query of thousands of clauses (``17; 17; ...``)
-costs as much as one of eight."""
+NAME_WORD = 0.35
+"""A query word names a routed document when that document's lead holds it and few other
+leads do: its weight (:meth:`LeadIndex.naming_weight`'s, per word) is this or more; among 50
+leads, a word at most five of them hold."""
+QUESTION_WORDS = (
+    "what which who whom whose when where why how do does did will would shall should can "
+    "could may might must there here this that these those say said tell about according "
+    "consider please quote answer briefly"
+)
+"""Words that ask but say nothing of what is asked: :meth:`DocumentRouter.focus_query`
+focuses only on a text that holds another word."""
+_WORD = re.compile(r"[^\W_]+")
+"""A word of a query, as the tokenizer reads words."""
+_BREAK = re.compile(r"[;:?!\n]|\.\s")
+"""Punctuation a name does not run across: a clause or sentence end."""
 
 logger = logging.getLogger(__name__)
-
-_CLAUSE_END = re.compile(r";|(?<=[.?!])\s+(?=[A-Z])|\n")
-"""Where a query's clauses end: a semicolon, a sentence end before a capital letter (not
-the full stop of ``Inc. and``), a line break."""
-
-
-def query_clauses(query: str) -> list[str]:
-    """The clauses of ``query`` (see ``_CLAUSE_END``), stripped, empty ones dropped:
-    ``"Consider the Supply Agreement between Acme and Beta; The date of the contract"``
-    has two."""
-    return [c for c in (part.strip() for part in _CLAUSE_END.split(query)) if c]
 
 
 class LeadIndex(DocumentIndex):
@@ -192,11 +190,39 @@ class LeadIndex(DocumentIndex):
             before()
         return self._hits(query, filter)
 
-    def part_scores(self, parts: list[str], routed: set[str], f: Filter | None) -> list[float]:
-        """Each part of a query's best lead score among the ``routed`` documents (0: no
-        match), searching the leads ``f`` allows (no generation check: the query's search
-        made it)."""
-        return [max((s for d, s in self._hits(p, f) if d in routed), default=0.0) for p in parts]
+    def name_spans(self, query: str, doc_ids: Iterable[str]) -> list[tuple[int, int]]:
+        """Where ``query`` names the documents ``doc_ids``: ``(start, end)`` character spans,
+        each from a word their leads hold and few other leads do (:data:`NAME_WORD`) to the
+        last such word reached through words their leads hold (``and``, ``between``,
+        ``Agreement``), within one clause. ``"The date of the Joint Development Agreement
+        between ExxonMobil Research and FuelCell Energy, Inc."`` names its contract from
+        ``Joint`` (or ``ExxonMobil``) to ``Energy``. Empty when none of the documents is
+        held or no word names them."""
+        stemmer = self._bm25.stemmer
+        held: set[str] = set()
+        for doc_id in doc_ids:
+            found = self._leads.get(doc_id)
+            if found is not None:
+                held.update(tokenize(_text(found[0]), stemmer))
+        n = len(self._leads)
+        if not held or n == 0:
+            return []
+        words = [
+            (m.start(), m.end(), set(tokenize(m.group(), stemmer))) for m in _WORD.finditer(query)
+        ]
+        idf = self._bm25.idf({t for _, _, terms in words for t in terms & held})
+        unique = math.log1p((n - 0.5) / 1.5)  # the IDF of a term one lead alone holds
+        spans: list[tuple[int, int]] = []
+        start = end = -1
+        for s, e, terms in words:
+            if start >= 0 and (_BREAK.search(query, end, s) or not terms <= held):
+                spans.append((start, end))  # a clause ends, or a word no lead of theirs holds
+                start = -1
+            if any((idf.get(t, 0.0) / unique) ** 2 >= NAME_WORD for t in terms):
+                start, end = (s if start < 0 else start), e
+        if start >= 0:
+            spans.append((start, end))
+        return spans
 
     def check_before_search(self, check: Callable[[], None] | None) -> None:
         """Run ``check`` before each search (the owning retriever sets its shared index's
@@ -403,52 +429,33 @@ class DocumentRouter(BaseModel):
         return None
 
     def focuses(self, query: str) -> bool:
-        """Whether :attr:`focus` applies to ``query`` (the built-in lead index, and several
-        clauses or one question in parts: ``"In the Orion Supply Agreement, which law
-        governs?"``), before any search."""
-        return (
-            self.focus
-            and isinstance(self.retriever, LeadIndex)
-            and _focusable(query_clauses(query))
-        )
+        """Whether :attr:`focus` may apply to ``query`` before any search (it is on and the
+        router is the built-in lead index); :meth:`focus_query` decides once routed."""
+        return self.focus and isinstance(self.retriever, LeadIndex)
 
-    def focus_query(self, query: str, routed: set[str], filter: Filter | None = None) -> str | None:
-        """``query`` without the clause that names the ``routed`` documents (the clause
-        whose lead-index score for them is highest, searching the leads ``filter`` allows),
-        or None when :meth:`focuses` is false or no clause matches their leads. Only the
-        first :data:`MAX_CLAUSES` clauses (and parts) are weighed, and the leads are searched
-        as the route that gave ``routed`` saw them (no generation check of their own).
+    def focus_query(self, query: str, routed: set[str]) -> str | None:
+        """``query`` without the words that name the ``routed`` documents
+        (:meth:`LeadIndex.name_spans`), wherever they stand; None when :attr:`focus` is off,
+        nothing names them, or what is left asks nothing (only question words such as
+        ``what``, ``which``, ``the``).
 
-        A naming clause that is itself a question (it ends in ``?``) keeps what it asks: it
-        is split at its commas, and the parts that their leads match better than the last
-        part (the one that asks) name the documents and are dropped (``"In the Orion Supply
-        Agreement, between Orion Holdings and the Buyer, which law governs? Answer
-        briefly."`` is focused to ``"which law governs? Answer briefly."``); where no part
-        names them (``"What was 3M's capital expenditure in 2018? Round to two
-        decimals."``), there is no focus, as the other clause is an instruction. A query that
-        is one such question is focused the same way (``"In the Orion Supply Agreement,
-        which law governs?"`` to ``"which law governs?"``)."""
+        ``"Consider the Orion Supply Agreement between Orion Holdings and the Buyer; which
+        state's laws govern"``, ``"Which state's laws govern the Orion Supply Agreement?"``
+        and ``"Orion Holdings's supply agreement: which state's laws govern?"`` all search
+        the routed document for what is left (``"which state's laws govern"`` with the
+        connecting words and punctuation around the name): the name is found by what the
+        question shares with the routed document's lead and few other leads hold, not by
+        where it stands in the sentence."""
         r = self.retriever
-        clauses = query_clauses(query)
-        if not self.focus or not isinstance(r, LeadIndex) or not _focusable(clauses):
+        if not self.focus or not isinstance(r, LeadIndex):
             return None
-        naming = _naming(r, clauses[:MAX_CLAUSES], routed, filter)
-        if naming is None:
+        spans = r.name_spans(query, routed)
+        if not spans:
             return None
-        rest = clauses[naming]
-        if rest.endswith("?"):
-            parts = [p for p in (p.strip() for p in rest.split(",")) if p]
-            weighed = [*parts[: MAX_CLAUSES - 1], parts[-1]] if len(parts) > MAX_CLAUSES else parts
-            scores = r.part_scores(weighed, routed, filter)
-            scores[-1:-1] = [scores[-1]] * (len(parts) - len(weighed))  # the rest: kept
-            keep = [p for p, score in zip(parts, scores) if score <= scores[-1]]
-            if len(keep) == len(parts):
-                logger.debug("no focus: the question %r names the document", rest)
-                return None
-            clauses[naming] = " ".join(keep)
-        else:
-            del clauses[naming]
-        text = " ".join(clauses)
+        text = _without(query, spans)
+        if not _asks(text, r.stemmer):
+            logger.debug("no focus: %r asks nothing once the name is left out", text)
+            return None
         logger.debug("focus: %r searched inside %s", text, sorted(routed))
         return text
 
@@ -536,27 +543,11 @@ def as_router(value: object) -> object:
     return DocumentRouter(retriever=value) if isinstance(value, BaseRetriever) else value
 
 
-def _focusable(clauses: list[str]) -> bool:
-    """Whether a query of these clauses can be focused: several clauses, or one question in
-    comma-separated parts."""
-    return len(clauses) > 1 or (
-        len(clauses) == 1 and clauses[0].endswith("?") and "," in clauses[0]
-    )
-
-
 def _takes_filter(retriever: BaseRetriever) -> bool:
     """Whether a router retriever can be given a metadata filter: its retrieval method
     names a ``filter`` parameter (an ``RSERetriever``'s does)."""
     method = type(retriever)._get_relevant_documents
     return "filter" in inspect.signature(method).parameters
-
-
-def _naming(leads: LeadIndex, parts: list[str], routed: set[str], f: Filter | None) -> int | None:
-    """The index of the part of a query whose lead-index score for the ``routed``
-    documents is highest, or None when none matches their leads."""
-    scores = leads.part_scores(parts, routed, f)
-    best = max(range(len(parts)), key=scores.__getitem__)
-    return best if scores[best] > 0 else None
 
 
 def query_coverage(index: BM25Index, query: str) -> float:
@@ -575,3 +566,20 @@ def query_coverage(index: BM25Index, query: str) -> float:
     held, missing = sum(idf.values()), len(terms) - len(idf)
     total = held + missing * math.log1p((n - 0.5) / 1.5)
     return held / total if total > 0 else 1.0
+
+
+def _without(query: str, spans: Sequence[tuple[int, int]]) -> str:
+    """``query`` with ``spans`` cut out, whitespace runs made one space, stray leading
+    punctuation dropped."""
+    kept, at = [], 0
+    for start, end in spans:
+        kept.append(query[at:start])
+        at = end
+    kept.append(query[at:])
+    return " ".join(" ".join(kept).split()).lstrip(",;:. ")
+
+
+def _asks(text: str, stemmer: str | None) -> bool:
+    """Whether ``text`` holds a term other than those of :data:`QUESTION_WORDS`."""
+    asking = set(tokenize(QUESTION_WORDS, stemmer))
+    return any(t not in asking for t in tokenize(text, stemmer))

@@ -310,10 +310,10 @@ class SearchBranches:
         router: Router,
         callbacks: Callbacks = None,
     ) -> Focused | None:
-        """The text of ``router.focus_query(query, routed)`` (the query's clauses other than
-        the one naming the routed documents) and both branches for it, filtered to those
+        """The text of ``router.focus_query(query, routed)`` (the query without the words
+        that name the routed documents) and both branches for it, filtered to those
         documents; None when there is no such text (see ``DocumentRouter.focus``)."""
-        text = router.focus_query(query, routed, f)
+        text = router.focus_query(query, routed)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None
@@ -328,8 +328,8 @@ class SearchBranches:
         router: Router,
         callbacks: Callbacks = None,
     ) -> Focused | None:
-        """Async :meth:`focus` (the lead index is searched in a thread)."""
-        text = await asyncio.to_thread(router.focus_query, query, routed, f)
+        """Async :meth:`focus`."""
+        text = router.focus_query(query, routed)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None

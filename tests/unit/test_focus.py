@@ -1,4 +1,5 @@
-"""Focus: a routed query's other clauses rank the routed document's chunks (issue 16)."""
+"""Focus: a routed query without the words that name its document ranks that document's
+chunks (issue 16; by words, not clauses, since issue 55)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.vectorstores import InMemoryVectorStore
 from test_routing import ONE_WORD
@@ -15,7 +18,8 @@ from helpers import HashingEmbeddings
 from langchain_rse import DocumentRouter, RSERetriever
 from langchain_rse.filters import doc_ids, parse
 from langchain_rse.integrations.faiss import FaissStore
-from langchain_rse.routing import LeadIndex, query_clauses
+from langchain_rse.lexical.tokenizer import tokenize
+from langchain_rse.routing import LeadIndex
 
 QUERY = (
     "Consider the Orion Supply Agreement between Orion Holdings and the Buyer; "
@@ -45,51 +49,72 @@ def build(focus: bool = True, **kwargs: Any) -> RSERetriever:
     return retriever
 
 
-def test_query_clauses() -> None:
-    assert query_clauses(QUERY) == [
-        "Consider the Orion Supply Agreement between Orion Holdings and the Buyer",
-        "which state's laws govern",
-    ]
-    # a full stop before a lower-case word (Inc. and) does not end a clause
-    assert query_clauses("Between Acme Inc. and Beta Corp. Who pays? The buyer.\nNotes;") == [
-        "Between Acme Inc. and Beta Corp.",
-        "Who pays?",
-        "The buyer.",
-        "Notes",
-    ]
-    assert query_clauses("  one clause only  ") == ["one clause only"]
-    assert query_clauses(" ; \n ") == []
+ASKED = "which state's laws govern"
+PHRASINGS = [
+    QUERY,
+    "Which state's laws govern the Orion Supply Agreement?",
+    "In the Orion Supply Agreement, which state's laws govern?",
+    "which state's laws govern, according to the Orion Supply Agreement between Orion "
+    "Holdings and the Buyer?",
+    "Orion Holdings's supply agreement: which state's laws govern?",
+    "in the supply agreement with orion, which state's laws govern?",
+    "Which state's laws govern? Consider the Orion Supply Agreement",
+]
+"""One question, the contract named in each place a user names it."""
+CONNECTORS = "consider the in under supply agreement between holdings and buyer according to with s"
+"""Words around a name that a phrasing may add (they are in every contract's lead)."""
 
 
-def test_the_clause_that_names_the_routed_document_is_dropped() -> None:
+def _asked_terms(text: str) -> set[str]:
+    return set(tokenize(text)) - set(tokenize(CONNECTORS))
+
+
+def test_the_words_that_name_the_routed_document_are_dropped_wherever_they_stand() -> None:
     router = build().router
     assert router is not None and router.focus and isinstance(router.retriever, LeadIndex)
-    assert router.focuses(QUERY) and not router.focuses("which state's laws govern")
-    assert router.focus_query(QUERY, {"orion.txt"}) == "which state's laws govern"
-    # the other clause may come first
-    swapped = "Which state's laws govern? Consider the Orion Supply Agreement"
-    assert router.focus_query(swapped, {"orion.txt"}) == "Which state's laws govern?"
-    # no clause matches the routed document's lead: nothing to focus on
+    assert router.focuses(QUERY)
+    for query in PHRASINGS:
+        focused = router.focus_query(query, {"orion.txt"})
+        assert focused is not None and ASKED in focused.lower(), (query, focused)
+        assert "orion" not in focused.lower()
+        assert _asked_terms(focused) == _asked_terms(ASKED), (query, focused)
+    # nothing names the routed document: nothing to focus on
     assert router.focus_query("red apples; green pears", {"orion.txt"}) is None
-    assert router.focus_query("which state's laws govern", {"orion.txt"}) is None  # one clause
-    # a naming clause that is itself a question is not dropped: the other clause is an
-    # instruction, not what is asked; the question mark is what tells the two apart
-    asked = "Which state's laws govern the Orion Supply Agreement? Answer briefly."
-    assert router.focus_query(asked, {"orion.txt"}) is None
-    assert router.focus_query(asked.replace("?", "."), {"orion.txt"}) == "Answer briefly."
-    # a question that names the document in parts of its own keeps the rest of it: every
-    # part the lead matches better than the asking part is dropped
-    expected = "which state's laws govern? Answer briefly."
-    named = "In the Orion Supply Agreement, which state's laws govern? Answer briefly."
-    assert router.focus_query(named, {"orion.txt"}) == expected
-    named = named.replace("Agreement,", "Agreement, between Orion Holdings and the Buyer,")
-    assert router.focus_query(named, {"orion.txt"}) == expected
-    # one question in parts is focused the same way; one without commas is not
-    alone = "In the Orion Supply Agreement, which state's laws govern?"
-    assert router.focuses(alone) and not router.focuses("Which state's laws govern Orion?")
-    assert router.focus_query(alone, {"orion.txt"}) == "which state's laws govern?"
+    assert router.focus_query(ASKED, {"orion.txt"}) is None
+    # what is left asks nothing: no focus
+    assert router.focus_query("What about Orion?", {"orion.txt"}) is None
+    # the name of another document is not this one's
+    assert router.focus_query("Which laws govern the Lyra agreement?", {"orion.txt"}) is None
     off = DocumentRouter.leads(focus=False)
     assert not off.focuses(QUERY) and off.focus_query(QUERY, {"orion.txt"}) is None
+
+
+@settings(max_examples=60)
+@given(
+    where=st.sampled_from(["first", "inside", "end", "possessive"]),
+    name=st.sampled_from(["Orion", "ORION", "orion", "Orion Holdings"]),
+    ask=st.sampled_from(
+        [ASKED, "when does the term end", "what notice period applies to termination"]
+    ),
+    spaces=st.sampled_from([" ", "  ", "\n"]),
+)
+def test_focus_asks_the_same_however_the_name_is_placed(
+    where: str, name: str, ask: str, spaces: str
+) -> None:
+    """Metamorphic: the focus text holds the words of what is asked and no word of the
+    name, wherever and however the name stands."""
+    query = {
+        "first": f"Consider the {name} Supply Agreement;{spaces}{ask}",
+        "inside": f"{ask.capitalize()} under the{spaces}{name} supply agreement?",
+        "end": f"{ask},{spaces}according to the {name} agreement?",
+        "possessive": f"{name}'s supply agreement:{spaces}{ask}?",
+    }[where]
+    focused = ROUTER.focus_query(query, {"orion.txt"})
+    assert focused is not None and _asked_terms(focused) == _asked_terms(ask), (query, focused)
+
+
+ROUTER = build().router
+assert ROUTER is not None
 
 
 def test_focus_ranks_the_asked_clause_first() -> None:
@@ -122,7 +147,8 @@ def test_focus_searches_only_inside_the_routed_document() -> None:
     retriever.invoke(QUERY, filter={"tier": {"$ne": "x"}})
     (main, _, router), (focus, f, none) = seen
     assert main == [QUERY] and router is not None
-    assert focus == ["which state's laws govern"] and none is None
+    assert focus == [router.focus_query(QUERY, {"orion.txt"})] and none is None
+    assert ASKED in focus[0] and "Orion" not in focus[0]
     assert f == parse({"$and": [{"tier": {"$ne": "x"}}, {"doc_id": "orion.txt"}]})
 
 
@@ -137,7 +163,8 @@ class _Recording(BaseDocumentCompressor):
 
 
 async def test_the_reranker_also_scores_against_the_focus_text() -> None:
-    for focus, expected in ((True, [QUERY, "which state's laws govern"]), (False, [QUERY])):
+    focused = build().router.focus_query(QUERY, {"orion.txt"})  # type: ignore[union-attr]
+    for focus, expected in ((True, [QUERY, focused]), (False, [QUERY])):
         reranker = _Recording(queries=[])
         retriever = build(focus=focus, reranker=reranker)
         retriever.invoke(QUERY)
@@ -145,7 +172,7 @@ async def test_the_reranker_also_scores_against_the_focus_text() -> None:
         reranker.queries.clear()
         await retriever.ainvoke(QUERY)
         assert reranker.queries == expected
-    # a query with one clause has no focus text
+    # a query that names no document has no focus text
     reranker = _Recording(queries=[])
     build(reranker=reranker).invoke("which state's laws govern")
     assert reranker.queries == ["which state's laws govern"]
@@ -162,7 +189,7 @@ def test_a_route_that_does_not_hold_has_no_focus() -> None:
     retriever.invoke("Supply agreement between Holdings and the Buyer; which state's laws govern")
     assert calls == []
     retriever.invoke(QUERY)
-    assert calls == [(QUERY, {"orion.txt"}, None)]  # no metadata filter
+    assert calls == [(QUERY, {"orion.txt"})]
 
 
 def test_focus_is_saved_and_loaded(tmp_path) -> None:
