@@ -32,13 +32,13 @@ from langchain_rse.driver import Handlers, adrive, drive
 from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
-from langchain_rse.fusion import candidates, confirmed_route, quotes_code
+from langchain_rse.fusion import branches_of, candidates, fused, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index
 from langchain_rse.query import Candidate, Route
 from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
-from langchain_rse.routing import DocumentRouter, query_coverage
+from langchain_rse.routing import DocumentRouter, apply_route, confirm, query_coverage
 from langchain_rse.search import Focused, Found, SearchBranches
 from langchain_rse.segments import (
     Chosen,
@@ -91,7 +91,7 @@ class Expand(NamedTuple):
 
 
 class Search(NamedTuple):
-    """Both branches for every query, the route of the first → ``(dense, lexical, routed)``."""
+    """Both branches for every query, the route of the first → ``(dense, lexical, route)``."""
 
     queries: list[str]
     filter: Filter | None
@@ -489,7 +489,7 @@ def retrieval(
         if r.query_expander is not None:
             expansions = cast("list[str]", (yield Expand(query)))
         s = QuerySettings.of(r, query, k, mode, queries, expansions, filter, max_chars)
-        return (yield from retrieve(s, r.router))
+        return (yield from retrieve(s))
 
     return steps()
 
@@ -508,7 +508,7 @@ def abstains(r: RetrieverSettings, lexical: BM25Index, query: str) -> bool:
     return False
 
 
-def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
+def retrieve(s: QuerySettings) -> Steps:
     """Search → fuse → :func:`run_pipeline`. When a route holds and the router focuses,
     :class:`Focus` adds the query's other clauses searched inside the routed documents.
 
@@ -521,37 +521,44 @@ def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
     seen: set[tuple[str, str]] = set()
     for _ in range(READ_ATTEMPTS - 1):
         try:
-            return (yield from _attempt(s, router, seen))
+            return (yield from _attempt(s, seen))
         except Replaced as exc:
             logger.debug("documents %s were replaced during a query; searching again", exc)
             seen |= exc.versions
-    return cast("list[Document]", (yield Settled(_attempt(s, router, None))))
+    return cast("list[Document]", (yield Settled(_attempt(s, None))))
 
 
-def _attempt(
-    s: QuerySettings, router: DocumentRouter | None, seen: set[tuple[str, str]] | None
-) -> Steps:
+def _attempt(s: QuerySettings, seen: set[tuple[str, str]] | None) -> Steps:
     """One search and its pipeline (:class:`Replaced` with ``seen``: see :func:`run_pipeline`)."""
-    settings, found = yield from _search(s, router)
+    settings, found = yield from _search(s)
     return (yield from _retrying(settings, *found, seen))
 
 
 def _search(
-    s: QuerySettings, router: DocumentRouter | None
+    s: QuerySettings,
 ) -> Generator[Request, object, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
     """The searches and fusion of :func:`retrieve`: the settings (with the focus text as
-    a rerank query, when focused) and the candidates with their route."""
-    dense, lexical, routed = cast(Found, (yield Search(s.queries, s.filter)))
-    confirmed = False
-    if routed is not None and router is not None and router.focuses(s.queries[0]):
-        routed, confirmed = confirmed_route(s, dense, lexical, routed, router), True
-        if routed is not None:
-            extra = cast("Focused | None", (yield Focus(s.queries[0], routed, s.filter)))
+    a rerank query, when focused) and the candidates with the route that holds. The
+    router's route (:class:`~langchain_rse.query.Route`) is confirmed against the fused
+    ranking, focused, then applied to it (:func:`~langchain_rse.routing.apply_route`)."""
+    dense, lexical, route = cast(Found, (yield Search(s.queries, s.filter)))
+    branches, texts = branches_of(dense, lexical)
+    weights = list(s.weights) * len(dense)
+    ranking = fused(branches, weights)
+    if route is not None and route.focus:
+        route = confirm(route, ranking)
+        if route is not None:
+            extra = cast("Focused | None", (yield Focus(s.queries[0], set(route.docs), s.filter)))
             if extra is not None:  # the query's other clauses, inside the routed documents
                 text, focus_dense, focus_lexical = extra
-                dense, lexical = [*dense, focus_dense], [*lexical, focus_lexical]
+                branches += [focus_dense.hits, focus_lexical]
+                texts.update(focus_dense.texts)
+                weights += s.weights
+                ranking = fused(branches, weights)
                 s = dataclasses.replace(s, rerank_queries=[*s.queries, text])
-    return s, candidates(s, dense, lexical, routed, router, confirmed)
+    ranking, route = apply_route(route, ranking, branches, weights)
+    pool = s.candidate_pool + (len(s.queries) - 1) * (s.candidate_pool // 2)
+    return s, (candidates(ranking, pool, texts, keep_first=bool(branches[0])), route)
 
 
 class Expander(Protocol):
