@@ -20,8 +20,8 @@ Hit = tuple[str, "float | None"]
 @dataclass
 class DenseResult:
     hits: Sequence[Hit]
-    """``(chunk key, score)`` best first; a :class:`~langchain_rse.fusion.Ranked` from the
-    default store."""
+    """``(chunk key, score)`` best first (the default store's
+    :meth:`~langchain_rse.integrations.faiss.FaissStore.ranked`)."""
     texts: dict[str, str] = field(default_factory=dict)
     """Enriched index text of each hit, when the store returned it (saves a read)."""
 
