@@ -2,7 +2,7 @@
 
 :func:`retrieval` checks a call and returns a generator that *yields* each I/O it needs as
 a typed request (:class:`Expand`, :class:`Search`, :class:`Focus`, :class:`ReadPointers`,
-:class:`ReadBodies`, :class:`Rerank`, :class:`Record`, :class:`Settled`) and receives the
+:class:`ReadBodies`, :class:`Rerank`, :class:`Report`, :class:`Settled`) and receives the
 answer.
 :func:`~langchain_rse.driver.drive` answers the requests synchronously and
 :func:`~langchain_rse.driver.adrive` awaits them, with the handlers :func:`handlers` binds,
@@ -41,7 +41,6 @@ from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
 from langchain_rse.routing import DocumentRouter, apply_route, confirm, query_coverage
 from langchain_rse.search import Focused, Found, SearchBranches
 from langchain_rse.segments import (
-    Chosen,
     RSEParams,
     choose_segments,
     fit_segments,
@@ -58,7 +57,7 @@ __all__ = [
     "QuerySettings",
     "ReadBodies",
     "ReadPointers",
-    "Record",
+    "Report",
     "Rerank",
     "Search",
     "Settled",
@@ -131,13 +130,10 @@ class Settled(NamedTuple):
     steps: Steps
 
 
-class Record(NamedTuple):
-    """What the query saw, for ``explain`` (a :class:`~langchain_rse.explain.Trace`) → None."""
+class Report(NamedTuple):
+    """Hand ``explain`` what the query saw → None (a no-op unless it listens)."""
 
-    candidates: list[Candidate]
-    metas: dict[str, DocRecord]
-    selection: list[Chosen]
-    bodies: dict[str, Body]
+    trace: Trace
 
 
 Request = tuple[object, ...]
@@ -442,7 +438,7 @@ def run_pipeline(
     bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
     texts = {d: bodies[d].text for d in dict.fromkeys(g[0] for g in selection)}
     chosen = fit_segments(s, cands, metas, texts, selection)
-    yield Record(cands, metas, chosen, bodies)
+    yield Report(Trace(cands, metas, chosen, bodies))
     return segment_documents(s, cands, metas, bodies, chosen, fallback)
 
 
@@ -582,9 +578,7 @@ def handlers(
     """The handlers of one retrieval over these parts of an index (child runs under
     ``callbacks``; ``swaps``: the writer's lock a query's last attempt holds shared)."""
     traces = TRACES.get()
-    record = (
-        (lambda *seen: traces.append(Trace(*seen))) if traces is not None else (lambda *_: None)
-    )
+    report = traces.append if traces is not None else lambda _: None
     a = asynchronous
     out: Handlers = {
         Search: partial(
@@ -592,7 +586,7 @@ def handlers(
         ),
         ReadPointers: records.apointers if a else records.pointers,
         ReadBodies: records.abodies if a else records.bodies,
-        Record: record,
+        Report: report,
     }
     if router is not None:  # (a query focuses only with a router)
         out[Focus] = partial(
