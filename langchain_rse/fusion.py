@@ -58,7 +58,7 @@ class FusedHit(NamedTuple):
     """One fused candidate: its id, fused score and each branch's 1-based rank (or None)."""
 
     id: str
-    score: float
+    fused_score: float
     ranks: tuple[int | None, ...]
 
 

@@ -82,9 +82,9 @@ def test_a_soft_route_only_reorders(
     assert {h.id for h in after} == set(before)
     for h in after:
         inside = doc_of(h.id) in docs
-        assert h.score == before[h.id].score * (factor if inside else 1.0)
+        assert h.fused_score == before[h.id].fused_score * (factor if inside else 1.0)
         assert h.ranks == before[h.id].ranks
-    assert [h.score for h in after] == sorted((h.score for h in after), reverse=True)
+    assert [h.fused_score for h in after] == sorted((h.fused_score for h in after), reverse=True)
     for side in (True, False):  # each side keeps its order
         order = [h.id for h in ranking.top() if (doc_of(h.id) in docs) is side]
         assert [h.id for h in after if (doc_of(h.id) in docs) is side] == order
@@ -116,7 +116,7 @@ def test_the_first_branchs_first_hit_is_always_a_candidate(
     found = candidates(applied, pool, {}, keep_first=bool(bs[0]))
     top = applied.top()
     assert [c.key for c in found[:pool]] == [h.id for h in top[:pool]]
-    assert [c.fused_score for c in found[:pool]] == [h.score for h in top[:pool]]
+    assert [c.fused_score for c in found[:pool]] == [h.fused_score for h in top[:pool]]
     if bs[0]:
         assert bs[0][0][0] in [c.key for c in found]
         assert len(found) <= pool + 1

@@ -361,7 +361,7 @@ def test_boosted_reorders_by_multiplied_scores_stably() -> None:
     ranking = fused([[(k, None) for k in keys]], [1.0], rrf_k=0.0)  # 1, 1/2, 1/3, 1/4
     out = ranking.boosted(lambda ids: in_docs(ids, {"b"}), 2.0).top()
     assert [h.id for h in out] == [keys[0], keys[1], keys[3], keys[2]]
-    assert [h.score for h in out] == [1.0, 1.0, 0.5, 1 / 3]  # a tie keeps the fused order
+    assert [h.fused_score for h in out] == [1.0, 1.0, 0.5, 1 / 3]  # a tie keeps the fused order
     assert [h.ranks for h in out] == [(1,), (2,), (4,), (3,)]
 
 
