@@ -2,6 +2,11 @@
 the chunk search favours their candidates (or keeps only them) — if the unrouted search
 agrees (:class:`DocumentRouter` decides whether a route holds).
 
+The router gives each query a :class:`~langchain_rse.query.Route`, the policy the pipeline
+applies: :func:`confirm` checks it against the unrouted fused ranking and
+:func:`apply_route` boosts the routed documents' chunks in that ranking (or keeps only
+theirs); segment selection raises the bar for other documents by the same factor.
+
 Most retrieval errors on long-document corpora are chunks from the wrong document: a clause
 of the right kind from another contract (Reuter et al. 2025, LegalBench-RAG).
 :class:`LeadIndex`, the built-in document-level retriever, holds one short *lead* per
@@ -46,7 +51,6 @@ __all__ = [
     "MAX_CLAUSES",
     "DocumentRouter",
     "LeadIndex",
-    "Route",
     "apply_route",
     "as_router",
     "confirm",

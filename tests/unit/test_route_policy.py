@@ -27,7 +27,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
 from langchain_rse import RSERetriever
-from langchain_rse.fusion import candidates, fused
+from langchain_rse.fusion import Fused, candidates, fused
 from langchain_rse.indexing.records import _SEP, chunk_key, doc_of
 from langchain_rse.query import Route
 from langchain_rse.routing import DocumentRouter, LeadIndex, apply_route, confirm
@@ -41,7 +41,10 @@ routed_docs = st.frozensets(st.sampled_from(DOC_IDS), min_size=1, max_size=3)
 check_ks = st.none() | st.integers(1, 12)
 
 
-def ranking_and_weights(bs: list[list[tuple[str, float | None]]], w: list[float]):  # type: ignore[no-untyped-def]
+def ranking_and_weights(
+    bs: list[list[tuple[str, float | None]]], w: list[float]
+) -> tuple[Fused, list[float]]:
+    """The fusion of ``bs`` with the weights ``w`` repeated over them, and those weights."""
     weights = (w * len(bs))[: len(bs)]
     return fused(bs, weights), weights
 
