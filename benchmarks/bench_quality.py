@@ -676,7 +676,8 @@ def route_counts(retriever: RSERetriever, queries: Sequence[Query]) -> collectio
     another (``wrong``), or not at all (``none``)."""
     counts: collections.Counter[str] = collections.Counter()
     for q in queries:
-        routed = retriever.router.route(q.text) if retriever.router is not None else None
+        route = retriever.router.route(q.text) if retriever.router is not None else None
+        routed = None if route is None else route.docs
         gold = {f for f, _, _ in q.gold}
         counts["none" if routed is None else "right" if routed & gold else "wrong"] += 1
     return counts

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from langchain_core.documents import Document
 
@@ -36,10 +36,11 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Trace:
+class Trace(NamedTuple):
     """What one retrieval saw: current candidates with their relevance, the documents'
-    records, the chosen segments and the bodies read (at least those of chosen documents)."""
+    pointers, the chosen segments and the bodies read (at least those of chosen documents).
+    The pipeline hands it over in a ``Report`` request on every query; a ``NamedTuple``, so
+    building it runs no code of this module."""
 
     candidates: list[Candidate]
     metas: dict[str, DocRecord]

@@ -8,14 +8,13 @@ Results are deduplicated by id, never by text.
 :func:`quotes_code` tells the queries that quote code apart, for which the retriever
 weights BM25 as much as the dense branch (exact identifiers are BM25's strength).
 
-:func:`candidates` fuses one query's branches into the candidates that go on to RSE, with
-the document route's boost or filter.
+:func:`candidates` cuts a ranking's first hits into the candidates that go on to RSE. A
+document route is no concern of this module: the pipeline applies it to a fused ranking
+(:func:`~langchain_rse.routing.apply_route`).
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -23,21 +22,20 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from langchain_rse.indexing.records import doc_of, in_docs, parse_chunk_key
-from langchain_rse.query import Candidate, DenseResult, FusionSettings, Hit, Route, RouteCheck
+from langchain_rse.indexing.records import parse_chunk_key
+from langchain_rse.query import Candidate, DenseResult, Hit
 
 __all__ = [
     "RRF_K",
-    "candidates",
-    "confirmed_route",
+    "Branch",
     "Fused",
     "FusedHit",
+    "branches_of",
+    "candidates",
     "fuse",
     "fused",
     "quotes_code",
 ]
-
-logger = logging.getLogger(__name__)
 
 RRF_K = 60.0
 """The reciprocal rank fusion constant the retriever fuses with (Cormack et al., 2009)."""
@@ -60,7 +58,7 @@ class FusedHit(NamedTuple):
     """One fused candidate: its id, fused score and each branch's 1-based rank (or None)."""
 
     id: str
-    score: float
+    fused_score: float
     ranks: tuple[int | None, ...]
 
 
@@ -169,58 +167,16 @@ def branches_of(
     return branches, texts
 
 
-def confirmed_route(
-    s: FusionSettings,
-    dense: Sequence[DenseResult],
-    lexical: Sequence[Sequence[Hit]],
-    routed: set[str] | None,
-    router: RouteCheck | None,
-) -> set[str] | None:
-    """The routed documents the unrouted ranking agrees with (see
-    :meth:`DocumentRouter.confirmed`), None when there are none."""
-    if routed is None or router is None:
-        return None
-    branches, _ = branches_of(dense, lexical)
-    ranking = fused(branches, list(s.weights) * len(dense))
-    return router.confirmed(routed, ranking.ranked_ids(router.check_k))
-
-
 def candidates(
-    s: FusionSettings,
-    dense: Sequence[DenseResult],
-    lexical: Sequence[Sequence[Hit]],
-    routed: set[str] | None = None,
-    router: RouteCheck | None = None,
-    confirmed: bool = False,
-) -> tuple[list[Candidate], Route | None]:
-    """Fuse (dense, lexical) hits of each query into candidates, best first (weighted RRF
-    with the weights and candidate pool of settings ``s``); with
-    ``routed``, the chunks of those documents boosted, or only those chunks (if the
-    unrouted ranking agrees; ``confirmed``: ``routed`` was checked already). Also the
-    route that holds, if one does. Branches beyond those of ``s.queries`` (the focus
-    searches) are fused with the same weights but do not widen the candidate pool."""
-    branches, texts = branches_of(dense, lexical)
-    weights = list(s.weights) * len(dense)
-    ranking = fused(branches, weights)
-    pool = s.candidate_pool + (len(s.queries) - 1) * (s.candidate_pool // 2)
-    route = None
-    if routed is not None and router is not None and not confirmed:
-        routed = router.confirmed(routed, ranking.ranked_ids(router.check_k))
-    if routed is not None and router is not None and not math.isinf(router.boost):
-        factor = 1.0 + router.boost
-        ranking = ranking.boosted(lambda keys: in_docs(keys, routed), factor)
-        route = Route(frozenset(routed), factor)
-    elif routed is not None:
-        kept = [[h for h in b if doc_of(h[0]) in routed] for b in branches]
-        if any(kept):
-            ranking = fused(kept, weights)
-            route = Route(frozenset(routed), math.inf)
-        else:  # not ours, or not found by either branch: a filter would return nothing
-            logger.debug("no candidates in the routed documents %s; searching all", routed)
+    ranking: Fused, pool: int, texts: dict[str, str], keep_first: bool = True
+) -> list[Candidate]:
+    """The first ``pool`` hits of ``ranking`` as candidates, best first, with the texts the
+    dense branches returned (``texts``). With ``keep_first``, the ranking's first id (the
+    first branch's first hit, when that branch found anything) stays a candidate however
+    far a route's boost pushed it down (see ``segments.keep_dense_first``), after the
+    others."""
     at = ranking.order[:pool]  # the first `pool` of the ranking, read as columns
-    if ranking.ids and branches[0] and not (at == 0).any():
-        # the first query's dense search's first hit (id 0: it appears first) stays a
-        # candidate however far a route's boost pushed it down (see keep_dense_first)
+    if ranking.ids and keep_first and not (at == 0).any():
         at = np.append(at, 0)
     scores, ranks = ranking.scores[at].tolist(), ranking.ranks[:, at].T.tolist()
     text = texts.get if texts else lambda key: None  # the dense branch returned no texts
@@ -228,4 +184,4 @@ def candidates(
     return [
         Candidate(key, *parse_chunk_key(key), score, rank, text(key))
         for key, score, rank in zip(keys, scores, ranks)
-    ], route
+    ]

@@ -2,7 +2,7 @@
 
 :func:`retrieval` checks a call and returns a generator that *yields* each I/O it needs as
 a typed request (:class:`Expand`, :class:`Search`, :class:`Focus`, :class:`ReadPointers`,
-:class:`ReadBodies`, :class:`Rerank`, :class:`Record`, :class:`Settled`) and receives the
+:class:`ReadBodies`, :class:`Rerank`, :class:`Report`, :class:`Settled`) and receives the
 answer.
 :func:`~langchain_rse.driver.drive` answers the requests synchronously and
 :func:`~langchain_rse.driver.adrive` awaits them, with the handlers :func:`handlers` binds,
@@ -32,16 +32,15 @@ from langchain_rse.driver import Handlers, adrive, drive
 from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
-from langchain_rse.fusion import candidates, confirmed_route, quotes_code
+from langchain_rse.fusion import branches_of, candidates, fused, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index
 from langchain_rse.query import Candidate, Route
 from langchain_rse.rerank import BaseReranker, RerankError, RerankResult
-from langchain_rse.routing import DocumentRouter, query_coverage
+from langchain_rse.routing import DocumentRouter, apply_route, confirm, query_coverage
 from langchain_rse.search import Focused, Found, SearchBranches
 from langchain_rse.segments import (
-    Chosen,
     RSEParams,
     choose_segments,
     fit_segments,
@@ -58,7 +57,7 @@ __all__ = [
     "QuerySettings",
     "ReadBodies",
     "ReadPointers",
-    "Record",
+    "Report",
     "Rerank",
     "Search",
     "Settled",
@@ -91,7 +90,7 @@ class Expand(NamedTuple):
 
 
 class Search(NamedTuple):
-    """Both branches for every query, the route of the first → ``(dense, lexical, routed)``."""
+    """Both branches for every query, the route of the first → ``(dense, lexical, route)``."""
 
     queries: list[str]
     filter: Filter | None
@@ -131,13 +130,10 @@ class Settled(NamedTuple):
     steps: Steps
 
 
-class Record(NamedTuple):
-    """What the query saw, for ``explain`` (a :class:`~langchain_rse.explain.Trace`) → None."""
+class Report(NamedTuple):
+    """Hand ``explain`` what the query saw → None (a no-op unless it listens)."""
 
-    candidates: list[Candidate]
-    metas: dict[str, DocRecord]
-    selection: list[Chosen]
-    bodies: dict[str, Body]
+    trace: Trace
 
 
 Request = tuple[object, ...]
@@ -442,7 +438,7 @@ def run_pipeline(
     bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
     texts = {d: bodies[d].text for d in dict.fromkeys(g[0] for g in selection)}
     chosen = fit_segments(s, cands, metas, texts, selection)
-    yield Record(cands, metas, chosen, bodies)
+    yield Report(Trace(cands, metas, chosen, bodies))
     return segment_documents(s, cands, metas, bodies, chosen, fallback)
 
 
@@ -489,7 +485,7 @@ def retrieval(
         if r.query_expander is not None:
             expansions = cast("list[str]", (yield Expand(query)))
         s = QuerySettings.of(r, query, k, mode, queries, expansions, filter, max_chars)
-        return (yield from retrieve(s, r.router))
+        return (yield from retrieve(s))
 
     return steps()
 
@@ -508,7 +504,7 @@ def abstains(r: RetrieverSettings, lexical: BM25Index, query: str) -> bool:
     return False
 
 
-def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
+def retrieve(s: QuerySettings) -> Steps:
     """Search → fuse → :func:`run_pipeline`. When a route holds and the router focuses,
     :class:`Focus` adds the query's other clauses searched inside the routed documents.
 
@@ -521,37 +517,44 @@ def retrieve(s: QuerySettings, router: DocumentRouter | None) -> Steps:
     seen: set[tuple[str, str]] = set()
     for _ in range(READ_ATTEMPTS - 1):
         try:
-            return (yield from _attempt(s, router, seen))
+            return (yield from _attempt(s, seen))
         except Replaced as exc:
             logger.debug("documents %s were replaced during a query; searching again", exc)
             seen |= exc.versions
-    return cast("list[Document]", (yield Settled(_attempt(s, router, None))))
+    return cast("list[Document]", (yield Settled(_attempt(s, None))))
 
 
-def _attempt(
-    s: QuerySettings, router: DocumentRouter | None, seen: set[tuple[str, str]] | None
-) -> Steps:
+def _attempt(s: QuerySettings, seen: set[tuple[str, str]] | None) -> Steps:
     """One search and its pipeline (:class:`Replaced` with ``seen``: see :func:`run_pipeline`)."""
-    settings, found = yield from _search(s, router)
+    settings, found = yield from _search(s)
     return (yield from _retrying(settings, *found, seen))
 
 
 def _search(
-    s: QuerySettings, router: DocumentRouter | None
+    s: QuerySettings,
 ) -> Generator[Request, object, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
     """The searches and fusion of :func:`retrieve`: the settings (with the focus text as
-    a rerank query, when focused) and the candidates with their route."""
-    dense, lexical, routed = cast(Found, (yield Search(s.queries, s.filter)))
-    confirmed = False
-    if routed is not None and router is not None and router.focuses(s.queries[0]):
-        routed, confirmed = confirmed_route(s, dense, lexical, routed, router), True
-        if routed is not None:
-            extra = cast("Focused | None", (yield Focus(s.queries[0], routed, s.filter)))
+    a rerank query, when focused) and the candidates with the route that holds. The
+    router's route (:class:`~langchain_rse.query.Route`) is confirmed against the fused
+    ranking, focused, then applied to it (:func:`~langchain_rse.routing.apply_route`)."""
+    dense, lexical, route = cast(Found, (yield Search(s.queries, s.filter)))
+    branches, texts = branches_of(dense, lexical)
+    weights = list(s.weights) * len(dense)
+    ranking = fused(branches, weights)
+    if route is not None and route.focus:
+        route = confirm(route, ranking)
+        if route is not None:
+            extra = cast("Focused | None", (yield Focus(s.queries[0], set(route.docs), s.filter)))
             if extra is not None:  # the query's other clauses, inside the routed documents
                 text, focus_dense, focus_lexical = extra
-                dense, lexical = [*dense, focus_dense], [*lexical, focus_lexical]
+                branches += [focus_dense.hits, focus_lexical]
+                texts.update(focus_dense.texts)
+                weights += s.weights
+                ranking = fused(branches, weights)
                 s = dataclasses.replace(s, rerank_queries=[*s.queries, text])
-    return s, candidates(s, dense, lexical, routed, router, confirmed)
+    ranking, route = apply_route(route, ranking, branches, weights)
+    pool = s.candidate_pool + (len(s.queries) - 1) * (s.candidate_pool // 2)
+    return s, (candidates(ranking, pool, texts, keep_first=bool(branches[0])), route)
 
 
 class Expander(Protocol):
@@ -575,9 +578,7 @@ def handlers(
     """The handlers of one retrieval over these parts of an index (child runs under
     ``callbacks``; ``swaps``: the writer's lock a query's last attempt holds shared)."""
     traces = TRACES.get()
-    record = (
-        (lambda *seen: traces.append(Trace(*seen))) if traces is not None else (lambda *_: None)
-    )
+    report = traces.append if traces is not None else lambda _: None
     a = asynchronous
     out: Handlers = {
         Search: partial(
@@ -585,7 +586,7 @@ def handlers(
         ),
         ReadPointers: records.apointers if a else records.pointers,
         ReadBodies: records.abodies if a else records.bodies,
-        Record: record,
+        Report: report,
     }
     if router is not None:  # (a query focuses only with a router)
         out[Focus] = partial(

@@ -1,18 +1,17 @@
 """The query's types, below every module that passes them along: a search hit
 (:data:`Hit`), a dense search's result (:class:`DenseResult`), a fused candidate on its way
-to RSE (:class:`Candidate`), the route that holds for a query (:class:`Route`), and what
-fusion and segment selection read from a router and from a query's settings
-(:class:`RouteCheck`, :class:`FusionSettings`). Fusion, segments, explain, search and the
-pipeline import them from here instead of from each other.
+to RSE (:class:`Candidate`) and the route a router gives a query (:class:`Route`, the
+policy the pipeline applies to the fused ranking). Fusion, segments, explain, search,
+routing and the pipeline import them from here instead of from each other.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
 
-__all__ = ["Candidate", "DenseResult", "FusionSettings", "Hit", "Route", "RouteCheck"]
+__all__ = ["Candidate", "DenseResult", "Hit", "Route"]
 
 Hit = tuple[str, "float | None"]
 """``(chunk key, score)``; the score is None when the store gives none."""
@@ -21,8 +20,8 @@ Hit = tuple[str, "float | None"]
 @dataclass
 class DenseResult:
     hits: Sequence[Hit]
-    """``(chunk key, score)`` best first; a :class:`~langchain_rse.fusion.Ranked` from the
-    default store."""
+    """``(chunk key, score)`` best first (the default store's
+    :meth:`~langchain_rse.integrations.faiss.FaissStore.ranked`)."""
     texts: dict[str, str] = field(default_factory=dict)
     """Enriched index text of each hit, when the store returned it (saves a read)."""
 
@@ -35,8 +34,8 @@ class Candidate:
     doc_id: str
     version: str
     chunk_index: int
-    score: float
-    """Fused score."""
+    fused_score: float
+    """Weighted reciprocal-rank-fusion score (boosted when a soft route favours it)."""
     ranks: list[int]
     """1-based rank in each fused branch (each query's dense, then lexical); 0: not in it."""
     text: str | None = None  # enriched index text, when the dense branch returned it
@@ -46,34 +45,47 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Route:
-    """The documents a query was routed to, when the route holds, and the factor their
-    chunks' fused scores were multiplied by (``inf``: only their chunks are candidates)."""
+    """A query's route, the policy a document router
+    (:class:`~langchain_rse.routing.DocumentRouter`) gives the pipeline: the documents the
+    query names and how their chunks are favoured in the fused ranking
+    (:func:`~langchain_rse.routing.apply_route`) and in segment selection.
+
+    Usage:
+        .. code-block:: python
+
+            route = Route(frozenset({"orion.txt"}), factor=3.0, check_k=10)
+            route = route.confirmed(["orion.txt", "lyra.txt"])  # the unrouted ranking agrees
+    """
 
     docs: frozenset[str]
+    """The routed documents."""
     factor: float
-
-
-class RouteCheck(Protocol):
-    """What fusion asks of a document router (:class:`~langchain_rse.routing.DocumentRouter`)."""
-
-    @property
-    def check_k(self) -> int | None: ...
-
-    @property
-    def boost(self) -> float: ...
-
-    def confirmed(self, routed: set[str], ranked_keys: Sequence[str]) -> set[str] | None: ...
-
-
-class FusionSettings(Protocol):
-    """What fusion reads from a query's settings
-    (:class:`~langchain_rse.pipeline.QuerySettings`)."""
+    """Their chunks' fused scores are multiplied by it (``1 + boost``); ``inf``: only their
+    chunks are candidates (:attr:`keeps_only`)."""
+    check_k: int | None = None
+    """Not confirmed yet: the route holds only for the documents with a chunk among the
+    first ``check_k`` of the unrouted ranking (:meth:`confirmed`). None: it holds as is."""
+    focus: bool = False
+    """The query's clauses other than the naming one also search the routed documents
+    (:attr:`DocumentRouter.focus <langchain_rse.routing.DocumentRouter.focus>`)."""
 
     @property
-    def queries(self) -> list[str]: ...
+    def keeps_only(self) -> bool:
+        """Only the routed documents' chunks are candidates (a filter, not a boost)."""
+        return math.isinf(self.factor)
 
     @property
-    def weights(self) -> tuple[float, float]: ...
+    def segment_factor(self) -> float | None:
+        """In segments mode a segment of another document must be worth this many times
+        the preset's ``min_segment_value`` (the boost's factor); None under a keep-only
+        route, which leaves no other document's candidates."""
+        return None if self.keeps_only else self.factor
 
-    @property
-    def candidate_pool(self) -> int: ...
+    def confirmed(self, ranked_docs: Sequence[str]) -> Route | None:
+        """This route, confirmed against the unrouted ranking (each candidate's doc id, best
+        first): only the routed documents with a chunk among its first :attr:`check_k`, and
+        None (no route) when none has one. A confirmed route is returned as it is."""
+        if self.check_k is None:
+            return self
+        kept = self.docs.intersection(ranked_docs[: self.check_k])
+        return replace(self, docs=kept, check_k=None) if kept else None

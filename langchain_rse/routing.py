@@ -2,6 +2,11 @@
 the chunk search favours their candidates (or keeps only them) — if the unrouted search
 agrees (:class:`DocumentRouter` decides whether a route holds).
 
+The router gives each query a :class:`~langchain_rse.query.Route`, the policy the pipeline
+applies: :func:`confirm` checks it against the unrouted fused ranking and
+:func:`apply_route` boosts the routed documents' chunks in that ranking (or keeps only
+theirs); segment selection raises the bar for other documents by the same factor.
+
 Most retrieval errors on long-document corpora are chunks from the wrong document: a clause
 of the right kind from another contract (Reuter et al. 2025, LegalBench-RAG).
 :class:`LeadIndex`, the built-in document-level retriever, holds one short *lead* per
@@ -28,23 +33,27 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from langchain_rse.filters import Filter, matches, parse, to_dict
+from langchain_rse.fusion import Branch, Fused, fused
 from langchain_rse.indexing.chunking import doc_id_for, document_leads
 from langchain_rse.indexing.records import (
     chunk_key,
     compressed,
     decompressed,
     doc_of,
-    parse_chunk_key,
+    in_docs,
 )
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.lexical.tokenizer import tokenize
+from langchain_rse.query import Route
 
 __all__ = [
     "DEFAULT_BOOST",
     "NAME_WORD",
     "DocumentRouter",
     "LeadIndex",
+    "apply_route",
     "as_router",
+    "confirm",
     "query_coverage",
 ]
 
@@ -355,16 +364,14 @@ class DocumentRouter(BaseModel):
     ``min_segment_value`` (strong passages elsewhere still come back, weak ones do not).
     ``inf``: only their chunks are kept (a filter)."""
     focus: bool = True
-    """When the route holds and the query has several clauses (:func:`query_clauses`), the
-    clauses other than the one that names the document (the one the routed document's lead
-    matches best) also search the routed document: a question such as ``"Consider the
-    Supply Agreement between Acme and Beta; The date of the contract"`` ranks that
-    contract's chunks by ``"The date of the contract"`` too, so the words that name the
-    document, which every chunk's header repeats, do not decide the ranking inside it.
-    The two extra searches (dense and lexical, filtered to the routed documents) are fused
-    with the query's own, with the same weights, and a reranker scores the candidates
-    against that text too. A naming clause that is itself a question keeps what it asks
-    (:meth:`focus_query`). Needs the built-in lead index."""
+    """When the route holds, the query without the words that name the routed documents
+    (:meth:`focus_query`: ``"Consider the Supply Agreement between Acme and Beta; The date
+    of the contract"`` without ``Supply Agreement between Acme and Beta``, wherever those
+    words stand) also searches them, so the words that name the document, which every
+    chunk's header repeats, do not decide the ranking inside it. The two extra searches
+    (dense and lexical, filtered to the routed documents) are fused with the query's own,
+    with the same weights, and a reranker scores the candidates against that text too.
+    Needs the built-in lead index."""
 
     @classmethod
     def leads(cls, boost: float = DEFAULT_BOOST, **kwargs: Any) -> DocumentRouter:
@@ -388,22 +395,23 @@ class DocumentRouter(BaseModel):
         filter: Filter | None = None,
         *,
         callbacks: Callbacks = None,
-    ) -> set[str] | None:
-        """The documents ``query`` is routed to (:meth:`chosen` of the retriever's hits)
-        among those ``filter`` (parsed) allows. The built-in lead index is searched directly
-        (no run of its own: it is internal); another retriever is invoked as a child run
-        under ``config`` (its ``callbacks`` replaced by ``callbacks`` when given), with the
-        filter (an ``RSERetriever``) or, under a filter it cannot be given, not at all
-        (None: no route)."""
+    ) -> Route | None:
+        """The route of ``query`` (:meth:`policy`): the documents it is routed to
+        (:meth:`chosen` of the retriever's hits) among those ``filter`` (parsed) allows, not
+        yet confirmed against the unrouted ranking. The built-in lead index is searched
+        directly (no run of its own: it is internal); another retriever is invoked as a
+        child run under ``config`` (its ``callbacks`` replaced by ``callbacks`` when given),
+        with the filter (an ``RSERetriever``) or, under a filter it cannot be given, not at
+        all (None: no route)."""
         r = self.retriever
         if callbacks is not None:
             config = RunnableConfig(**{**(config or {}), "callbacks": callbacks})
         if isinstance(r, LeadIndex):
-            return self.named(r, query, self.chosen_ids(r.hits(query, filter)))
+            return self.policy(query, self.named(r, query, self.chosen_ids(r.hits(query, filter))))
         if filter is None:
-            return self.chosen(r.invoke(query, config))
+            return self.policy(query, self.chosen(r.invoke(query, config)))
         if _takes_filter(r):
-            return self.chosen(r.invoke(query, config, filter=to_dict(filter)))
+            return self.policy(query, self.chosen(r.invoke(query, config, filter=to_dict(filter))))
         logger.info("routing skipped: %s cannot be given the metadata filter", type(r).__name__)
         return None
 
@@ -414,7 +422,7 @@ class DocumentRouter(BaseModel):
         filter: Filter | None = None,
         *,
         callbacks: Callbacks = None,
-    ) -> set[str] | None:
+    ) -> Route | None:
         """Async :meth:`route` (the built-in lead index is searched in a thread)."""
         r = self.retriever
         if callbacks is not None:
@@ -422,9 +430,10 @@ class DocumentRouter(BaseModel):
         if isinstance(r, LeadIndex):
             return await asyncio.to_thread(self.route, query, None, filter)
         if filter is None:
-            return self.chosen(await r.ainvoke(query, config))
+            return self.policy(query, self.chosen(await r.ainvoke(query, config)))
         if _takes_filter(r):
-            return self.chosen(await r.ainvoke(query, config, filter=to_dict(filter)))
+            chosen = self.chosen(await r.ainvoke(query, config, filter=to_dict(filter)))
+            return self.policy(query, chosen)
         logger.info("routing skipped: %s cannot be given the metadata filter", type(r).__name__)
         return None
 
@@ -497,21 +506,14 @@ class DocumentRouter(BaseModel):
             return None
         return set(chosen[: self.documents])
 
-    def confirmed(self, routed: set[str], ranked_keys: Sequence[str]) -> set[str] | None:
-        """The routed documents the unrouted ranking agrees with (one of their chunks is
-        among its first ``check_k``); None, so no filter, when none is."""
-        if self.check_k is None:
-            return routed
-        near = {parse_chunk_key(key)[0] for key in ranked_keys[: self.check_k]}
-        kept = routed & near
-        if not kept:
-            logger.debug(
-                "routing skipped: no chunk of %s among the top %d candidates",
-                sorted(routed),
-                self.check_k,
-            )
+    def policy(self, query: str, routed: set[str] | None) -> Route | None:
+        """The route of ``query`` to the ``routed`` documents under this router's settings
+        (None: no route): their chunks' fused scores multiplied by ``1 + boost`` (only their
+        chunks with ``boost=inf``), to be confirmed by :attr:`check_k`, focused when
+        :meth:`focuses`."""
+        if routed is None:
             return None
-        return kept
+        return Route(frozenset(routed), 1.0 + self.boost, self.check_k, self.focuses(query))
 
     def sync_leads(self, sources: Sequence[Document], removed: Sequence[str]) -> None:
         """Upsert the leads of (re)indexed documents, delete removed ones (``sync=True``)."""
@@ -566,6 +568,47 @@ def query_coverage(index: BM25Index, query: str) -> float:
     held, missing = sum(idf.values()), len(terms) - len(idf)
     total = held + missing * math.log1p((n - 0.5) / 1.5)
     return held / total if total > 0 else 1.0
+
+
+# ---------------------------------------------------------------- the route applied
+
+
+def confirm(route: Route, ranking: Fused) -> Route | None:
+    """``route`` confirmed against the unrouted ``ranking`` (:meth:`Route.confirmed
+    <langchain_rse.query.Route.confirmed>`): the routed documents it agrees with, None when
+    there are none (the router was probably wrong)."""
+    if route.check_k is None:
+        return route
+    held = route.confirmed([doc_of(key) for key in ranking.ranked_ids(route.check_k)])
+    if held is None:
+        logger.debug(
+            "routing skipped: no chunk of %s among the top %d candidates",
+            sorted(route.docs),
+            route.check_k,
+        )
+    return held
+
+
+def apply_route(
+    route: Route | None, ranking: Fused, branches: Sequence[Branch], weights: Sequence[float]
+) -> tuple[Fused, Route | None]:
+    """``ranking`` (the fusion of ``branches`` with ``weights``) with ``route`` applied, once
+    :func:`confirm` holds it, and the route that holds (None: the ranking unchanged). A soft
+    route multiplies its documents' chunks' scores by its factor and sorts again; a
+    keep-only route fuses their chunks alone (when the branches found none of them, the
+    route does not hold: a filter would return nothing)."""
+    if route is not None:
+        route = confirm(route, ranking)
+    if route is None:
+        return ranking, None
+    docs = route.docs
+    if not route.keeps_only:
+        return ranking.boosted(lambda keys: in_docs(keys, docs), route.factor), route
+    kept = [[h for h in b if doc_of(h[0]) in docs] for b in branches]
+    if any(kept):
+        return fused(kept, weights), route
+    logger.debug("no candidates in the routed documents %s; searching all", set(docs))
+    return ranking, None
 
 
 def _without(query: str, spans: Sequence[tuple[int, int]]) -> str:

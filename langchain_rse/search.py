@@ -40,7 +40,7 @@ from langchain_rse.indexing.recordstore import ReadWriteLock
 from langchain_rse.integrations import vectorstore_kind
 from langchain_rse.integrations.faiss import FaissStore, one_thread
 from langchain_rse.lexical import BM25Index
-from langchain_rse.query import DenseResult, Hit
+from langchain_rse.query import DenseResult, Hit, Route
 
 __all__ = [
     "SearchBranches",
@@ -120,8 +120,8 @@ def sync_only(vectorstore: VectorStore) -> bool:
     return getattr(vectorstore, "async_mode", None) is False
 
 
-Found = tuple[list[DenseResult], list[Sequence[Hit]], "set[str] | None"]
-"""Each query's dense and lexical results, and the routed documents (None: no route)."""
+Found = tuple[list[DenseResult], list[Sequence[Hit]], "Route | None"]
+"""Each query's dense and lexical results, and the router's route (None: no route)."""
 Focused = tuple[str, DenseResult, Sequence[Hit]]
 """A focus search: the focus text, its dense and its lexical results."""
 
@@ -164,7 +164,7 @@ class Router(Protocol):
         filter: Filter | None = None,
         *,
         callbacks: Callbacks = None,
-    ) -> set[str] | None: ...
+    ) -> Route | None: ...
 
     async def aroute(
         self,
@@ -173,11 +173,9 @@ class Router(Protocol):
         filter: Filter | None = None,
         *,
         callbacks: Callbacks = None,
-    ) -> set[str] | None: ...
+    ) -> Route | None: ...
 
-    def focus_query(
-        self, query: str, routed: set[str], filter: Filter | None = None
-    ) -> str | None: ...
+    def focus_query(self, query: str, routed: set[str]) -> str | None: ...
 
 
 @dataclass
@@ -232,7 +230,7 @@ class SearchBranches:
         router: Router | None = None,
         callbacks: Callbacks = None,
     ) -> Found:
-        """Both branches for every query, then ``router``'s documents for the first (the
+        """Both branches for every query, then ``router``'s route for the first (the
         original) query, in turn, each an internal child run under ``callbacks``
         (:func:`child_run`). The route sees only what ``f`` allows."""
         requests = [SearchRequest(query=q, filter=f) for q in queries]
@@ -248,9 +246,9 @@ class SearchBranches:
                     callbacks, "lexical_search", _inputs(r), _hit_outputs, self.lexical_search, r
                 )
             )
-        routed = None
+        route = None
         if router:
-            routed = child_run(
+            route = child_run(
                 callbacks,
                 "rse.route",
                 _inputs(requests[0]),
@@ -260,7 +258,7 @@ class SearchBranches:
                 None,
                 f,
             )
-        return dense, lexical, routed
+        return dense, lexical, route
 
     async def asearch(
         self,
@@ -423,5 +421,5 @@ def _dense_outputs(result: DenseResult) -> dict[str, Any]:
     return _hit_outputs(result.hits)
 
 
-def _route_outputs(routed: set[str] | None) -> dict[str, Any]:
-    return {"documents": None if routed is None else sorted(routed)}
+def _route_outputs(route: Route | None) -> dict[str, Any]:
+    return {"documents": None if route is None else sorted(route.docs)}

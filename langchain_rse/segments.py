@@ -367,8 +367,9 @@ def choose_segments(
     route: Route | None = None,
 ) -> Selection:
     """The top-k chunks, or the best RSE segments. While a soft ``route`` holds, a segment
-    of a document outside it must be worth ``route.factor`` times ``min_segment_value``:
-    the bar rises by the factor the routed documents' chunks were favoured by."""
+    of a document outside it must be worth ``route.segment_factor`` times
+    ``min_segment_value``: the bar rises by the factor the routed documents' chunks were
+    favoured by."""
     if s.mode == "chunks":
         ranked, room = sorted(cands, key=lambda c: -c.relevance), s.max_chars
         chosen: Selection = []
@@ -408,8 +409,8 @@ def choose_segments(
         )
     if p.merge_touching:
         segs = merge_touching(segs)
-    if route is not None and not math.isinf(route.factor):
-        bar = route.factor * p.min_segment_value
+    if route is not None and route.segment_factor is not None:
+        bar = route.segment_factor * p.min_segment_value
         segs = [g for g in segs if docs[g.doc] in route.docs or g.value >= bar]
     segs = by_best_chunk(segs, values, offsets)
     if p.keep_dense_first and not s.rerank and s.k > 1:
@@ -840,7 +841,7 @@ def segment_documents(
             c = by_key[(doc_id, start)]
             md.update(
                 chunk_index=start,
-                fused_score=c.score,
+                fused_score=c.fused_score,
                 dense_rank=c.ranks[0] or None,
                 lexical_rank=c.ranks[1] or None,
                 context=body.contexts[start].text,

@@ -12,7 +12,7 @@ def test_rrf_formula_and_dedupe_by_id() -> None:
     dense = [("a", 0.9), ("b", 0.8), ("c", 0.1)]
     lexical = [("c", 12.0), ("a", 3.0), ("a", 2.0)]  # duplicate id keeps its best rank
     out = fuse([dense, lexical], [1.0, 2.0], rrf_k=60)
-    scores = {h.id: h.score for h in out}
+    scores = {h.id: h.fused_score for h in out}
     assert scores["a"] == pytest.approx(1 / 61 + 2 / 62)
     assert scores["b"] == pytest.approx(1 / 62)
     assert scores["c"] == pytest.approx(1 / 63 + 2 / 61)
@@ -27,7 +27,7 @@ def test_same_text_different_ids_are_not_merged() -> None:
 
 def test_zero_weight_branch_only_orders_ties() -> None:
     out = fuse([[("a", 1.0)], [("b", 1.0)]], [1.0, 0.0])
-    assert out[0].id == "a" and out[1].score == 0.0
+    assert out[0].id == "a" and out[1].fused_score == 0.0
 
 
 def test_bad_arguments() -> None:

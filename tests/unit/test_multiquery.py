@@ -162,31 +162,20 @@ def test_query_expander_failure_falls_back_to_the_query(caplog) -> None:
 def test_each_candidate_keeps_its_rank_in_every_branch() -> None:
     """A candidate's ranks are 1-based per branch (each query's dense, then lexical), 0 where
     a branch lacks it; a chunk returned in chunks mode names a missing rank None."""
-    from langchain_rse.fusion import candidates
+    from langchain_rse.fusion import branches_of, candidates, fused
     from langchain_rse.indexing.records import chunk_key
-    from langchain_rse.pipeline import QuerySettings
     from langchain_rse.query import DenseResult
 
     a, b, c = (chunk_key("d", "v", i) for i in range(3))
-    s = QuerySettings(
-        k=3,
-        mode="chunks",
-        queries=["q", "r"],
-        weights=(2.0, 1.0),
-        candidate_pool=50,
-        params=PARAMS,
-        rerank=False,
-        strict_rerank=False,
-    )
     dense = [DenseResult([(a, 0.9), (b, 0.5)]), DenseResult([(c, 0.7)])]
-    found, route = candidates(s, dense, [[(c, 3.0), (a, 1.0)], []])
-    assert route is None
+    branches, texts = branches_of(dense, [[(c, 3.0), (a, 1.0)], []])
+    found = candidates(fused(branches, [2.0, 1.0, 2.0, 1.0]), 75, texts)
     assert [(x.key, x.chunk_index, x.ranks) for x in found] == [
         (c, 2, [0, 1, 1, 0]),  # 1/61 + 2/61
         (a, 0, [1, 2, 0, 0]),  # 2/61 + 1/62
         (b, 1, [2, 0, 0, 0]),  # 2/62
     ]
-    assert [x.score for x in found] == pytest.approx([3 / 61, 2 / 61 + 1 / 62, 2 / 62])
+    assert [x.fused_score for x in found] == pytest.approx([3 / 61, 2 / 61 + 1 / 62, 2 / 62])
 
 
 def test_chunks_mode_names_a_branch_that_missed_a_chunk_none() -> None:

@@ -117,7 +117,8 @@ def test_the_lead_reaches_past_a_cover_legend() -> None:
     )
     retriever.add_documents(docs)
     assert retriever.router is not None
-    assert retriever.router.route(QUERY, {}) == {"orion.txt"}
+    route = retriever.router.route(QUERY, {})
+    assert route is not None and route.docs == {"orion.txt"} and route.check_k == 10
     results = retriever.invoke(QUERY, k=4, mode="chunks")
     assert results[0].metadata["doc_id"] == "orion.txt"
 
@@ -360,7 +361,7 @@ def test_boosted_reorders_by_multiplied_scores_stably() -> None:
     ranking = fused([[(k, None) for k in keys]], [1.0], rrf_k=0.0)  # 1, 1/2, 1/3, 1/4
     out = ranking.boosted(lambda ids: in_docs(ids, {"b"}), 2.0).top()
     assert [h.id for h in out] == [keys[0], keys[1], keys[3], keys[2]]
-    assert [h.score for h in out] == [1.0, 1.0, 0.5, 1 / 3]  # a tie keeps the fused order
+    assert [h.fused_score for h in out] == [1.0, 1.0, 0.5, 1 / 3]  # a tie keeps the fused order
     assert [h.ranks for h in out] == [(1,), (2,), (4,), (3,)]
 
 
@@ -513,8 +514,8 @@ def test_off_route_segments_must_clear_the_boosted_bar() -> None:
 
 
 def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
-    from langchain_rse.fusion import Route
     from langchain_rse.pipeline import QuerySettings, tracing
+    from langchain_rse.query import Route
     from langchain_rse.segments import choose_segments as select
 
     retriever = default_retriever(router=DocumentRouter.leads(min_naming=ONE_WORD))
@@ -564,9 +565,7 @@ def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None
     after them when the boost pushed it out of the pool."""
     from langchain_rse.fusion import RRF_K, candidates, fused
     from langchain_rse.indexing.records import chunk_key, in_docs
-    from langchain_rse.pipeline import QuerySettings
-    from langchain_rse.query import DenseResult
-    from langchain_rse.segments import get_preset
+    from langchain_rse.routing import apply_route
 
     rng = random.Random(seed)
     keys = [chunk_key(d, "v", i) for d in "abcdef" for i in range(rng.randint(1, 40))]
@@ -575,23 +574,15 @@ def test_soft_route_candidates_are_those_of_boosting_every_id(seed: int) -> None
     dense.sort(key=lambda h: -h[1])
     lexical.sort(key=lambda h: -h[1])
     pool, boost = rng.choice([1, 5, 20, 50]), rng.choice([0.5, 2.0, 9.0])
-    s = QuerySettings(
-        k=4,
-        mode="chunks",
-        queries=["q"],
-        weights=(4.0, 1.0),
-        candidate_pool=pool,
-        params=get_preset("default"),
-        rerank=False,
-        strict_rerank=False,
-    )
     routed = set(rng.sample("abcdef", rng.randint(1, 2)))
     router = DocumentRouter(retriever=LeadIndex(), check_k=None, boost=boost)
-    got, route = candidates(s, [DenseResult(dense)], [lexical], routed, router, confirmed=True)
+    route = router.policy("q", routed)
     ranking = fused([dense, lexical], [4.0, 1.0], RRF_K)
+    applied, held = apply_route(route, ranking, [dense, lexical], [4.0, 1.0])
+    got = candidates(applied, pool, {})
     boosted = ranking.boosted(lambda ids: in_docs(ids, routed), 1.0 + boost)
     want = boosted.top(pool)
     if dense[0][0] not in [h.id for h in want]:
         want.append(next(h for h in boosted.top() if h.id == dense[0][0]))
-    assert [(c.key, c.score, tuple(r or None for r in c.ranks)) for c in got] == want
-    assert route is not None and route.docs == routed
+    assert [(c.key, c.fused_score, tuple(r or None for r in c.ranks)) for c in got] == want
+    assert held == route and held is not None and held.docs == routed
