@@ -59,10 +59,11 @@ __all__ = [
 
 DEFAULT_MARGIN = 0.25
 """The confidence margin of :attr:`DocumentRouter.margin` (see ``benchmarks/RESULTS.md``)."""
-DEFAULT_MIN_NAMING = 1.5
-"""The name weight a query must give a lead to route (:attr:`DocumentRouter.min_naming`):
-a word no other lead holds and half as much again (chosen on CUAD dev's phrasing families,
-checked on COVID-QA dev and the code set: ``benchmarks/RESULTS.md``)."""
+DEFAULT_MIN_NAMING = 1.25
+"""The weight of the name a query must give a lead to route
+(:attr:`DocumentRouter.min_naming`): a word no other lead holds and a quarter as much again,
+in one name (chosen on CUAD dev's phrasing families, checked on COVID-QA dev and the code
+set: ``benchmarks/RESULTS.md``)."""
 UNIQUE_TERM = 0.9
 """A query names a document only if it holds a term of its lead this (nearly) unique (see
 :meth:`LeadIndex.naming_weight`): among 50 leads, a term one lead holds weighs 1, one two
@@ -81,9 +82,11 @@ QUESTION_WORDS = (
 """Words that ask but say nothing of what is asked: :meth:`DocumentRouter.focus_query`
 focuses only on a text that holds another word."""
 _WORD = re.compile(r"[^\W_]+")
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([,;:.?!])")
 """A word of a query, as the tokenizer reads words."""
-_BREAK = re.compile(r"[;:?!\n]|\.\s")
-"""Punctuation a name does not run across: a clause or sentence end."""
+_BREAK = re.compile(r"[;:?!\n]|\.\s+(?=[A-Z])")
+"""Punctuation a name does not run across: a clause or sentence end (not the full stop of
+``Inc. and``)."""
 
 logger = logging.getLogger(__name__)
 
@@ -203,10 +206,15 @@ class LeadIndex(DocumentIndex):
         """Where ``query`` names the documents ``doc_ids``: ``(start, end)`` character spans,
         each from a word their leads hold and few other leads do (:data:`NAME_WORD`) to the
         last such word reached through words their leads hold (``and``, ``between``,
-        ``Agreement``), within one clause. ``"The date of the Joint Development Agreement
-        between ExxonMobil Research and FuelCell Energy, Inc."`` names its contract from
-        ``Joint`` (or ``ExxonMobil``) to ``Energy``. Empty when none of the documents is
-        held or no word names them."""
+        ``Agreement``, a possessive ``'s``), within one clause. ``"The date of the Joint
+        Development Agreement between ExxonMobil Research and FuelCell Energy, Inc."`` names
+        its contract from ``Joint`` (or ``ExxonMobil``) to ``Energy``. Empty when none of
+        the documents is held or no word names them."""
+        return [(start, end) for start, end, _, _ in self._names(query, doc_ids)]
+
+    def _names(self, query: str, doc_ids: Iterable[str]) -> list[tuple[int, int, float, float]]:
+        """:meth:`name_spans` with each span's weight (over its distinct terms their leads
+        hold, the sum of :meth:`naming_weight`'s term weights) and its heaviest term's."""
         stemmer = self._bm25.stemmer
         held: set[str] = set()
         for doc_id in doc_ids:
@@ -216,21 +224,24 @@ class LeadIndex(DocumentIndex):
         n = len(self._leads)
         if not held or n == 0:
             return []
-        words = [
-            (m.start(), m.end(), set(tokenize(m.group(), stemmer))) for m in _WORD.finditer(query)
-        ]
+        words = [(m.start(), m.end(), _terms(query, m, stemmer)) for m in _WORD.finditer(query)]
         idf = self._bm25.idf({t for _, _, terms in words for t in terms & held})
         unique = math.log1p((n - 0.5) / 1.5)  # the IDF of a term one lead alone holds
-        spans: list[tuple[int, int]] = []
+        weight = {t: (w / unique) ** 2 for t, w in idf.items()}
+        spans: list[tuple[int, int, float, float]] = []
         start = end = -1
+        terms_in: set[str] = set()
         for s, e, terms in words:
             if start >= 0 and (_BREAK.search(query, end, s) or not terms <= held):
-                spans.append((start, end))  # a clause ends, or a word no lead of theirs holds
-                start = -1
-            if any((idf.get(t, 0.0) / unique) ** 2 >= NAME_WORD for t in terms):
+                spans.append(_span(start, end, terms_in, weight))  # a clause ends, or a
+                start = -1  # word no lead of theirs holds
+            if start < 0:
+                terms_in = set()
+            terms_in |= terms
+            if any(weight.get(t, 0.0) >= NAME_WORD for t in terms):
                 start, end = (s if start < 0 else start), e
         if start >= 0:
-            spans.append((start, end))
+            spans.append(_span(start, end, terms_in, weight))
         return spans
 
     def check_before_search(self, check: Callable[[], None] | None) -> None:
@@ -246,24 +257,18 @@ class LeadIndex(DocumentIndex):
         return [(d, score) for d, score in found if d in leads]
 
     def naming_weight(self, query: str, doc_id: str) -> float:
-        """How strongly ``query`` names the document ``doc_id``: over the query's distinct
-        terms that its lead holds, the sum of each term's weight, ``(its IDF over the leads
-        / the IDF of a term that one lead alone holds) ** 2``: about 1 for a word no other
-        lead holds (a party's name), little for one many leads hold (``contract``,
-        ``date``, ``transmission``). 0 unless one of the terms is (nearly) unique to this
-        lead (weight :data:`UNIQUE_TERM` or more). A query that names a document by its
-        title or parties scores about one per name word, wherever the name stands and
-        however much else the question says."""
-        found = self._leads.get(doc_id)
-        n = len(self._leads)
-        if found is None or n == 0:
-            return 0.0
-        held = set(tokenize(_text(found[0]), self._bm25.stemmer)) & set(
-            tokenize(query, self._bm25.stemmer)
-        )
-        unique = math.log1p((n - 0.5) / 1.5)  # the IDF of a term one lead alone holds
-        weights = [(w / unique) ** 2 for w in self._bm25.idf(held).values()]
-        return sum(weights) if max(weights, default=0.0) >= UNIQUE_TERM else 0.0
+        """How strongly ``query`` names the document ``doc_id``: the weight of its heaviest
+        name (:meth:`name_spans`), the sum over the name's distinct terms that the lead
+        holds of ``(the term's IDF over the leads / the IDF of a term that one lead alone
+        holds) ** 2``: about 1 for a word no other lead holds (a party's name), little for
+        one many leads hold (``contract``, ``date``, ``transmission``). 0 unless a term of
+        that name is (nearly) unique to this lead (weight :data:`UNIQUE_TERM` or more). A
+        query that names a document by its title or parties scores about one per name word,
+        wherever the name stands and however much else the question says; rare words
+        scattered over a question that names nothing (``expiration ... last``) are
+        several weak names, not one strong one."""
+        names = self._names(query, [doc_id])
+        return max((w for _, _, w, top in names if top >= UNIQUE_TERM), default=0.0)
 
     def search(self, query: str, filter: Filter | None = None) -> list[Document]:
         """The ``k`` best leads for ``query`` that ``filter`` allows (what ``invoke``
@@ -337,9 +342,10 @@ class DocumentRouter(BaseModel):
     min_naming: float = Field(default=DEFAULT_MIN_NAMING, ge=0)
     """Route only to a document the query names: the built-in lead index's first document
     must have a :meth:`~langchain_rse.routing.LeadIndex.naming_weight` of at least this —
-    about this many words of the query that few other leads hold, one of them held by its
-    lead alone. The weight does not depend on where the name stands or how long the
-    question is, so ``"Consider the Supply Agreement between Orion Holdings and Lyra
+    about this many words that few other leads hold in one name of the query (a run of
+    words its lead holds), one of them held by its lead alone. The weight does not depend
+    on where the name stands or how long the question is, and rare words scattered over a
+    question count apart, so ``"Consider the Supply Agreement between Orion Holdings and Lyra
     Trading; the date of the contract"``, ``"What is the date of the Supply Agreement
     between Orion Holdings and Lyra Trading?"`` and ``"orion holdings' supply agreement
     with lyra: its date"`` route alike, and a question that names no document (``"The
@@ -461,7 +467,7 @@ class DocumentRouter(BaseModel):
         spans = r.name_spans(query, routed)
         if not spans:
             return None
-        text = _without(query, spans)
+        text = _without(query, _widened(query, spans, r.stemmer))
         if not _asks(text, r.stemmer):
             logger.debug("no focus: %r asks nothing once the name is left out", text)
             return None
@@ -619,10 +625,54 @@ def _without(query: str, spans: Sequence[tuple[int, int]]) -> str:
         kept.append(query[at:start])
         at = end
     kept.append(query[at:])
-    return " ".join(" ".join(kept).split()).lstrip(",;:. ")
+    text = " ".join(" ".join(kept).split())
+    return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", text).lstrip(",;:. ")
+
+
+def _widened(
+    query: str, spans: Sequence[tuple[int, int]], stemmer: str | None
+) -> list[tuple[int, int]]:
+    """``spans`` grown over the words next to them that say nothing (stop words and
+    :data:`QUESTION_WORDS`: ``"In the"``, ``"according to the"``), within the clause."""
+    asking = set(tokenize(QUESTION_WORDS, stemmer))
+    empty = [
+        (m.start(), m.end())
+        for m in _WORD.finditer(query)
+        if set(tokenize(m.group(), stemmer)) <= asking
+    ]
+    starts, ends = {e: s for s, e in empty}, {s: e for s, e in empty}
+    grown = []
+    for start, end in spans:
+        while True:
+            before = query[:start].rstrip(" \t")
+            if len(before) not in starts or _BREAK.search(query, len(before), start):
+                break
+            start = starts[len(before)]
+        while True:
+            after = len(query) - len(query[end:].lstrip(" \t"))
+            if after not in ends or _BREAK.search(query, end, after):
+                break
+            end = ends[after]
+        grown.append((start, end))
+    return grown
 
 
 def _asks(text: str, stemmer: str | None) -> bool:
     """Whether ``text`` holds a term other than those of :data:`QUESTION_WORDS`."""
     asking = set(tokenize(QUESTION_WORDS, stemmer))
     return any(t not in asking for t in tokenize(text, stemmer))
+
+
+def _terms(query: str, m: re.Match[str], stemmer: str | None) -> set[str]:
+    """The terms of the word ``m`` of ``query``; none for the ``s`` of a possessive."""
+    if m.group() in ("s", "S") and query[m.start() - 1 : m.start()] in ("'", "\u2019"):
+        return set()
+    return set(tokenize(m.group(), stemmer))
+
+
+def _span(
+    start: int, end: int, terms: set[str], weight: dict[str, float]
+) -> tuple[int, int, float, float]:
+    """A name's span, the weight of its terms and its heaviest term's."""
+    weights = [weight.get(t, 0.0) for t in terms]
+    return start, end, sum(weights), max(weights, default=0.0)

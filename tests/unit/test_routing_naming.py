@@ -170,3 +170,41 @@ def test_a_question_is_routed_alike_however_it_names_its_contract(
     routes = {family: getattr(router.route(q), "docs", None) for family, q in questions.items()}
     assert routes.pop("noname") is None
     assert routes == dict.fromkeys(routes, {f"c{i}"})
+
+
+@settings(max_examples=30)
+@given(
+    n=st.integers(3, 8),
+    seed=st.integers(0, 10_000),
+    which=st.integers(0, 7),
+    gap=st.sampled_from(["could a reseller keep", "does any sublicensee owe", "must buyers pay"]),
+)
+def test_rare_words_scattered_over_a_question_name_nothing(
+    n: int, seed: int, which: int, gap: str
+) -> None:
+    """Two words one lead alone holds, far apart in a question that names no document
+    (CUAD: "...obligations after the termination or *expiration* ... the *last*..."), do not
+    route; the same words side by side, as a name, do."""
+    rng = random.Random(seed)
+    words = [w.title() for w in rng.sample(WORDS, 2 * n)]
+    docs = [
+        Document(
+            f"SUPPLY AGREEMENT\n\nbetween Northwind Trading LLC and the Buyer. The licence is "
+            f"{words[2 * i].lower()} and {words[2 * i + 1].lower()} for every site.\n\n"
+            "Liability. Each party's liability is capped at the fees paid.",
+            id=f"c{i}",
+        )
+        for i in range(n)
+    ]
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=300, show_progress=False
+    )
+    retriever.add_documents(docs)
+    router = retriever.router
+    assert router is not None
+    i = which % n
+    first, second = words[2 * i].lower(), words[2 * i + 1].lower()
+    scattered = f"Is a {first} licence granted, and {gap} {second} rights after termination?"
+    assert router.route(scattered) is None
+    named = f"In the {first} {second} licence, is liability capped?"
+    assert getattr(router.route(named), "docs", None) == {f"c{i}"}
