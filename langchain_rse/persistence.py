@@ -29,8 +29,9 @@ import secrets
 import stat
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, TypeVar, cast, overload
+from typing import Any, BinaryIO, TypeVar, cast, overload
 
 from filelock import FileLock
 from langchain_core.embeddings import Embeddings
@@ -327,7 +328,7 @@ def _library_version() -> str:
         return "unknown"
 
 
-def _splitter_config(r: SavedRetriever) -> dict[str, Any]:
+def _splitter_config(r: SavedSettings) -> dict[str, Any]:
     """The splitter and RSE parameters as the manifest holds them: a preset by name,
     explicit parameters as a table, and a splitter that ``make_splitter`` makes as its
     ``chunk_size`` and ``chunk_overlap`` (then with the preset in force pinned by name)."""
@@ -347,71 +348,69 @@ def _splitter_config(r: SavedRetriever) -> dict[str, Any]:
     }
 
 
-class SavedRetriever(Protocol):
-    """What a save reads of the retriever (:class:`~langchain_rse.retriever.RSERetriever`)
-    besides :data:`SAVED_FIELDS` and :data:`COMPONENTS`."""
+@dataclass(frozen=True)
+class SavedSettings:
+    """What a save records of the retriever's settings
+    (:class:`~langchain_rse.retriever.RSERetriever` builds it)."""
 
-    @property
-    def vectorstore(self) -> VectorStore: ...
-
-    @property
-    def docstore(self) -> BaseStore[str, bytes]: ...
-
-    @property
-    def lexical_store(self) -> VectorStore | None: ...
-
-    @property
-    def splitter(self) -> TextSplitter | None: ...
-
-    @property
-    def chunk_size(self) -> int: ...
-
-    @property
-    def rse_params(self) -> RSEParams | str | None: ...
-
-    @property
-    def preset_name(self) -> str: ...
-
-    @property
-    def router(self) -> DocumentRouter | None: ...
+    fields: dict[str, object]
+    """The values of :data:`SAVED_FIELDS`."""
+    components: dict[str, object]
+    """The :data:`COMPONENTS`, as set."""
+    splitter: TextSplitter | None
+    chunk_size: int
+    rse_params: RSEParams | str | None
+    preset_name: str
+    router: DocumentRouter | None
 
 
-def save_index(retriever: SavedRetriever, lexical: BM25Index, path: str | os.PathLike[str]) -> int:
-    """Write ``retriever``'s own state (``lexical``: its in-process BM25 index) to ``path``
-    (see :meth:`RSERetriever.save`); returns the number of chunks saved."""
+@dataclass(frozen=True)
+class SavedStores:
+    """The stores of an index a save reads (:class:`~langchain_rse.engine.Index`)."""
+
+    vectorstore: VectorStore
+    docstore: BaseStore[str, bytes]
+    lexical_store: VectorStore | None
+    lexical: BM25Index
+    """The in-process BM25 index."""
+
+
+def save_index(settings: SavedSettings, stores: SavedStores, path: str | os.PathLike[str]) -> int:
+    """Write an index's own state (its ``settings`` and what ``stores`` hold in process) to
+    ``path`` (see :meth:`RSERetriever.save`); returns the number of chunks saved."""
     Path(path).mkdir(parents=True, exist_ok=True)
     with FileLock(Path(path) / LOCK_FILE):  # another process's save finishes first
-        return _save_index(retriever, lexical, IndexWriter(path))
+        return _save_index(settings, stores, IndexWriter(path))
 
 
-def _save_index(retriever: SavedRetriever, lexical: BM25Index, writer: IndexWriter) -> int:
-    header, arrays = lexical.export_state()
+def _save_index(settings: SavedSettings, stores: SavedStores, writer: IndexWriter) -> int:
+    header, arrays = stores.lexical.export_state()
     writer.add_json("lexical", header)
     writer.add_bytes("lexical_tf", "npz", arrays)
     docstore_kind = "external"
-    if isinstance(retriever.docstore, InMemoryByteStore):
+    if isinstance(stores.docstore, InMemoryByteStore):
         docstore_kind = "embedded"
         lines = (
             json.dumps(
                 [key, plain_form(key, value).decode("utf-8", "surrogatepass")], ensure_ascii=False
             )
-            for key, value in retriever.docstore.store.items()
+            for key, value in stores.docstore.store.items()
         )
         writer.add_bytes("docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
     # A cache wrapper (cached_embeddings) is described by the model it caches.
-    embeddings = underlying(getattr(retriever.vectorstore, "embeddings", None))
+    embeddings = underlying(getattr(stores.vectorstore, "embeddings", None))
     components = {
-        name: index_schema.describe_component(getattr(retriever, name)) for name in COMPONENTS
+        name: index_schema.describe_component(settings.components[name]) for name in COMPONENTS
     }
     router_spec = components["router"]
-    if router_spec is not None and retriever.router is not None:
-        router_spec["settings"] = retriever.router.settings()
+    if router_spec is not None and settings.router is not None:
+        router_spec["settings"] = settings.router.settings()
     writer.commit(
         {
             "library_version": _library_version(),
             "config": {
-                **{name: getattr(retriever, name) for name in SAVED_FIELDS},
-                **_splitter_config(retriever),
+                **{name: settings.fields[name] for name in SAVED_FIELDS},
+                **_splitter_config(settings),
             },
             "components": components,
             "embedding": {
@@ -419,12 +418,12 @@ def _save_index(retriever: SavedRetriever, lexical: BM25Index, writer: IndexWrit
                 "model": getattr(embeddings, "model_name", None)
                 or getattr(embeddings, "model", None),
             },
-            "docstore": {"kind": docstore_kind, "class": type(retriever.docstore).__name__},
+            "docstore": {"kind": docstore_kind, "class": type(stores.docstore).__name__},
             "lexical": {
-                "kind": "in_process" if retriever.lexical_store is None else "external",
-                "class": type(retriever.lexical_store or lexical).__name__,
+                "kind": "in_process" if stores.lexical_store is None else "external",
+                "class": type(stores.lexical_store or stores.lexical).__name__,
             },
-            "vectorstore": save_vectorstore(retriever.vectorstore, writer),
+            "vectorstore": save_vectorstore(stores.vectorstore, writer),
             "stats": {"chunks": len(header["keys"])},
         }
     )

@@ -43,7 +43,7 @@ def fresh(**kw: Any) -> RSERetriever:
 
 def state(r: RSERetriever) -> tuple[Any, ...]:
     """What the retriever holds: lexical index size, record keys, vector count."""
-    return len(r._lexical), sorted(r.docstore.yield_keys()), len(r.vectorstore.store)
+    return len(r.index.lexical), sorted(r.docstore.yield_keys()), len(r.vectorstore.store)
 
 
 # ------------------------------------------------------------------ 8: XSS in to_html

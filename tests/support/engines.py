@@ -147,7 +147,7 @@ def stored_versions(r: RSERetriever) -> dict[str, list[tuple[str, str]]]:
     else:
         raise ValueError(f"no listing for {kind}")
     if r.lexical_store is None:
-        keys = (key.split(CHUNK_KEY_SEP) for key in r._lexical.tokens())
+        keys = (key.split(CHUNK_KEY_SEP) for key in r.index.lexical.tokens())
         out["bm25 (in process)"] = sorted((doc_id, version) for doc_id, version, _ in keys)
     return out
 

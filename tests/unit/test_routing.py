@@ -12,7 +12,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from helpers import HashingEmbeddings
+from helpers import HashingEmbeddings, search_branches
 from langchain_rse import DocumentRouter, NoEnricher, RSERetriever
 from langchain_rse.indexing.chunking import document_leads
 from langchain_rse.routing import DEFAULT_BOOST, LeadIndex
@@ -196,19 +196,19 @@ async def test_a_copy_searches_with_its_own_settings() -> None:
     # fetch depth and router, not the original's.
     plain, docs = build(fetch_k=2)
     copy = plain.model_copy(update={"fetch_k": 12})
-    assert len(plain._search().dense(REQUEST).hits) == 2
-    assert len(copy._search().dense(REQUEST).hits) == 12
-    assert len((await copy._search().adense(REQUEST)).hits) == 12
-    assert len(copy._search().lexical_search(REQUEST)) > 2
+    assert len(search_branches(plain).dense(REQUEST).hits) == 2
+    assert len(search_branches(copy).dense(REQUEST).hits) == 12
+    assert len((await search_branches(copy).adense(REQUEST)).hits) == 12
+    assert len(search_branches(copy).lexical_search(REQUEST)) > 2
     router = DocumentRouter(retriever=lead_router(docs), fetch_k=20)
     routed = plain.model_copy(update={"router": router})
-    assert len(routed._search().dense(REQUEST).hits) == 20
+    assert len(search_branches(routed).dense(REQUEST).hits) == 20
     results = routed.invoke(QUERY, k=6, mode="chunks")
     assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
-    assert len(plain._search().dense(REQUEST).hits) == 2  # the original is unchanged
+    assert len(search_branches(plain).dense(REQUEST).hits) == 2  # the original is unchanged
     # assignment is validated and takes effect too
     plain.fetch_k = 7
-    assert len(plain._search().dense(REQUEST).hits) == 7
+    assert len(search_branches(plain).dense(REQUEST).hits) == 7
 
 
 def with_unrelated_doc(**kwargs: Any) -> RSERetriever:
@@ -345,7 +345,7 @@ def test_soft_boost_favours_without_filtering() -> None:
     soft = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
     retriever.router = DocumentRouter.leads(boost=math.inf, min_naming=ONE_WORD)
     assert isinstance(retriever.router.retriever, LeadIndex)
-    assert retriever._writer.leads is retriever.router.retriever  # rebound on assignment
+    assert retriever.index.writer.leads is retriever.router.retriever  # rebound on assignment
     assert len(retriever.router.retriever) == 3  # filled from the records
     hard = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
     assert set(hard) == {"orion.txt"}

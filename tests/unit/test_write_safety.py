@@ -96,13 +96,13 @@ def exactly_current(r: RSERetriever, lexical: bool = True) -> None:
     its in-process BM25 index too; another retriever's writes to an in-memory record store
     do not reach it)."""
     stored = sorted((m["doc_id"], m["doc_version"]) for m in stored_metadata(r.vectorstore))
-    doc_ids = sorted({d for d, _ in stored} | {v.doc_id for v in r._records.versions()})
-    current = [p for p in r._records.pointers(doc_ids) if p is not None]
+    doc_ids = sorted({d for d, _ in stored} | {v.doc_id for v in r.index.records.versions()})
+    current = [p for p in r.index.records.pointers(doc_ids) if p is not None]
     want = sorted((p.doc_id, p.version) for p in current for _ in p.spans)
     assert stored == want, "orphan or missing chunks in the vector store"
     if lexical:
-        assert sorted(tuple(k.split("\x1f")[:2]) for k in list(r._lexical.keys())) == want
-    assert sorted((v.doc_id, v.version) for v in r._records.versions()) == sorted(
+        assert sorted(tuple(k.split("\x1f")[:2]) for k in list(r.index.lexical.keys())) == want
+    assert sorted((v.doc_id, v.version) for v in r.index.records.versions()) == sorted(
         (p.doc_id, p.version) for p in current
     )
     keys = list(r.docstore.yield_keys())
@@ -161,7 +161,7 @@ def test_vacuum_repairs_a_broken_pointer() -> None:
     r.add_documents([Document(X, id="alpha"), Document(Y, id="beta")])
     before = r.docstore.mget([k for k in r.docstore.yield_keys() if k.startswith("doc/")])
     # break alpha only
-    alpha = r._records.pointers(["alpha"])[0]
+    alpha = r.index.records.pointers(["alpha"])[0]
     r.docstore.mdelete(
         [
             k
@@ -290,7 +290,7 @@ def test_vacuum_goes_on_past_a_version_it_cannot_remove(caplog) -> None:
     vs = FailingDeletes(HashingEmbeddings())
     r = RSERetriever(vectorstore=vs, k=3)
     r.add_documents([Document(X, id="alpha"), Document(X, id="beta")])
-    old = {p.doc_id: p.version_record() for p in r._records.pointers(["alpha", "beta"])}
+    old = {p.doc_id: p.version_record() for p in r.index.records.pointers(["alpha", "beta"])}
     vs.refuse = set(old["alpha"].chunk_ids())
     with pytest.raises(ConnectionError):  # the cleanup after the swap fails
         r.add_documents([Document(Y, id="alpha"), Document(Y, id="beta")])
