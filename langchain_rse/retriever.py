@@ -195,17 +195,6 @@ class RSERetriever(DocumentIndex):
 
     _index: Index = PrivateAttr()
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: object) -> object:
-        """``strict_rerank`` is the reranker's setting (``CohereReranker(strict=True)``)."""
-        if isinstance(data, dict) and "strict_rerank" in data:
-            raise ValueError(
-                "strict_rerank is no longer a retriever setting: pass "
-                "strict=True to the reranker, e.g. CohereReranker(strict=True)"
-            )
-        return data
-
     @model_validator(mode="after")
     def _check(self) -> RSERetriever:
         check_settings(self)
