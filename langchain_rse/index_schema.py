@@ -38,12 +38,12 @@ from langchain_rse.segments import RSEParams, get_preset
 
 __all__ = [
     "EXTENSIONS",
-    "DocstoreLine",
     "FaissVectors",
     "IndexFormatError",
     "InMemoryVectors",
     "Lexical",
     "Manifest",
+    "RecordStoreLine",
     "VectorRecord",
     "check_delete_ids",
     "check_expander",
@@ -138,13 +138,13 @@ def check_expander(value: T) -> T:
 EXTENSIONS = {
     "lexical": "json",
     "lexical_tf": "npz",
-    "docstore": "jsonl",
+    "record_store": "jsonl",
     "vectors": "json",
     "vectors_index": "faiss",
 }
 """Each data file's role and extension: its name is ``<role>.<generation>.<extension>``."""
 
-Role = Literal["lexical", "lexical_tf", "docstore", "vectors", "vectors_index"]
+Role = Literal["lexical", "lexical_tf", "record_store", "vectors", "vectors_index"]
 Plain = str | int | float | bool | None
 Setting = Plain | list[Plain]
 Weights = tuple[float, float]
@@ -193,7 +193,7 @@ class Embedding(_Strict):
     model: str | None
 
 
-class Docstore(Described):
+class RecordStoreInfo(Described):
     kind: Literal["embedded", "external"]
 
 
@@ -241,13 +241,13 @@ class Manifest(_Strict):
     """``rse_index.json``."""
 
     format: Literal["langchain-rse-index"]
-    format_version: Literal[2]
+    format_version: Literal[3]
     generation: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
     library_version: str
     config: Config
     components: Components
     embedding: Embedding
-    docstore: Docstore
+    record_store: RecordStoreInfo
     lexical: LexicalInfo
     vectorstore: VectorStoreInfo
     stats: Stats
@@ -261,8 +261,8 @@ class Manifest(_Strict):
             if entry.name != f"{role}.{self.generation}.{EXTENSIONS[role]}":
                 raise ValueError(f"file name {entry.name!r} for {role!r} is not allowed")
         needed = {"lexical", "lexical_tf"}
-        if self.docstore.kind == "embedded":
-            needed.add("docstore")
+        if self.record_store.kind == "embedded":
+            needed.add("record_store")
         if self.vectorstore.kind != "external":
             needed.add("vectors")
         if self.vectorstore.kind == "faiss":
@@ -326,8 +326,8 @@ class FaissVectors(_Strict):
         return self
 
 
-class DocstoreLine(RootModel[tuple[str, str]]):
-    """One line of ``docstore.<gen>.jsonl``: ``[key, JSON record]``."""
+class RecordStoreLine(RootModel[tuple[str, str]]):
+    """One line of ``record_store.<gen>.jsonl``: ``[key, JSON record]``."""
 
     model_config = ConfigDict(strict=True)
 

@@ -5,7 +5,7 @@ Layout of an index directory::
     rse_index.json            manifest: format name and version, settings, file list
     lexical.<gen>.json        BM25 chunk keys, vocabulary and group metadata
     lexical_tf.<gen>.npz      BM25 term ids and frequencies per chunk (NumPy, no pickle)
-    docstore.<gen>.jsonl      chunk-store records (only when the chunk store is in memory)
+    record_store.<gen>.jsonl  the record store's records (only when it is in memory)
     vectors.<gen>.json        vector-store documents (+ vectors for InMemoryVectorStore)
     vectors.<gen>.faiss       FAISS index (when the vector store is FAISS)
 
@@ -81,12 +81,13 @@ M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
 
 FORMAT_NAME = "langchain-rse-index"
-FORMAT_VERSION = 2
-"""Raised whenever the saved layout changes (2: no fields or files of earlier builds)."""
+FORMAT_VERSION = 3
+"""Raised whenever the saved layout changes (2: no fields or files of earlier builds; 3: the
+record store's role and manifest key are ``record_store``, the router saves no ``fetch_k``)."""
 LOCK_FILE = ".rse_index.lock"
 """Held by :func:`save_index` for a whole save (one at a time per directory); not by loads."""
 _OWN_FILE = re.compile(
-    r"^(\.?(lexical|lexical_tf|docstore|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..+\.tmp)?"
+    r"^(\.?(lexical|lexical_tf|record_store|vectors|vectors_index)\.[0-9a-f]{12}\.\w+(\..+\.tmp)?"
     r"|\.rse_index\.json\..+\.tmp)$"
 )
 """Data files of a generation, and the temporary files they are written through."""
@@ -121,7 +122,7 @@ def _parse_json(data: bytes, what: str) -> object:
         raise IndexFormatError(f"{what} is not valid JSON: {exc}") from None
 
 
-class IndexWriter:
+class SaveWriter:
     """Writes one generation of data files, then the manifest, then removes stale files
     (older generations, and temporary files a killed save left behind)."""
 
@@ -369,7 +370,7 @@ class SavedStores:
     """The stores of an index a save reads (:class:`~langchain_rse.engine.Index`)."""
 
     vectorstore: VectorStore
-    docstore: BaseStore[str, bytes]
+    record_store: BaseStore[str, bytes]
     lexical_store: VectorStore | None
     lexical: BM25Index
     """The in-process BM25 index."""
@@ -380,23 +381,23 @@ def save_index(settings: SavedSettings, stores: SavedStores, path: str | os.Path
     ``path`` (see :meth:`RSERetriever.save`); returns the number of chunks saved."""
     Path(path).mkdir(parents=True, exist_ok=True)
     with FileLock(Path(path) / LOCK_FILE):  # another process's save finishes first
-        return _save_index(settings, stores, IndexWriter(path))
+        return _save_index(settings, stores, SaveWriter(path))
 
 
-def _save_index(settings: SavedSettings, stores: SavedStores, writer: IndexWriter) -> int:
+def _save_index(settings: SavedSettings, stores: SavedStores, writer: SaveWriter) -> int:
     header, arrays = stores.lexical.export_state()
     writer.add_json("lexical", header)
     writer.add_bytes("lexical_tf", "npz", arrays)
-    docstore_kind = "external"
-    if isinstance(stores.docstore, InMemoryByteStore):
-        docstore_kind = "embedded"
+    record_store_kind = "external"
+    if isinstance(stores.record_store, InMemoryByteStore):
+        record_store_kind = "embedded"
         lines = (
             json.dumps(
                 [key, plain_form(key, value).decode("utf-8", "surrogatepass")], ensure_ascii=False
             )
-            for key, value in stores.docstore.store.items()
+            for key, value in stores.record_store.store.items()
         )
-        writer.add_bytes("docstore", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
+        writer.add_bytes("record_store", "jsonl", "\n".join(lines).encode("utf-8", "surrogatepass"))
     # A cache wrapper (cached_embeddings) is described by the model it caches.
     embeddings = underlying(getattr(stores.vectorstore, "embeddings", None))
     components = {
@@ -418,7 +419,10 @@ def _save_index(settings: SavedSettings, stores: SavedStores, writer: IndexWrite
                 "model": getattr(embeddings, "model_name", None)
                 or getattr(embeddings, "model", None),
             },
-            "docstore": {"kind": docstore_kind, "class": type(stores.docstore).__name__},
+            "record_store": {
+                "kind": record_store_kind,
+                "class": type(stores.record_store).__name__,
+            },
             "lexical": {
                 "kind": "in_process" if stores.lexical_store is None else "external",
                 "class": type(stores.lexical_store or stores.lexical).__name__,
@@ -436,7 +440,7 @@ def load_index(
     path: str | os.PathLike[str],
     embedding: Embeddings | None,
     vectorstore: VectorStore | None,
-    docstore: BaseStore[str, bytes] | None,
+    record_store: BaseStore[str, bytes] | None,
     strict: bool,
     kwargs: dict[str, Any],
 ) -> R:
@@ -456,7 +460,7 @@ def load_index(
                 manifest,
                 embedding,
                 vectorstore,
-                docstore,
+                record_store,
                 strict,
                 kwargs,
             )
@@ -485,7 +489,7 @@ def _load_index(
     manifest: dict[str, Any],
     embedding: Embeddings | None,
     vectorstore: VectorStore | None,
-    docstore: BaseStore[str, bytes] | None,
+    record_store: BaseStore[str, bytes] | None,
     strict: bool,
     kwargs: dict[str, Any],
 ) -> R:
@@ -517,18 +521,18 @@ def _load_index(
 
                 embedding = LocalEmbeddings()
             vectorstore = load_vectorstore(files, embedding)
-        if docstore is None:
-            if manifest["docstore"]["kind"] != "embedded":
+        if record_store is None:
+            if manifest["record_store"]["kind"] != "embedded":
                 raise ValueError(
-                    f"this index keeps its chunks in an external "
-                    f"{manifest['docstore']['class']}; pass docstore=..."
+                    f"this index keeps its records in an external "
+                    f"{manifest['record_store']['class']}; pass record_store=..."
                 )
-            docstore = _load_docstore(files)
+            record_store = _load_record_store(files)
         lexical = files.json("lexical")
         _check_chunk_keys(
             files.json_check("lexical", lexical, index_schema.Lexical).keys, files.name("lexical")
         )
-        retriever = cls(vectorstore=vectorstore, docstore=docstore, **{**config, **kwargs})
+        retriever = cls(vectorstore=vectorstore, record_store=record_store, **{**config, **kwargs})
         tf = files.read("lexical_tf")
         try:
             lexical_of(retriever).load_state(cast("dict[str, object]", lexical), tf)
@@ -550,12 +554,12 @@ def _check_chunk_keys(keys: list[str], name: str) -> None:
             raise IndexFormatError(f"index file {name!r} holds {key!r}, not a chunk key") from None
 
 
-def _load_docstore(files: IndexFiles) -> InMemoryByteStore:
-    """The in-memory record store from ``docstore.<gen>.jsonl``: one ``[key, JSON record]``
+def _load_record_store(files: IndexFiles) -> InMemoryByteStore:
+    """The in-memory record store from ``record_store.<gen>.jsonl``: one ``[key, JSON record]``
     pair per line, each record checked (:func:`_check_records`)."""
-    name = files.name("docstore")
+    name = files.name("record_store")
     try:
-        raw = files.read("docstore").decode("utf-8", "surrogatepass")
+        raw = files.read("record_store").decode("utf-8", "surrogatepass")
     except UnicodeDecodeError as exc:
         raise IndexFormatError(f"index file {name!r} is not UTF-8 text: {exc}") from None
     items: dict[str, bytes] = {}
@@ -574,9 +578,9 @@ def _load_docstore(files: IndexFiles) -> InMemoryByteStore:
             raise IndexFormatError(f"index file {name!r} holds the key {key!r} twice")
         items[key] = value.encode("utf-8", "surrogatepass")
     _check_records(items, name)
-    docstore = InMemoryByteStore()
-    docstore.mset([(key, local_form(key, value)) for key, value in items.items()])
-    return docstore
+    store = InMemoryByteStore()
+    store.mset([(key, local_form(key, value)) for key, value in items.items()])
+    return store
 
 
 def _check_records(items: dict[str, bytes], name: str) -> None:

@@ -138,7 +138,7 @@ class RSERetriever(DocumentIndex):
     """Maximum number of results (segments or chunks)."""
     mode: Literal["segments", "chunks"] = "segments"
     """``"segments"``: RSE segments; ``"chunks"``: the top-k chunks (same metadata)."""
-    docstore: BaseStore[str, bytes] = Field(default_factory=InMemoryByteStore, frozen=True)
+    record_store: BaseStore[str, bytes] = Field(default_factory=InMemoryByteStore, frozen=True)
     """Record store: source texts, offsets and contexts as JSON, one record per document."""
     chunk_size: int = DEFAULT_CHUNK_SIZE
     """Chunk size in characters (ignored when ``splitter`` is given)."""
@@ -161,7 +161,7 @@ class RSERetriever(DocumentIndex):
     max_chars: int | None = None
     """The most characters one call returns in all (also ``invoke(query, max_chars=...)``),
     filled best first, never exceeded; ``k`` still bounds the count. ``None``: the preset's."""
-    fetch_k: int = 50
+    fetch_k: int = 200
     """Candidates fetched from each branch (dense and lexical); the best 50 fused ones
     (:data:`~langchain_rse.pipeline.CANDIDATE_POOL`) go on to reranking and RSE."""
     weights: tuple[float, float] = (2.0, 1.0)
@@ -214,7 +214,7 @@ class RSERetriever(DocumentIndex):
 
     def model_post_init(self, context: object, /) -> None:
         self._index = Index(
-            self.vectorstore, self.docstore, self.lexical_store, self.lexical_stemmer
+            self.vectorstore, self.record_store, self.lexical_store, self.lexical_stemmer
         )
         self._index.bind_router(self.router)
 
@@ -241,7 +241,7 @@ class RSERetriever(DocumentIndex):
             router=self.router,
             query_expander=self.query_expander,
             external_lexical=self.lexical_store is not None,
-            fetch_k=self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k),
+            fetch_k=self.fetch_k,
             filter_translator=self.filter_translator,
         )
 
@@ -387,21 +387,21 @@ class RSERetriever(DocumentIndex):
         embedding: Embeddings | None = None,
         *,
         vectorstore: VectorStore | None = None,
-        docstore: BaseStore[str, bytes] | None = None,
+        record_store: BaseStore[str, bytes] | None = None,
         strict: bool = False,
         **kwargs: object,
     ) -> RSERetriever:
         """Load a directory written by :meth:`save`.
 
         ``embedding``: for a saved local vector store (unless bundled ``LocalEmbeddings``);
-        ``vectorstore`` / ``docstore``: when they were external. Offline enrichers,
+        ``vectorstore`` / ``record_store``: when they were external. Offline enrichers,
         ``CohereReranker`` (key from the environment) and ``EmbeddingReranker`` are rebuilt;
         other components must be passed again (a warning, or ``ValueError`` if ``strict``).
         Keyword arguments override saved settings. A corrupted, tampered or newer-format
         index raises ``IndexFormatError`` naming the file.
         """
         return load_index(
-            cls, cls._loaded_lexical, path, embedding, vectorstore, docstore, strict, kwargs
+            cls, cls._loaded_lexical, path, embedding, vectorstore, record_store, strict, kwargs
         )
 
     def _get_relevant_documents(

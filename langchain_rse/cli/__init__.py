@@ -499,7 +499,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             if spec is not None
         },
         "vectorstore": manifest["vectorstore"]["class"],
-        "chunk_store": manifest["docstore"]["class"],
+        "record_store": manifest["record_store"]["class"],
         "settings": manifest["config"],
     }
     if args.json:

@@ -39,7 +39,7 @@ class VectorFiles(Protocol):
 
 
 class VectorWriter(Protocol):
-    """What saving a vector store asks of :class:`~langchain_rse.persistence.IndexWriter`."""
+    """What saving a vector store asks of :class:`~langchain_rse.persistence.SaveWriter`."""
 
     def add_bytes(self, role: str, ext: str, data: bytes | memoryview) -> str: ...
 

@@ -266,7 +266,7 @@ class ServerLikeVectorStore(InMemoryVectorStore):
 
 
 def worker(vs: ServerLikeVectorStore, store: LoggedStore) -> RSERetriever:
-    return RSERetriever(vectorstore=vs, docstore=store, k=3, chunk_size=300)
+    return RSERetriever(vectorstore=vs, record_store=store, k=3, chunk_size=300)
 
 
 def assert_exactly_current(workers: Sequence[RSERetriever], texts: dict[str, str]) -> None:
@@ -276,7 +276,7 @@ def assert_exactly_current(workers: Sequence[RSERetriever], texts: dict[str, str
     want = sorted((p.doc_id, p.version) for p in current.values() for _ in p.spans)
     stored = sorted((m["doc_id"], m["doc_version"]) for m in stored_metadata(r.vectorstore))
     assert stored == want, "orphan or missing chunks in the vector store"
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
     for w in workers:
@@ -490,7 +490,7 @@ def test_random_interleavings_over_chroma_and_redis(chroma_redis) -> None:
     want = sorted((p.doc_id, p.version) for p in current.values() for _ in p.spans)
     for where, chunks in stored_versions(r).items():
         assert chunks == want, f"orphan or missing chunks in the {where}"
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
     for d in r.get(list(DOCS)):

@@ -304,7 +304,7 @@ def test_one_writer_and_three_reader_processes(engine) -> None:
     r.invoke("payment")
     for store, chunks in stored_versions(r).items():
         assert chunks == want, f"orphan or missing chunks in the {store}"
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):  # pointer, body, version record per document
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
     assert sorted(v.version for v in r.index.records.versions()) == sorted(

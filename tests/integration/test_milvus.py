@@ -53,7 +53,7 @@ def make(uri) -> Iterator:
     def factory(**kw):
         dense, lexical = milvus_stores(uri, uuid.uuid4().hex[:12])
         made.append((dense, lexical))
-        kw.setdefault("docstore", InMemoryByteStore())
+        kw.setdefault("record_store", InMemoryByteStore())
         return RSERetriever(vectorstore=dense, lexical_store=lexical, **kw)
 
     yield factory
@@ -234,7 +234,7 @@ from test_milvus import alpha_version
 uri, redis, name, rounds = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 dense, lexical = milvus_stores(uri, name)
 r = RSERetriever(vectorstore=dense, lexical_store=lexical,
-                 docstore=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name))
+                 record_store=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name))
 for n in range(1, rounds + 1):
     r.add_documents([Document(alpha_version(n), id="alpha")])
     print(json.dumps({"round": n}), flush=True)
@@ -262,7 +262,7 @@ def test_a_second_process_sees_the_writers_replacements_in_its_lexical_branch(
     with redis_server(tmp_path) as redis:
         dense, lexical = milvus_stores(uri, name)
         docstore = RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name)
-        reader = RSERetriever(vectorstore=dense, lexical_store=lexical, docstore=docstore, k=3)
+        reader = RSERetriever(vectorstore=dense, lexical_store=lexical, record_store=docstore, k=3)
         other = Document(make_contract("beta", ["payment", "insurance"], 3), id="beta")
         reader.add_documents([Document(versions[0], id="alpha"), other])  # creates both
         writer = subprocess.Popen(

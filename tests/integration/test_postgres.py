@@ -56,7 +56,7 @@ RARE = Document(
 def retriever(url: str, schema: str | None = None, **kwargs) -> RSERetriever:
     """A retriever whose three stores live in the database at ``url`` (in ``schema``)."""
     vs, lexical, docstore = postgres_stores(url, schema=schema)
-    return RSERetriever(vectorstore=vs, lexical_store=lexical, docstore=docstore, **kwargs)
+    return RSERetriever(vectorstore=vs, lexical_store=lexical, record_store=docstore, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +80,11 @@ def make(server) -> Iterator[Callable[..., RSERetriever]]:
     factory.url = url  # type: ignore[attr-defined]
     yield factory
     for r in made:
-        r.docstore.engine.dispose()  # type: ignore[attr-defined]
+        r.record_store.engine.dispose()  # type: ignore[attr-defined]
 
 
 def rows(r: RSERetriever) -> dict[str, int]:
-    with r.docstore.engine.connect() as conn:  # type: ignore[attr-defined]
+    with r.record_store.engine.connect() as conn:  # type: ignore[attr-defined]
         return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in TABLES}
 
 
@@ -94,7 +94,7 @@ def assert_no_orphans(r: RSERetriever, doc_ids: list[str]) -> None:
     n = sum(len(p.spans) for p in current)
     counts = rows(r)
     assert counts["langchain_pg_embedding"] == counts["rse_lexical"] == n
-    with r.docstore.engine.connect() as conn:  # type: ignore[attr-defined]
+    with r.record_store.engine.connect() as conn:  # type: ignore[attr-defined]
         stored = set(
             conn.execute(
                 sa.text(
@@ -105,7 +105,7 @@ def assert_no_orphans(r: RSERetriever, doc_ids: list[str]) -> None:
             ).all()
         )
     assert stored == {(p.doc_id, p.version) for p in current}, "orphan chunks remain"
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):  # pointer, body, version record per document
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
     assert sorted(v.version for v in r.index.records.versions()) == sorted(
@@ -198,7 +198,7 @@ def test_replace_and_delete_leave_no_orphan_rows(make) -> None:
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in r.invoke("escrow", k=5))
     r.delete(["alpha.txt", "beta.txt", "delta.txt"])
     assert rows(r) | {"rse_records": 0} == dict.fromkeys(TABLES, 0)
-    assert [k for k in r.docstore.yield_keys() if not k.startswith("meta/")] == []
+    assert [k for k in r.record_store.yield_keys() if not k.startswith("meta/")] == []
     assert r.vacuum() == 0
 
 

@@ -95,7 +95,7 @@ def make(request) -> Iterator:
         def postgres_factory(**kw):  # every retriever of a test shares its database
             vs, lexical, docstore = postgres_stores(url)
             engines.append(docstore.engine)
-            return RSERetriever(vectorstore=vs, lexical_store=lexical, docstore=docstore, **kw)
+            return RSERetriever(vectorstore=vs, lexical_store=lexical, record_store=docstore, **kw)
 
         yield postgres_factory
         for engine in engines:
@@ -119,7 +119,7 @@ def make(request) -> Iterator:
         made.append(name)
         vs = Chroma(collection_name=name, embedding_function=HashingEmbeddings(), client=client)
         store = RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name)
-        return RSERetriever(vectorstore=vs, docstore=store, **kw)
+        return RSERetriever(vectorstore=vs, record_store=store, **kw)
 
     yield factory
     for name in made:
@@ -284,7 +284,7 @@ def test_save_and_load_round_trip(make, tmp_path: Path) -> None:
     from langchain_rse.persistence import vectorstore_kind
 
     if vectorstore_kind(r.vectorstore) == "external":
-        kwargs = {"vectorstore": r.vectorstore, "docstore": r.docstore}
+        kwargs = {"vectorstore": r.vectorstore, "record_store": r.record_store}
     if r.lexical_store is not None:
         kwargs["lexical_store"] = r.lexical_store
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), **kwargs)

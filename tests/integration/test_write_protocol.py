@@ -98,8 +98,8 @@ def shared_pair() -> tuple[RSERetriever, RSERetriever]:
     """Two retriever instances ("workers") over the same vector store and record store."""
     vs, store = InMemoryVectorStore(HashingEmbeddings()), InMemoryByteStore()
     return (
-        RSERetriever(vectorstore=vs, docstore=store, k=3),
-        RSERetriever(vectorstore=vs, docstore=store, k=3),
+        RSERetriever(vectorstore=vs, record_store=store, k=3),
+        RSERetriever(vectorstore=vs, record_store=store, k=3),
     )
 
 
@@ -136,8 +136,8 @@ def test_a_killed_writer_leaves_chunks_that_vacuum_removes(monkeypatch) -> None:
     assert r.vacuum() == 1
     assert orphans(r) == []
     assert [(d.page_content, d.metadata) for d in r.invoke("payment terms")] == before
-    assert {k.split("/")[0] for k in r.docstore.yield_keys()} == {"doc", "body", "ver"}
-    assert len(list(r.docstore.yield_keys())) == 3
+    assert {k.split("/")[0] for k in r.record_store.yield_keys()} == {"doc", "body", "ver"}
+    assert len(list(r.record_store.yield_keys())) == 3
 
 
 def test_a_writer_that_lost_the_pointer_race_deletes_its_own_chunks(monkeypatch) -> None:
@@ -192,7 +192,7 @@ client = chromadb.HttpClient(host="127.0.0.1", port=int(chroma),
 r = RSERetriever(
     vectorstore=Chroma(collection_name=name, embedding_function=HashingEmbeddings(),
                        client=client),
-    docstore=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name),
+    record_store=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name),
 )
 if worker == "add":  # one document with a rare word, from "another worker"
     r.add_documents([Document(make_contract("other", ["payment"], 2) + " The zyxwvut clause.",
@@ -257,7 +257,7 @@ def test_two_processes_replacing_the_same_documents_leave_no_orphans(servers) ->
     client = chromadb.HttpClient(host="127.0.0.1", port=servers["chroma"], settings=settings)
     vs = Chroma(collection_name=name, embedding_function=HashingEmbeddings(), client=client)
     store = RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name)
-    r = RSERetriever(vectorstore=vs, docstore=store)
+    r = RSERetriever(vectorstore=vs, record_store=store)
     r.vacuum()
 
     current = {p.doc_id: p for p in r.index.records.pointers(["alpha", "beta"]) if p is not None}
@@ -349,7 +349,7 @@ def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers,
         vectorstore=Chroma(
             collection_name=name, embedding_function=HashingEmbeddings(), client=client
         ),
-        docstore=RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name),
+        record_store=RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name),
         weights=(0.0, 1.0),  # lexical ranking only
         mode="chunks",
     )

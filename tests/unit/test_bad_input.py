@@ -93,12 +93,12 @@ DOC_ERRORS: list[tuple[str, list[Document], type[Exception], str]] = [
 def test_bad_documents_raise_and_write_nothing(name, docs, error, words) -> None:
     r = fresh()
     r.add_documents([Document("an existing document about payment terms", id="keep")])
-    before = (len(r.index.lexical), sorted(r.docstore.yield_keys()), len(r.vectorstore.store))
+    before = (len(r.index.lexical), sorted(r.record_store.yield_keys()), len(r.vectorstore.store))
     with pytest.raises(error, match=words):
         r.add_documents([Document("good text that would be lost", id="good"), *docs])
     assert (
         len(r.index.lexical),
-        sorted(r.docstore.yield_keys()),
+        sorted(r.record_store.yield_keys()),
         len(r.vectorstore.store),
     ) == before
 

@@ -111,7 +111,7 @@ def test_version_and_format_errors(built, tmp_path) -> None:
         RSERetriever.load(tmp_path / "nothing", embedding=HashingEmbeddings())
 
 
-@pytest.mark.parametrize("role", ["lexical", "lexical_tf", "docstore", "vectors"])
+@pytest.mark.parametrize("role", ["lexical", "lexical_tf", "record_store", "vectors"])
 def test_corrupted_or_truncated_file(built, tmp_path, role) -> None:
     built.save(tmp_path / "idx")
     manifest = json.loads((tmp_path / "idx" / MANIFEST).read_text())
@@ -262,7 +262,7 @@ def test_save_removes_temporary_files_of_a_killed_save(built, tmp_path) -> None:
     target = tmp_path / "idx"
     built.save(target)
     leftovers = [
-        ".docstore.0123456789ab.jsonl.x1y2z3.tmp",
+        ".record_store.0123456789ab.jsonl.x1y2z3.tmp",
         ".vectors.0123456789ab.json.q.tmp",
         ".vectors_index.0123456789ab.faiss.r.tmp",
         ".rse_index.json.abc.tmp",

@@ -127,7 +127,7 @@ def test_delete_removes_everywhere(retriever) -> None:
     assert all(m["doc_id"] != "gamma.txt" for m in stored_metadata(vs))
     assert len(retriever.index.lexical) == before - n_gamma
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in retriever.invoke("royalties", k=5))
-    keys = list(retriever.docstore.yield_keys())
+    keys = list(retriever.record_store.yield_keys())
     assert len(keys) == 3 * 3  # a pointer, a body and a version record per remaining document
 
 
@@ -308,7 +308,7 @@ def test_assignment_is_validated(retriever) -> None:
     # what was read once at construction cannot be changed afterwards
     for name, value in [
         ("lexical_stemmer", None),
-        ("docstore", InMemoryByteStore()),
+        ("record_store", InMemoryByteStore()),
         ("vectorstore", InMemoryVectorStore(HashingEmbeddings())),
     ]:
         with pytest.raises(ValueError, match="frozen"):
