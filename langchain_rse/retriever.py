@@ -37,11 +37,6 @@ from langchain_rse.engine import Index, QueryCall
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation, tracing
 from langchain_rse.filters import Filter, check_filter
-from langchain_rse.index_schema import (
-    check_delete_ids,
-    check_expander,
-    check_settings,
-)
 from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
 from langchain_rse.indexing.steps import WriteSettings
 from langchain_rse.lexical import BM25Index
@@ -52,6 +47,11 @@ from langchain_rse.persistence import (
     SavedSettings,
     default_vectorstore,
     load_index,
+)
+from langchain_rse.persistence.schema import (
+    check_delete_ids,
+    check_expander,
+    check_settings,
 )
 from langchain_rse.rerank import BaseReranker, as_reranker
 from langchain_rse.routing import DocumentRouter, as_router

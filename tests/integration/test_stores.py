@@ -281,7 +281,7 @@ def test_save_and_load_round_trip(make, tmp_path: Path) -> None:
     r.add_documents(corpus_documents())
     r.save(tmp_path / "idx")
     kwargs = {}
-    from langchain_rse.persistence import vectorstore_kind
+    from langchain_rse.integrations import vectorstore_kind
 
     if vectorstore_kind(r.vectorstore) == "external":
         kwargs = {"vectorstore": r.vectorstore, "record_store": r.record_store}

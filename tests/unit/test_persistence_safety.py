@@ -234,7 +234,7 @@ def test_a_tampered_reranker_url_gets_no_key_through_the_cli_query(tmp_path: Pat
 # ---------------------------------------------------------------- 15: tampered indexes
 
 Path_ = tuple[Any, ...]
-OPTIONAL = {  # keys older saves lack (see index_schema): deleting them leaves a valid index
+OPTIONAL = {  # keys older saves lack (see persistence.schema): deleting them leaves a valid index
     ("library_version",),
     ("stats",),
     ("components",),
