@@ -30,7 +30,7 @@ from langchain_rse.filters import Filter, Translator, matches, parse
 from langchain_rse.indexing.records import DocRecord
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.indexing.steps import WriteSettings, check_writable, index_steps
-from langchain_rse.indexing.writer import Writer
+from langchain_rse.indexing.writer import LocalIndexes, Writer
 from langchain_rse.lexical import BM25Index
 from langchain_rse.persistence import SavedSettings, SavedStores, save_index
 from langchain_rse.routing import DocumentRouter, LeadIndex
@@ -75,19 +75,24 @@ class Index:
         self.record_store = record_store
         self.lexical_store = lexical_store
         self.stemmer = stemmer
-        self.lexical = BM25Index(stemmer=stemmer)
-        """The in-process BM25 index (empty when ``lexical_store`` searches instead)."""
+        self.local = LocalIndexes(BM25Index(stemmer=stemmer))
+        """The in-process BM25 and lead indexes, which the writer keeps in step."""
         in_memory = isinstance(record_store, InMemoryByteStore)
         self.records = RecordStore(record_store, in_memory)
         self.writer = Writer(
             self.records,
             vectorstore,
-            self.lexical,
+            self.local,
             lexical_store,
             ReadWriteLock(enabled=is_local(vectorstore)),
             shared=not in_memory,
         )
         self._branches: dict[tuple[int, int], SearchBranches] = {}
+
+    @property
+    def lexical(self) -> BM25Index:
+        """The in-process BM25 index (empty when ``lexical_store`` searches instead)."""
+        return self.local.lexical
 
     def __len__(self) -> int:
         """The number of chunks in the in-process BM25 index."""

@@ -351,7 +351,7 @@ def test_soft_boost_favours_without_filtering() -> None:
     soft = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
     retriever.router = DocumentRouter.leads(boost=math.inf, min_naming=ONE_WORD)
     assert isinstance(retriever.router.retriever, LeadIndex)
-    assert retriever.index.writer.leads is retriever.router.retriever  # rebound on assignment
+    assert retriever.index.local.leads is retriever.router.retriever  # rebound on assignment
     assert len(retriever.router.retriever) == 3  # filled from the records
     hard = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
     assert set(hard) == {"orion.txt"}
