@@ -46,7 +46,7 @@ def curve(name: str, contracts: int, wording: str) -> str:
         router=None,
     )
     retriever.add_documents(as_documents(corpus))
-    index = retriever._lexical
+    index = retriever.index.lexical
     off = np.array([query_coverage(index, q) for q in offtopic_questions()])
     dev = np.array([query_coverage(index, q.text) for q in corpus.queries])
     rows = [

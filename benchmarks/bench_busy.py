@@ -136,7 +136,7 @@ def build_index(chunks: int) -> Path:
             base,
             embedding=CopyVectors(model("new"), CACHE / "busy_vectors.json"),
             show_progress=False,
-        )._lexical
+        ).index.lexical
     )
     docs = [
         Document(
@@ -151,7 +151,7 @@ def build_index(chunks: int) -> Path:
         docs, embedding=CopyVectors(model("new"), CACHE / "busy_vectors.json"), show_progress=False
     )
     r.save(path)
-    print(f"index: {len(r._lexical):,} chunks in {len(docs)} documents, saved to {path}")
+    print(f"index: {len(r.index.lexical):,} chunks in {len(docs)} documents, saved to {path}")
     return path
 
 
@@ -232,7 +232,7 @@ def main() -> None:
             r = RSERetriever.load(path, embedding=emb)
             print(f"[{setting}] embed_query       {percentiles(latencies(emb.embed_query, n))}")
             print(
-                f"[{setting}] invoke ({len(r._lexical):,} chunks) "
+                f"[{setting}] invoke ({len(r.index.lexical):,} chunks) "
                 f"{percentiles(latencies(r.invoke, n))}"
             )
             one = throughput(path, setting, 1, seconds)

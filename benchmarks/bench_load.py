@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     retriever = RSERetriever.from_documents(docs, embedding=FastHashingEmbeddings(), k=4)
     build_s = time.perf_counter() - t0
-    chunks = len(retriever._lexical)
+    chunks = len(retriever.index.lexical)
     print(
         f"{source}: {len(docs)} documents, {sum(len(d.page_content) for d in docs):,} "
         f"characters, {chunks:,} chunks; indexed in {build_s:.1f}s "

@@ -31,7 +31,7 @@ from langchain_core.documents import Document
 from langchain_rse.driver import Handlers, adrive, drive
 from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
-from langchain_rse.filters import Filter, both, matches, parse
+from langchain_rse.filters import Filter, Translator, both, matches, parse
 from langchain_rse.fusion import branches_of, candidates, fused, quotes_code
 from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
@@ -257,7 +257,7 @@ class QuerySettings:
     @classmethod
     def of(
         cls,
-        r: RetrieverSettings,
+        r: RetrievalSettings,
         query: str,
         k: int,
         mode: object,
@@ -285,39 +285,34 @@ class QuerySettings:
         )
 
 
-class RetrieverSettings(Protocol):
-    """What a retrieval reads from the retriever's settings
-    (:class:`~langchain_rse.retriever.RSERetriever`)."""
+@dataclass(frozen=True)
+class RetrievalSettings:
+    """What a retrieval reads of the retriever's settings
+    (:class:`~langchain_rse.retriever.RSERetriever` builds it for each call)."""
 
-    @property
-    def k(self) -> int: ...
+    k: int
+    mode: str
+    max_chars: int | None
+    weights: tuple[float, float]
+    params: RSEParams
+    filter: Mapping[str, object] | None
+    reranker: BaseReranker | None
+    router: DocumentRouter | None
+    query_expander: Expander | None
+    external_lexical: bool
+    """A lexical store searches instead of the in-process BM25 index."""
+    fetch_k: int
+    """Candidates fetched from each branch."""
+    filter_translator: Translator | None = None
+    """A custom filter translation for the vector store."""
 
-    @property
-    def mode(self) -> str: ...
 
-    @property
-    def max_chars(self) -> int | None: ...
+class Expander(Protocol):
+    """What a query expander (:class:`~langchain_rse.expansion.QueryExpander`) answers."""
 
-    @property
-    def weights(self) -> tuple[float, float]: ...
+    def expand(self, query: str, *, callbacks: Callbacks = None) -> list[str]: ...
 
-    @property
-    def params(self) -> RSEParams: ...
-
-    @property
-    def filter(self) -> Mapping[str, object] | None: ...
-
-    @property
-    def reranker(self) -> BaseReranker | None: ...
-
-    @property
-    def router(self) -> DocumentRouter | None: ...
-
-    @property
-    def query_expander(self) -> object: ...
-
-    @property
-    def lexical_store(self) -> object: ...
+    async def aexpand(self, query: str, *, callbacks: Callbacks = None) -> list[str]: ...
 
 
 class Replaced(Exception):
@@ -461,7 +456,7 @@ def _retrying(
 
 
 def retrieval(
-    r: RetrieverSettings,
+    r: RetrievalSettings,
     lexical: BM25Index,
     query: object,
     k: object,
@@ -490,12 +485,12 @@ def retrieval(
     return steps()
 
 
-def abstains(r: RetrieverSettings, lexical: BM25Index, query: str) -> bool:
+def abstains(r: RetrievalSettings, lexical: BM25Index, query: str) -> bool:
     """Whether retriever ``r`` returns nothing for ``query``: its in-process BM25 index
     ``lexical`` holds too little of the query's words (the router's ``min_coverage``,
     :func:`query_coverage`)."""
     router = r.router
-    if router is None or router.min_coverage <= 0 or r.lexical_store is not None:
+    if router is None or router.min_coverage <= 0 or r.external_lexical:
         return False
     coverage = query_coverage(lexical, query)
     if coverage < router.min_coverage:
@@ -545,7 +540,7 @@ def _search(
         route = confirm(route, ranking)
         if route is not None:
             extra = cast("Focused | None", (yield Focus(s.queries[0], set(route.docs), s.filter)))
-            if extra is not None:  # the query's other clauses, inside the routed documents
+            if extra is not None:  # the query without its name, inside the routed documents
                 text, focus_dense, focus_lexical = extra
                 branches += [focus_dense.hits, focus_lexical]
                 texts.update(focus_dense.texts)
@@ -555,14 +550,6 @@ def _search(
     ranking, route = apply_route(route, ranking, branches, weights)
     pool = s.candidate_pool + (len(s.queries) - 1) * (s.candidate_pool // 2)
     return s, (candidates(ranking, pool, texts, keep_first=bool(branches[0])), route)
-
-
-class Expander(Protocol):
-    """What a query expander (:class:`~langchain_rse.expansion.QueryExpander`) answers."""
-
-    def expand(self, query: str, *, callbacks: Callbacks = None) -> list[str]: ...
-
-    async def aexpand(self, query: str, *, callbacks: Callbacks = None) -> list[str]: ...
 
 
 def handlers(

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
-    Callbacks,
 )
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
@@ -34,25 +33,29 @@ from pydantic import (
 )
 
 from langchain_rse import pipeline
-from langchain_rse.driver import Handlers, adrive, drive
+from langchain_rse.engine import Index, QueryCall
 from langchain_rse.enrichment import BaseEnricher, HeaderEnricher
 from langchain_rse.explain import Explanation, build_explanation, tracing
-from langchain_rse.filters import Filter, check_filter, matches, parse
-from langchain_rse.index_schema import (
+from langchain_rse.filters import Filter, check_filter
+from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
+from langchain_rse.indexing.steps import WriteSettings
+from langchain_rse.lexical import BM25Index
+from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
+from langchain_rse.persistence import (
+    COMPONENTS,
+    SAVED_FIELDS,
+    SavedSettings,
+    default_vectorstore,
+    load_index,
+)
+from langchain_rse.persistence.schema import (
     check_delete_ids,
     check_expander,
     check_settings,
 )
-from langchain_rse.indexing.chunking import DEFAULT_CHUNK_SIZE
-from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
-from langchain_rse.indexing.steps import check_writable, index_steps
-from langchain_rse.indexing.writer import Writer
-from langchain_rse.lexical import BM25Index
-from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer
-from langchain_rse.persistence import default_vectorstore, load_index, save_index
 from langchain_rse.rerank import BaseReranker, as_reranker
-from langchain_rse.routing import DocumentRouter, LeadIndex, as_router
-from langchain_rse.search import SearchBranches, is_local, ls_params
+from langchain_rse.routing import DocumentRouter, as_router
+from langchain_rse.search import ls_params
 from langchain_rse.segments import RSEParams, get_preset, preset_for_chunk_size
 
 if TYPE_CHECKING:
@@ -135,7 +138,7 @@ class RSERetriever(DocumentIndex):
     """Maximum number of results (segments or chunks)."""
     mode: Literal["segments", "chunks"] = "segments"
     """``"segments"``: RSE segments; ``"chunks"``: the top-k chunks (same metadata)."""
-    docstore: BaseStore[str, bytes] = Field(default_factory=InMemoryByteStore, frozen=True)
+    record_store: BaseStore[str, bytes] = Field(default_factory=InMemoryByteStore, frozen=True)
     """Record store: source texts, offsets and contexts as JSON, one record per document."""
     chunk_size: int = DEFAULT_CHUNK_SIZE
     """Chunk size in characters (ignored when ``splitter`` is given)."""
@@ -158,7 +161,7 @@ class RSERetriever(DocumentIndex):
     max_chars: int | None = None
     """The most characters one call returns in all (also ``invoke(query, max_chars=...)``),
     filled best first, never exceeded; ``k`` still bounds the count. ``None``: the preset's."""
-    fetch_k: int = 50
+    fetch_k: int = 200
     """Candidates fetched from each branch (dense and lexical); the best 50 fused ones
     (:data:`~langchain_rse.pipeline.CANDIDATE_POOL`) go on to reranking and RSE."""
     weights: tuple[float, float] = (2.0, 1.0)
@@ -190,21 +193,7 @@ class RSERetriever(DocumentIndex):
     """Progress while indexing: ``True`` a tqdm bar, ``False`` nothing, ``None`` a bar on a
     terminal, else lines on stderr (see :mod:`langchain_rse.indexing.steps`)."""
 
-    _lexical: BM25Index = PrivateAttr()
-    _records: RecordStore = PrivateAttr()
-    _writer: Writer = PrivateAttr()
-    _branches: dict[tuple[int, ...], SearchBranches] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: object) -> object:
-        """``strict_rerank`` is the reranker's setting (``CohereReranker(strict=True)``)."""
-        if isinstance(data, dict) and "strict_rerank" in data:
-            raise ValueError(
-                "strict_rerank is no longer a retriever setting: pass "
-                "strict=True to the reranker, e.g. CohereReranker(strict=True)"
-            )
-        return data
+    _index: Index = PrivateAttr()
 
     @model_validator(mode="after")
     def _check(self) -> RSERetriever:
@@ -221,70 +210,64 @@ class RSERetriever(DocumentIndex):
                 self.__dict__[name] = old
             raise
         if name == "router":
-            self._bind_router()
+            self._index.bind_router(self.router)
 
     def model_post_init(self, context: object, /) -> None:
-        self._lexical = BM25Index(stemmer=self.lexical_stemmer)
-        self._records = RecordStore(self.docstore, isinstance(self.docstore, InMemoryByteStore))
-        lock = ReadWriteLock(enabled=is_local(self.vectorstore))
-        self._writer = Writer(
-            self._records,
-            self.vectorstore,
-            self._lexical,
-            self.lexical_store,
-            lock,
-            shared=not isinstance(self.docstore, InMemoryByteStore),
+        self._index = Index(
+            self.vectorstore, self.record_store, self.lexical_store, self.lexical_stemmer
         )
-        self._bind_router()
+        self._index.bind_router(self.router)
 
-    def _bind_router(self) -> None:
-        """Keep a built-in lead index in step with this retriever's stores."""
-        leads = self.router.retriever if self.router is not None else None
-        if not isinstance(leads, LeadIndex):
-            leads = None
-        else:
-            leads.check_before_search(self._sync_local())
-            leads.use_stemmer(self.lexical_stemmer)  # leads are analyzed as the chunks are
-        self._writer.attach_leads(leads)
+    @property
+    def index(self) -> Index:
+        """The engine under this retriever (:class:`~langchain_rse.engine.Index`): its
+        stores and the operations on them; ``index.pointers(ids)`` reads what is indexed."""
+        return self._index
 
-    def _lexical_index(self) -> BM25Index:
-        """The in-process BM25 index (:func:`~langchain_rse.persistence.load_index` fills it)."""
-        return self._lexical
+    def _loaded_lexical(self) -> BM25Index:
+        """The in-process BM25 index :func:`~langchain_rse.persistence.load_index` fills."""
+        return self._index.lexical
 
-    def _sync_local(self) -> Callable[[], None] | None:
-        """Before an in-process search (BM25, leads): a shared record store's generation check."""
-        return self._writer.sync_local if self._writer.shared else None
-
-    def _handlers(self, callbacks: Callbacks, asynchronous: bool) -> Handlers:
-        """The handlers of one retrieval (:func:`~langchain_rse.pipeline.handlers`)."""
-        return pipeline.handlers(
-            self._search(),
-            self.router,
-            self._records,
-            self.query_expander,
-            self.reranker,
-            self._writer.swaps,
-            callbacks,
-            asynchronous,
+    def _retrieval_settings(self) -> pipeline.RetrievalSettings:
+        """This retriever's settings as one retrieval reads them."""
+        return pipeline.RetrievalSettings(
+            k=self.k,
+            mode=self.mode,
+            max_chars=self.max_chars,
+            weights=self.weights,
+            params=self.params,
+            filter=self.filter,
+            reranker=self.reranker,
+            router=self.router,
+            query_expander=self.query_expander,
+            external_lexical=self.lexical_store is not None,
+            fetch_k=self.fetch_k,
+            filter_translator=self.filter_translator,
         )
 
-    def _search(self) -> SearchBranches:
-        """The search branches for the current settings (built once per setting)."""
-        k = self.fetch_k if self.router is None else max(self.fetch_k, self.router.fetch_k)
-        translator = self.filter_translator
-        key = (id(self.vectorstore), id(self.lexical_store), k, id(translator))
-        branches = self._branches.get(key)
-        if branches is None:
-            branches = self._branches[key] = SearchBranches(
-                self.vectorstore,
-                self._lexical,
-                self.lexical_store,
-                self._writer.vs_lock,
-                k,
-                translator,
-                self._sync_local(),
-            )
-        return branches
+    def _write_settings(self) -> WriteSettings[DocumentRouter | None]:
+        """This retriever's settings as a write reads them."""
+        return WriteSettings(
+            filter=self.filter,
+            show_progress=self.show_progress,
+            enricher=self.enricher,
+            splitter=self.splitter,
+            chunk_size=self.chunk_size,
+            max_document_chars=self.max_document_chars,
+            router=self.router,
+        )
+
+    def _saved_settings(self) -> SavedSettings:
+        """This retriever's settings as a save records them."""
+        return SavedSettings(
+            fields={name: getattr(self, name) for name in SAVED_FIELDS},
+            components={name: getattr(self, name) for name in COMPONENTS},
+            splitter=self.splitter,
+            chunk_size=self.chunk_size,
+            rse_params=self.rse_params,
+            preset_name=self.preset_name,
+            router=self.router,
+        )
 
     @property
     def params(self) -> RSEParams:
@@ -304,7 +287,7 @@ class RSERetriever(DocumentIndex):
         params = self.rse_params if isinstance(self.rse_params, RSEParams) else self.preset_name
         return (
             f"RSERetriever(vectorstore={type(self.vectorstore).__name__}, k={self.k}, "
-            f"mode={self.mode!r}, chunks={len(self._lexical)}, enricher={self.enricher!r}, "
+            f"mode={self.mode!r}, chunks={len(self._index)}, enricher={self.enricher!r}, "
             f"reranker={type(self.reranker).__name__ if self.reranker else None}, "
             f"rse_params={params!r})"
         )
@@ -345,9 +328,7 @@ class RSERetriever(DocumentIndex):
         again right before it makes its documents current (another tenant, or worker, may
         have written one meanwhile): a ``ValueError`` then too, that group left unwritten.
         """
-        with self._writer.lock:
-            check_writable(self.filter, self._records, documents, ids)
-            return drive(*index_steps(self, self._writer, documents, ids, False))
+        return self._index.add(self._write_settings(), documents, ids)
 
     async def aadd_documents(
         self, documents: Sequence[Document], ids: Sequence[str] | None = None, **kwargs: object
@@ -355,30 +336,13 @@ class RSERetriever(DocumentIndex):
         """Async :meth:`add_documents`: enrichment runs natively async; writes in a thread
         (under the same lock as the sync path, re-checking what another writer wrote, and
         with a bound :attr:`filter` who owns each id)."""
-        if self.filter:
-            await asyncio.to_thread(check_writable, self.filter, self._records, documents, ids)
-        return await adrive(*index_steps(self, self._writer, documents, ids, True))
-
-    @staticmethod
-    def _allows(f: Filter | None, doc_id: str, metadata: dict[str, Any]) -> bool:
-        """Whether ``f`` (None: no filter) allows an indexed document."""
-        return f is None or matches(f, {**metadata, "doc_id": doc_id})
+        return await self._index.aadd(self._write_settings(), documents, ids)
 
     def delete(self, ids: Sequence[str] | None = None, **kwargs: object) -> DeleteResponse:
         """Remove documents (by doc id) from the vector store, lexical index and record
         store. With a bound :attr:`filter`, only documents it allows: other ids are treated
         as unknown (not removed, not in ``succeeded``). An id named twice counts once."""
-        doc_ids = list(dict.fromkeys(check_delete_ids(ids)))
-        f = parse(self.filter) if self.filter else None
-        with self._writer.lock:
-            if f is not None:
-                held = self._records.pointers(list(doc_ids))
-                doc_ids = [
-                    d
-                    for d, r in zip(doc_ids, held)
-                    if r is not None and self._allows(f, d, r.metadata)
-                ]
-            found = self._writer.delete(doc_ids, self.router)
+        found = self._index.delete(check_delete_ids(ids), self.filter, self.router)
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
     async def adelete(self, ids: Sequence[str] | None = None, **kwargs: object) -> DeleteResponse:
@@ -389,7 +353,7 @@ class RSERetriever(DocumentIndex):
         """Remove what killed or losing writers left (non-current versions' chunks; documents
         whose records are gone); returns the number of versions removed. Run it with no
         writer active or ``min_age_s`` longer than any write. Not limited by :attr:`filter`."""
-        return self._writer.vacuum(min_age_s, self.router)
+        return self._index.vacuum(min_age_s, self.router)
 
     async def avacuum(self, min_age_s: float = 0.0) -> int:
         """Async :meth:`vacuum` (runs in a thread)."""
@@ -406,24 +370,14 @@ class RSERetriever(DocumentIndex):
     def get(self, ids: Sequence[str], /, **kwargs: object) -> list[Document]:
         """The indexed source documents with these doc ids (unknown ids are skipped, and so
         are documents a bound :attr:`filter` rejects)."""
-        f = parse(self.filter) if self.filter else None
-        records = [
-            r
-            for r in self._records.pointers(list(ids))
-            if r is not None and self._allows(f, r.doc_id, r.metadata)
-        ]
-        return [
-            Document(page_content=body.text, metadata=dict(r.metadata), id=r.doc_id)
-            for r, body in zip(records, self._records.bodies(records))
-        ]
+        return self._index.get(ids, self.filter)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Save the index to a directory (JSON and FAISS files, no pickle; atomic; see
         :mod:`langchain_rse.persistence`). External stores persist themselves (pass them to
         :meth:`load`); components are saved as class and non-secret settings; a bound
         :attr:`filter` is neither saved nor limits what is."""
-        with self._writer.lock:
-            n = save_index(self, self._lexical, path)
+        n = self._index.save(self._saved_settings(), path)
         logger.info("saved index with %d chunks to %s", n, path)
 
     @classmethod
@@ -433,21 +387,21 @@ class RSERetriever(DocumentIndex):
         embedding: Embeddings | None = None,
         *,
         vectorstore: VectorStore | None = None,
-        docstore: BaseStore[str, bytes] | None = None,
+        record_store: BaseStore[str, bytes] | None = None,
         strict: bool = False,
         **kwargs: object,
     ) -> RSERetriever:
         """Load a directory written by :meth:`save`.
 
         ``embedding``: for a saved local vector store (unless bundled ``LocalEmbeddings``);
-        ``vectorstore`` / ``docstore``: when they were external. Offline enrichers,
+        ``vectorstore`` / ``record_store``: when they were external. Offline enrichers,
         ``CohereReranker`` (key from the environment) and ``EmbeddingReranker`` are rebuilt;
         other components must be passed again (a warning, or ``ValueError`` if ``strict``).
         Keyword arguments override saved settings. A corrupted, tampered or newer-format
         index raises ``IndexFormatError`` naming the file.
         """
         return load_index(
-            cls, cls._lexical_index, path, embedding, vectorstore, docstore, strict, kwargs
+            cls, cls._loaded_lexical, path, embedding, vectorstore, record_store, strict, kwargs
         )
 
     def _get_relevant_documents(
@@ -462,10 +416,11 @@ class RSERetriever(DocumentIndex):
         max_chars: int | None = None,
         **kwargs: object,
     ) -> list[Document]:
-        steps = pipeline.retrieval(
-            self, self._lexical, query, k, mode, queries, filter, max_chars, kwargs
+        s = self._retrieval_settings()
+        steps = self._index.retrieval(
+            s, QueryCall(query, k, mode, queries, filter, max_chars, kwargs)
         )
-        return drive(steps, self._handlers(run_manager.get_child(), False), pipeline.THROWN)
+        return self._index.run(s, steps, run_manager.get_child())
 
     async def _aget_relevant_documents(
         self,
@@ -479,10 +434,11 @@ class RSERetriever(DocumentIndex):
         max_chars: int | None = None,
         **kwargs: object,
     ) -> list[Document]:
-        steps = pipeline.retrieval(
-            self, self._lexical, query, k, mode, queries, filter, max_chars, kwargs
+        s = self._retrieval_settings()
+        steps = self._index.retrieval(
+            s, QueryCall(query, k, mode, queries, filter, max_chars, kwargs)
         )
-        return await adrive(steps, self._handlers(run_manager.get_child(), True), pipeline.THROWN)
+        return await self._index.arun(s, steps, run_manager.get_child())
 
     def as_tool(  # type: ignore[override]
         self, *, name: str = "search", description: str | None = None, allow_filter: bool = False

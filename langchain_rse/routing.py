@@ -325,8 +325,6 @@ class DocumentRouter(BaseModel):
     """The document-level retriever."""
     documents: int = Field(default=1, ge=1)
     """Documents kept: the first ``documents`` distinct doc ids it returns."""
-    fetch_k: int = Field(default=200, ge=1)
-    """Candidates fetched from each branch when routing, before the document filter."""
     check_k: int | None = Field(default=10, ge=1)
     """A routed document is kept only if one of its chunks is among the first ``check_k``
     candidates of the unrouted search; when none is, nothing is filtered (the router was
@@ -534,7 +532,6 @@ class DocumentRouter(BaseModel):
         """The saved settings (the retriever itself is saved by its owner)."""
         return {
             "documents": self.documents,
-            "fetch_k": self.fetch_k,
             "check_k": self.check_k,
             "sync": self.sync,
             "boost": self.boost,

@@ -313,7 +313,7 @@ def cmd_index(args: argparse.Namespace) -> int:
             retriever.add_documents(changes.todo)
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             ids = [str(d.id) for d in changes.todo]
-            for doc_id, meta in zip(ids, retriever._records.pointers(ids)):
+            for doc_id, meta in zip(ids, retriever.index.pointers(ids)):
                 if meta is not None:  # LLM contexts that fell back are retried next run
                     record[changes.keys[doc_id]].update(
                         fallbacks=meta.fallbacks, chunks=len(meta.spans), indexed_at=now
@@ -499,7 +499,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             if spec is not None
         },
         "vectorstore": manifest["vectorstore"]["class"],
-        "chunk_store": manifest["docstore"]["class"],
+        "record_store": manifest["record_store"]["class"],
         "settings": manifest["config"],
     }
     if args.json:

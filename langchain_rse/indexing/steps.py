@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import NamedTuple, Protocol, TypeVar, cast
+from typing import Generic, NamedTuple, Protocol, TypeVar, cast
 
 from langchain_core.documents import Document
 from langchain_text_splitters import TextSplitter
@@ -73,30 +73,18 @@ R_co = TypeVar("R_co", covariant=True)
 R_contra = TypeVar("R_contra", contravariant=True)
 
 
-class WriteSettings(Protocol[R_co]):
+@dataclass(frozen=True)
+class WriteSettings(Generic[R_co]):
     """What a write reads from the retriever's settings
-    (:class:`~langchain_rse.retriever.RSERetriever`); ``R_co``: its router's type."""
+    (:class:`~langchain_rse.retriever.RSERetriever` builds it); ``R_co``: its router's type."""
 
-    @property
-    def filter(self) -> Mapping[str, object] | None: ...
-
-    @property
-    def show_progress(self) -> bool | None: ...
-
-    @property
-    def enricher(self) -> BaseEnricher: ...
-
-    @property
-    def splitter(self) -> TextSplitter | None: ...
-
-    @property
-    def chunk_size(self) -> int: ...
-
-    @property
-    def max_document_chars(self) -> int: ...
-
-    @property
-    def router(self) -> R_co: ...
+    filter: Mapping[str, object] | None
+    show_progress: bool | None
+    enricher: BaseEnricher
+    splitter: TextSplitter | None
+    chunk_size: int
+    max_document_chars: int
+    router: R_co
 
 
 class GroupWriter(Protocol[R_contra]):

@@ -61,7 +61,7 @@ from langchain_rse.indexing.steps import Plan, Prepared, Todo, check_owner
 from langchain_rse.lexical import BM25Index, group_of
 from langchain_rse.routing import DocumentRouter, LeadIndex
 
-__all__ = ["Writer", "delete_held"]
+__all__ = ["LocalIndexes", "Writer", "delete_held"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +71,29 @@ GENERATION_KEY = "meta/generation"
 
 
 @dataclass
+class LocalIndexes:
+    """The in-process indexes of one index, which its :class:`Writer` keeps in step with the
+    records: the BM25 index of the chunks and, when routing uses it, the built-in lead index
+    of the documents (rebuilt from the records after a load), with the document version each
+    lead reflects."""
+
+    lexical: BM25Index
+    leads: LeadIndex | None = None
+    lead_versions: dict[str, str] = field(default_factory=dict)
+
+    def forget_leads(self, doc_ids: Sequence[str]) -> None:
+        """Forget the lead versions of removed documents."""
+        for doc_id in doc_ids:
+            self.lead_versions.pop(doc_id, None)
+
+
+@dataclass
 class Writer:
     """Writes document versions to every store of one index."""
 
     records: RecordStore
     vectorstore: VectorStore
-    lexical: BM25Index
+    local: LocalIndexes
     lexical_store: VectorStore | None
     vs_lock: ReadWriteLock
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -85,9 +102,6 @@ class Writer:
     """The record store is shared with other processes: every write leaves a new
     generation token there, and an in-process lexical index reloads when it sees one it
     did not write (:meth:`sync_local`)."""
-    leads: LeadIndex | None = None
-    """The built-in document lead index, when routing uses it (reloaded with the lexical
-    index; rebuilt from the records after a load)."""
     swaps: ReadWriteLock = field(init=False)
     """Held exclusively from a pointer swap (or a pointer's removal) to the removal of the
     versions it replaced; a query that kept losing the race to replaces holds it shared for
@@ -95,8 +109,6 @@ class Writer:
     other processes' writers cannot be held off)."""
     _seen: bytes | None = field(default=None, init=False)
     """The generation the in-process indexes reflect (None: unknown)."""
-    _lead_versions: dict[str, str] = field(default_factory=dict, init=False)
-    """The document version each reloaded lead reflects."""
 
     def __post_init__(self) -> None:
         self.swaps = ReadWriteLock(enabled=not self.shared)
@@ -115,15 +127,15 @@ class Writer:
     def attach_leads(self, leads: LeadIndex | None) -> None:
         """Keep ``leads`` (the built-in document index, or None) in step with the records:
         reloaded with the lexical index, and filled now when it is new and empty."""
-        self.leads = leads
+        self.local.leads = leads
         if leads is not None and not len(leads):
-            self._lead_versions.clear()
+            self.local.lead_versions.clear()
             self.reload_local(lexical=False)
 
     def sync_local(self) -> None:
         """Before a search of an in-process index (BM25, leads) over a shared record store:
         one read of the generation token, and a reload when another worker wrote."""
-        if not self.shared or (self.lexical_store is not None and self.leads is None):
+        if not self.shared or (self.lexical_store is not None and self.local.leads is None):
             return
         current = self.records.store.mget([GENERATION_KEY])[0]
         if current == self._seen:
@@ -140,7 +152,7 @@ class Writer:
         document leads (when routing uses them) drop what is no longer current and add
         what is new (cost: the change, plus one read of every pointer)."""
         lexical = lexical and self.lexical_store is None
-        if not lexical and self.leads is None:
+        if not lexical and self.local.leads is None:
             return
         started = time.perf_counter()
         ids = [k for k in self.records.store.yield_keys() if k.startswith("doc/")]
@@ -150,14 +162,14 @@ class Writer:
         new: dict[str, DocRecord] = {}
         removed = 0
         if lexical:
-            indexed = self.lexical.live_groups()
-            removed = self.lexical.delete_groups(indexed - current.keys())
+            indexed = self.local.lexical.live_groups()
+            removed = self.local.lexical.delete_groups(indexed - current.keys())
             new.update((g, p) for g, p in current.items() if g not in indexed)
-        if self.leads is not None:
-            seen = self._lead_versions
+        if self.local.leads is not None:
+            seen = self.local.lead_versions
             live = {p.doc_id for p in pointers}
             gone = [d for d in seen if d not in live]
-            self.leads.delete(gone)
+            self.local.leads.delete(gone)
             for d in gone:
                 seen.pop(d)
             new.update((g, p) for g, p in current.items() if seen.get(p.doc_id) != p.version)
@@ -180,10 +192,10 @@ class Writer:
                 texts.append(index_text(body.contexts[i], body.text[start:end]))
             groups[group_of(chunk_key(record.doc_id, record.version, 0))] = record.metadata
         if lexical:
-            self.lexical.add(keys, texts, groups)
-        if self.leads is not None:
-            self.leads.add_sources(sources)
-            self._lead_versions.update(versions)
+            self.local.lexical.add(keys, texts, groups)
+        if self.local.leads is not None:
+            self.local.leads.add_sources(sources)
+            self.local.lead_versions.update(versions)
         logger.info(
             "in-process indexes caught up with the record store: %d chunks removed, "
             "%d added (%d documents) in %.2f s",
@@ -311,9 +323,11 @@ class Writer:
                     for p in todo
                 ]
                 router.sync_leads(sources, removals)
-                if router.retriever is self.leads:
-                    self._lead_versions.update((p.record.doc_id, p.record.version) for p in todo)
-                    self._forget_leads(removals)
+                if router.retriever is self.local.leads:
+                    self.local.lead_versions.update(
+                        (p.record.doc_id, p.record.version) for p in todo
+                    )
+                    self.local.forget_leads(removals)
 
     def _swap(
         self,
@@ -356,11 +370,6 @@ class Writer:
         if owner is not None:
             removed = self.records.pointers(list(removals)) if removals else []
             check_owner(owner, [*pointers, *removed])
-
-    def _forget_leads(self, doc_ids: Sequence[str]) -> None:
-        """Forget the lead versions of removed documents."""
-        for doc_id in doc_ids:
-            self._lead_versions.pop(doc_id, None)
 
     def _discard(self, versions: Sequence[VersionRecord]) -> None:
         """After a write failed half-way: remove what it wrote of ``versions``, or leave
@@ -420,7 +429,7 @@ class Writer:
                     flush()
         flush()
         if self.lexical_store is None:
-            self.lexical.add(keys, texts, groups)
+            self.local.lexical.add(keys, texts, groups)
 
     def _remove_versions(self, versions: Sequence[VersionRecord]) -> None:
         """Delete these versions' chunks everywhere, then their bodies and records; the
@@ -439,7 +448,7 @@ class Writer:
             )
             versions = [v for v in versions if (v.doc_id, v.version) not in current]
         keys = [key for v in versions for key in v.chunk_keys()]
-        self.lexical.delete(keys)
+        self.local.lexical.delete(keys)
         if keys:
             ids = [chunk_uuid(k) for k in keys]
             with self.vs_lock.write():
@@ -475,8 +484,8 @@ class Writer:
             self._bump()
             if router is not None:
                 router.sync_leads((), found)
-                if router.retriever is self.leads:
-                    self._forget_leads(found)
+                if router.retriever is self.local.leads:
+                    self.local.forget_leads(found)
         return found
 
     def vacuum(self, min_age_s: float = 0.0, router: DocumentRouter | None = None) -> int:
@@ -540,8 +549,8 @@ class Writer:
         self.records.delete([pointer_key(d) for d in gone])
         if router is not None:
             router.sync_leads((), gone)
-            if router.retriever is self.leads:
-                self._forget_leads(gone)
+            if router.retriever is self.local.leads:
+                self.local.forget_leads(gone)
 
     def _remove_each(self, versions: list[VersionRecord]) -> int:
         """:meth:`_remove_versions`, one version at a time when the whole batch fails:

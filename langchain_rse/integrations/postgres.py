@@ -7,7 +7,7 @@ index::
     retriever = RSERetriever(
         vectorstore=PGVector(embeddings, connection=engine),
         lexical_store=PostgresLexicalStore(engine),
-        docstore=PostgresByteStore(engine),
+        record_store=PostgresByteStore(engine),
     )
 
 Needs ``sqlalchemy`` and a PostgreSQL driver (``psycopg[binary]``); both come with

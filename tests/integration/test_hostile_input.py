@@ -43,7 +43,7 @@ def fresh(**kw: Any) -> RSERetriever:
 
 def state(r: RSERetriever) -> tuple[Any, ...]:
     """What the retriever holds: lexical index size, record keys, vector count."""
-    return len(r._lexical), sorted(r.docstore.yield_keys()), len(r.vectorstore.store)
+    return len(r.index.lexical), sorted(r.record_store.yield_keys()), len(r.vectorstore.store)
 
 
 # ------------------------------------------------------------------ 8: XSS in to_html
@@ -108,7 +108,9 @@ def test_a_lone_surrogate_writes_nothing_to_redis(redis_port: int) -> None:
 
     store = RedisStore(redis_url=f"redis://127.0.0.1:{redis_port}", namespace=uuid.uuid4().hex)
     r = RSERetriever(
-        vectorstore=InMemoryVectorStore(HashingEmbeddings()), docstore=store, show_progress=False
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        record_store=store,
+        show_progress=False,
     )
     for doc in (d for _, d in SURROGATE_DOCS):
         with pytest.raises(ValueError, match="surrogate"):

@@ -266,22 +266,22 @@ class ServerLikeVectorStore(InMemoryVectorStore):
 
 
 def worker(vs: ServerLikeVectorStore, store: LoggedStore) -> RSERetriever:
-    return RSERetriever(vectorstore=vs, docstore=store, k=3, chunk_size=300)
+    return RSERetriever(vectorstore=vs, record_store=store, k=3, chunk_size=300)
 
 
 def assert_exactly_current(workers: Sequence[RSERetriever], texts: dict[str, str]) -> None:
     """Every store holds exactly the current versions (BM25 and leads of every worker)."""
     r = workers[0]
-    current = {p.doc_id: p for p in r._records.pointers(list(DOCS)) if p is not None}
+    current = {p.doc_id: p for p in r.index.records.pointers(list(DOCS)) if p is not None}
     want = sorted((p.doc_id, p.version) for p in current.values() for _ in p.spans)
     stored = sorted((m["doc_id"], m["doc_version"]) for m in stored_metadata(r.vectorstore))
     assert stored == want, "orphan or missing chunks in the vector store"
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
     for w in workers:
         w.invoke("payment")  # catches up with the other worker's writes
-        assert sorted(tuple(k.split("\x1f")[:2]) for k in list(w._lexical.keys())) == want
+        assert sorted(tuple(k.split("\x1f")[:2]) for k in list(w.index.lexical.keys())) == want
         assert sorted(d.id for d in w.router.retriever.get(list(DOCS))) == sorted(current)
         got = {d.id: d.page_content for d in w.get(list(DOCS))}
         assert got == {d: texts[p.version] for d, p in current.items()}
@@ -486,11 +486,11 @@ def test_random_interleavings_over_chroma_and_redis(chroma_redis) -> None:
 
     r.vacuum()
     r.invoke("payment")  # the in-process BM25 catches up with the writers
-    current = {p.doc_id: p for p in r._records.pointers(list(DOCS)) if p is not None}
+    current = {p.doc_id: p for p in r.index.records.pointers(list(DOCS)) if p is not None}
     want = sorted((p.doc_id, p.version) for p in current.values() for _ in p.spans)
     for where, chunks in stored_versions(r).items():
         assert chunks == want, f"orphan or missing chunks in the {where}"
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
     for d in r.get(list(DOCS)):

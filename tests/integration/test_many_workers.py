@@ -30,7 +30,7 @@ from engines import ENGINES, build, drop, new_index, servers_for, stored_version
 from langchain_core.documents import Document
 
 from conftest import corpus_documents
-from helpers import make_contract
+from helpers import make_contract, search_branches
 from langchain_rse import RSERetriever
 from langchain_rse.indexing.records import doc_of
 
@@ -81,12 +81,12 @@ if role == "reader":
     raise SystemExit(0)
 for line in sys.stdin:
     if line.strip() == "crash":  # die half-way: chunks written, the pointer not swapped
-        real_put = r._records.put
+        real_put = r.index.records.put
         def put(pairs):
             if any(key == pointer_key("alpha") for key, _ in pairs):
                 os._exit(3)
             real_put(pairs)
-        r._records.put = put
+        r.index.records.put = put
         r.add_documents([Document(version_text("alpha", 99), id="alpha")])
     n = int(line)
     t0 = time.time()
@@ -132,7 +132,9 @@ def reader_loop(r: RSERetriever, commands: queue.Queue[str]) -> None:
         # store returns the document. Its rank in the fused top k also depends on the dense
         # branch, which is not what is checked here: a CI run on Chroma + Redis once
         # returned a fused top 4 without the chunk of lexical rank 1 (ranks 2, 7, 9, 41).
-        lexical = r._search().lexical_search({"query": f"the zq{n}vx clause", "filter": None})
+        lexical = search_branches(r).lexical_search(
+            {"query": f"the zq{n}vx clause", "filter": None}
+        )
         lexical_sees_it = (
             bool(lexical)
             and doc_of(lexical[0][0]) == f"w{n}"
@@ -290,7 +292,7 @@ def test_one_writer_and_three_reader_processes(engine) -> None:
             w.kill()
 
     docs = [*all_texts()]
-    current = [p for p in r._records.pointers(docs) if p is not None]
+    current = [p for p in r.index.records.pointers(docs) if p is not None]
     assert sorted(p.doc_id for p in current) == sorted(
         [d.metadata["source"] for d in corpus_documents()]
         + [*REPLACED, f"w{ROUNDS - 1}", f"w{ROUNDS}"]
@@ -302,9 +304,11 @@ def test_one_writer_and_three_reader_processes(engine) -> None:
     r.invoke("payment")
     for store, chunks in stored_versions(r).items():
         assert chunks == want, f"orphan or missing chunks in the {store}"
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):  # pointer, body, version record per document
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
-    assert sorted(v.version for v in r._records.versions()) == sorted(p.version for p in current)
+    assert sorted(v.version for v in r.index.records.versions()) == sorted(
+        p.version for p in current
+    )
     assert r.get(["alpha"])[0].page_content == version_text("alpha", ROUNDS)
     drop(cfg, r)

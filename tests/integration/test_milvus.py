@@ -53,7 +53,7 @@ def make(uri) -> Iterator:
     def factory(**kw):
         dense, lexical = milvus_stores(uri, uuid.uuid4().hex[:12])
         made.append((dense, lexical))
-        kw.setdefault("docstore", InMemoryByteStore())
+        kw.setdefault("record_store", InMemoryByteStore())
         return RSERetriever(vectorstore=dense, lexical_store=lexical, **kw)
 
     yield factory
@@ -70,14 +70,16 @@ def rows(store, expr: str = "") -> list[dict]:
 
 
 def chunk_ids_of(r: RSERetriever, doc_id: str) -> list[str]:
-    meta = r._records.pointers([doc_id])[0]
+    meta = r.index.records.pointers([doc_id])[0]
     assert meta is not None
     return [chunk_uuid(chunk_key(doc_id, meta.version, i)) for i in range(len(meta.spans))]
 
 
 def assert_no_orphans(r: RSERetriever, doc_ids: list[str]) -> None:
     """Both collections hold exactly the chunks of the current versions."""
-    expected = sorted(i for d in doc_ids if r._records.pointers([d])[0] for i in chunk_ids_of(r, d))
+    expected = sorted(
+        i for d in doc_ids if r.index.records.pointers([d])[0] for i in chunk_ids_of(r, d)
+    )
     for store in (r.vectorstore, r.lexical_store):
         assert sorted(row["pk"] for row in rows(store)) == expected
 
@@ -86,8 +88,8 @@ def test_exact_segments_from_milvus_branches(make) -> None:
     r = make(k=3)
     docs = corpus_documents()
     r.add_documents(docs)
-    assert len(r._lexical) == 0  # the lexical branch lives in Milvus
-    n = sum(len(p.spans) for p in r._records.pointers([d.metadata["source"] for d in docs]))
+    assert len(r.index.lexical) == 0  # the lexical branch lives in Milvus
+    n = sum(len(p.spans) for p in r.index.records.pointers([d.metadata["source"] for d in docs]))
     assert len(rows(r.vectorstore)) == len(rows(r.lexical_store)) == n
     sources = {d.id: d.page_content for d in r.get([d.metadata["source"] for d in docs])}
     out = r.invoke("termination provisions of the agreement")
@@ -155,7 +157,7 @@ def test_replace_and_delete_leave_no_orphans_in_either_collection(make) -> None:
     )
     new_ids = chunk_ids_of(r, "gamma.txt")
     assert not set(old_ids) & set(new_ids)
-    version = r._records.pointers(["gamma.txt"])[0].version
+    version = r.index.records.pointers(["gamma.txt"])[0].version
     for store in (r.vectorstore, r.lexical_store):
         gamma = rows(store, 'doc_id == "gamma.txt"')
         assert {row["doc_version"] for row in gamma} == {version}
@@ -176,7 +178,7 @@ def test_vacuum_removes_a_killed_writers_chunks_from_both_collections(make, monk
     r = make(k=3)
     r.add_documents([Document(make_contract("alpha", ["payment"]), id="alpha")])
     assert r.vacuum() == 0
-    records = r._records
+    records = r.index.records
     real_put = records.put
 
     def crash_at_the_swap(pairs):
@@ -188,7 +190,7 @@ def test_vacuum_removes_a_killed_writers_chunks_from_both_collections(make, monk
     with pytest.raises(KeyboardInterrupt):
         r.add_documents([Document(make_contract("alpha", ["escrow"]), id="alpha")])
     monkeypatch.setattr(records, "put", real_put)
-    current = r._records.pointers(["alpha"])[0].version
+    current = r.index.records.pointers(["alpha"])[0].version
     for store in (r.vectorstore, r.lexical_store):  # the dead writer's chunks are there
         assert len({row["doc_version"] for row in rows(store)}) == 2
     assert "escrow" not in r.invoke("escrow provisions", k=1)[0].page_content.lower()
@@ -232,7 +234,7 @@ from test_milvus import alpha_version
 uri, redis, name, rounds = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 dense, lexical = milvus_stores(uri, name)
 r = RSERetriever(vectorstore=dense, lexical_store=lexical,
-                 docstore=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name))
+                 record_store=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name))
 for n in range(1, rounds + 1):
     r.add_documents([Document(alpha_version(n), id="alpha")])
     print(json.dumps({"round": n}), flush=True)
@@ -260,7 +262,7 @@ def test_a_second_process_sees_the_writers_replacements_in_its_lexical_branch(
     with redis_server(tmp_path) as redis:
         dense, lexical = milvus_stores(uri, name)
         docstore = RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name)
-        reader = RSERetriever(vectorstore=dense, lexical_store=lexical, docstore=docstore, k=3)
+        reader = RSERetriever(vectorstore=dense, lexical_store=lexical, record_store=docstore, k=3)
         other = Document(make_contract("beta", ["payment", "insurance"], 3), id="beta")
         reader.add_documents([Document(versions[0], id="alpha"), other])  # creates both
         writer = subprocess.Popen(
@@ -307,7 +309,7 @@ def test_a_second_process_sees_the_writers_replacements_in_its_lexical_branch(
             assert reader.get(["alpha"])[0].page_content == versions[rounds]
             assert not mixed, mixed[:3]
             assert len(seen) >= 2, seen  # it saw replacements while they were written
-            assert len(reader._lexical) == 0  # every lexical hit came from Milvus
+            assert len(reader.index.lexical) == 0  # every lexical hit came from Milvus
 
             assert writer.stdin is not None
             writer.stdin.write("go\n")

@@ -56,7 +56,7 @@ RARE = Document(
 def retriever(url: str, schema: str | None = None, **kwargs) -> RSERetriever:
     """A retriever whose three stores live in the database at ``url`` (in ``schema``)."""
     vs, lexical, docstore = postgres_stores(url, schema=schema)
-    return RSERetriever(vectorstore=vs, lexical_store=lexical, docstore=docstore, **kwargs)
+    return RSERetriever(vectorstore=vs, lexical_store=lexical, record_store=docstore, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -80,21 +80,21 @@ def make(server) -> Iterator[Callable[..., RSERetriever]]:
     factory.url = url  # type: ignore[attr-defined]
     yield factory
     for r in made:
-        r.docstore.engine.dispose()  # type: ignore[attr-defined]
+        r.record_store.engine.dispose()  # type: ignore[attr-defined]
 
 
 def rows(r: RSERetriever) -> dict[str, int]:
-    with r.docstore.engine.connect() as conn:  # type: ignore[attr-defined]
+    with r.record_store.engine.connect() as conn:  # type: ignore[attr-defined]
         return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in TABLES}
 
 
 def assert_no_orphans(r: RSERetriever, doc_ids: list[str]) -> None:
     """Every table holds exactly the current versions of ``doc_ids``, nothing else."""
-    current = [p for p in r._records.pointers(doc_ids) if p is not None]
+    current = [p for p in r.index.records.pointers(doc_ids) if p is not None]
     n = sum(len(p.spans) for p in current)
     counts = rows(r)
     assert counts["langchain_pg_embedding"] == counts["rse_lexical"] == n
-    with r.docstore.engine.connect() as conn:  # type: ignore[attr-defined]
+    with r.record_store.engine.connect() as conn:  # type: ignore[attr-defined]
         stored = set(
             conn.execute(
                 sa.text(
@@ -105,17 +105,19 @@ def assert_no_orphans(r: RSERetriever, doc_ids: list[str]) -> None:
             ).all()
         )
     assert stored == {(p.doc_id, p.version) for p in current}, "orphan chunks remain"
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):  # pointer, body, version record per document
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
-    assert sorted(v.version for v in r._records.versions()) == sorted(p.version for p in current)
+    assert sorted(v.version for v in r.index.records.versions()) == sorted(
+        p.version for p in current
+    )
 
 
 def test_one_database_holds_the_index_and_segments_are_exact(make) -> None:
     r = make(k=3)
     docs = corpus_documents()
     r.add_documents(docs)
-    assert len(r._lexical) == 0  # nothing in process: the lexical index is the table
+    assert len(r.index.lexical) == 0  # nothing in process: the lexical index is the table
     names = [d.metadata["source"] for d in docs]
     assert_no_orphans(r, names)
     sources = {d.id: d.page_content for d in r.get(names)}
@@ -134,7 +136,7 @@ def test_one_database_holds_the_index_and_segments_are_exact(make) -> None:
 def test_the_lexical_branch_is_postgres_and_finds_a_rare_identifier(make) -> None:
     r = make(k=3, mode="chunks", weights=(0.0, 1.0))  # ranked by the lexical branch only
     r.add_documents([*corpus_documents(), RARE])
-    assert len(r._lexical) == 0
+    assert len(r.index.lexical) == 0
     question = f"what is the escrow agent code {CODE} used for in the agreement's payment terms"
     found = r.invoke(question)
     assert found[0].metadata["doc_id"] == "epsilon.txt"
@@ -183,10 +185,10 @@ def test_two_retrievers_share_a_database_through_schemas(make) -> None:
 def test_replace_and_delete_leave_no_orphan_rows(make) -> None:
     r = make(k=3)
     r.add_documents(corpus_documents())
-    old = r._records.pointers(["gamma.txt"])[0]
+    old = r.index.records.pointers(["gamma.txt"])[0]
     new = make_contract("gamma", ["escrow"])
     r.add_documents([Document(new, metadata={"source": "gamma.txt"})])
-    assert r._records.pointers(["gamma.txt"])[0].version != old.version
+    assert r.index.records.pointers(["gamma.txt"])[0].version != old.version
     names = ["alpha.txt", "beta.txt", "gamma.txt", "delta.txt"]
     assert_no_orphans(r, names)
     assert "escrow" in r.invoke("escrow", k=1)[0].page_content.lower()
@@ -196,7 +198,7 @@ def test_replace_and_delete_leave_no_orphan_rows(make) -> None:
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in r.invoke("escrow", k=5))
     r.delete(["alpha.txt", "beta.txt", "delta.txt"])
     assert rows(r) | {"rse_records": 0} == dict.fromkeys(TABLES, 0)
-    assert [k for k in r.docstore.yield_keys() if not k.startswith("meta/")] == []
+    assert [k for k in r.record_store.yield_keys() if not k.startswith("meta/")] == []
     assert r.vacuum() == 0
 
 
@@ -204,14 +206,14 @@ def test_vacuum_removes_the_rows_of_a_killed_writer(make, monkeypatch) -> None:
     r = make(k=3)
     r.add_documents([Document(make_contract("alpha", ["payment"]), id="alpha")])
     before = rows(r)
-    real_put = r._records.put
+    real_put = r.index.records.put
 
     def crash_at_the_swap(pairs):
         if any(key == pointer_key("alpha") for key, _ in pairs):
             raise KeyboardInterrupt("killed before the pointer swap")
         real_put(pairs)
 
-    monkeypatch.setattr(r._records, "put", crash_at_the_swap)
+    monkeypatch.setattr(r.index.records, "put", crash_at_the_swap)
     with pytest.raises(KeyboardInterrupt):
         r.add_documents([Document(make_contract("alpha", ["escrow"]), id="alpha")])
     monkeypatch.undo()

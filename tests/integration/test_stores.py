@@ -95,7 +95,7 @@ def make(request) -> Iterator:
         def postgres_factory(**kw):  # every retriever of a test shares its database
             vs, lexical, docstore = postgres_stores(url)
             engines.append(docstore.engine)
-            return RSERetriever(vectorstore=vs, lexical_store=lexical, docstore=docstore, **kw)
+            return RSERetriever(vectorstore=vs, lexical_store=lexical, record_store=docstore, **kw)
 
         yield postgres_factory
         for engine in engines:
@@ -119,7 +119,7 @@ def make(request) -> Iterator:
         made.append(name)
         vs = Chroma(collection_name=name, embedding_function=HashingEmbeddings(), client=client)
         store = RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name)
-        return RSERetriever(vectorstore=vs, docstore=store, **kw)
+        return RSERetriever(vectorstore=vs, record_store=store, **kw)
 
     yield factory
     for name in made:
@@ -127,7 +127,7 @@ def make(request) -> Iterator:
 
 
 def chunk_ids_of(r: RSERetriever, doc_id: str) -> list[str]:
-    meta = r._records.pointers([doc_id])[0]
+    meta = r.index.records.pointers([doc_id])[0]
     assert meta is not None
     return [chunk_uuid(chunk_key(doc_id, meta.version, i)) for i in range(len(meta.spans))]
 
@@ -168,7 +168,7 @@ def test_replace_and_delete_leave_no_orphans(make) -> None:
 
     r.delete(["gamma.txt"])
     assert held(r.vectorstore, new_ids) == []
-    assert r._records.pointers(["gamma.txt"]) == [None]
+    assert r.index.records.pointers(["gamma.txt"]) == [None]
     assert r.get(["gamma.txt"]) == []
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in r.invoke("escrow", k=5))
 
@@ -266,11 +266,11 @@ def test_concurrent_queries_and_replacements_never_mix_versions(make) -> None:
     assert not errors, errors[0]
     assert not mixed
     assert during_writes > 0  # the readers really ran while documents were replaced
-    chunks = sum(len(r._records.pointers([n])[0].spans) for n in names)
+    chunks = sum(len(r.index.records.pointers([n])[0].spans) for n in names)
     if r.lexical_store is None:
-        assert len(r._lexical) == chunks
+        assert len(r.index.lexical) == chunks
     else:  # the server's lexical index holds exactly the current versions
-        assert len(r._lexical) == 0
+        assert len(r.index.lexical) == 0
         for n in names:
             ids = chunk_ids_of(r, n)
             assert held(r.lexical_store, ids) == sorted(ids)
@@ -281,10 +281,10 @@ def test_save_and_load_round_trip(make, tmp_path: Path) -> None:
     r.add_documents(corpus_documents())
     r.save(tmp_path / "idx")
     kwargs = {}
-    from langchain_rse.persistence import vectorstore_kind
+    from langchain_rse.integrations import vectorstore_kind
 
     if vectorstore_kind(r.vectorstore) == "external":
-        kwargs = {"vectorstore": r.vectorstore, "docstore": r.docstore}
+        kwargs = {"vectorstore": r.vectorstore, "record_store": r.record_store}
     if r.lexical_store is not None:
         kwargs["lexical_store"] = r.lexical_store
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), **kwargs)

@@ -70,10 +70,10 @@ def test_waiting_writer_is_not_starved_by_readers_running_flat_out() -> None:
 def test_the_lock_is_taken_for_in_process_stores_only() -> None:
     assert RSERetriever(
         vectorstore=InMemoryVectorStore(HashingEmbeddings())
-    )._writer.vs_lock.enabled
+    ).index.writer.vs_lock.enabled
     assert RSERetriever(
         vectorstore=default_vectorstore(HashingEmbeddings())
-    )._writer.vs_lock.enabled
+    ).index.writer.vs_lock.enabled
 
 
 # ---------------------------------------------------------------- bug 2: concurrent aadd
@@ -86,8 +86,8 @@ async def test_concurrent_aadd_documents_of_the_same_documents_on_faiss() -> Non
     assert all(ids == results[0] for ids in results)
     # each chunk once, in every store
     keys = [(m["doc_id"], m["chunk_index"]) for m in stored_metadata(r.vectorstore)]
-    assert len(keys) == len(set(keys)) == len(r._lexical)
-    assert len(keys) == sum(len(p.spans) for p in r._records.pointers(results[0]) if p)
+    assert len(keys) == len(set(keys)) == len(r.index.lexical)
+    assert len(keys) == sum(len(p.spans) for p in r.index.records.pointers(results[0]) if p)
     assert await r.ainvoke("royalties audit rights")
 
 
@@ -98,8 +98,8 @@ def shared_pair() -> tuple[RSERetriever, RSERetriever]:
     """Two retriever instances ("workers") over the same vector store and record store."""
     vs, store = InMemoryVectorStore(HashingEmbeddings()), InMemoryByteStore()
     return (
-        RSERetriever(vectorstore=vs, docstore=store, k=3),
-        RSERetriever(vectorstore=vs, docstore=store, k=3),
+        RSERetriever(vectorstore=vs, record_store=store, k=3),
+        RSERetriever(vectorstore=vs, record_store=store, k=3),
     )
 
 
@@ -108,7 +108,7 @@ def orphans(r: RSERetriever) -> list[tuple[str, str]]:
     found = {(m["doc_id"], m["doc_version"]) for m in stored_metadata(r.vectorstore)}
     current = {
         (p.doc_id, p.version)
-        for p in r._records.pointers(sorted({d for d, _ in found}))
+        for p in r.index.records.pointers(sorted({d for d, _ in found}))
         if p is not None
     }
     return sorted(found - current)
@@ -118,7 +118,7 @@ def test_a_killed_writer_leaves_chunks_that_vacuum_removes(monkeypatch) -> None:
     r, _ = shared_pair()
     r.add_documents([Document(make_contract("alpha", ["payment"]), id="alpha")])
     before = [(d.page_content, d.metadata) for d in r.invoke("payment terms")]
-    records = r._records
+    records = r.index.records
     real_put = records.put
 
     def crash_at_the_swap(pairs):
@@ -136,17 +136,17 @@ def test_a_killed_writer_leaves_chunks_that_vacuum_removes(monkeypatch) -> None:
     assert r.vacuum() == 1
     assert orphans(r) == []
     assert [(d.page_content, d.metadata) for d in r.invoke("payment terms")] == before
-    assert {k.split("/")[0] for k in r.docstore.yield_keys()} == {"doc", "body", "ver"}
-    assert len(list(r.docstore.yield_keys())) == 3
+    assert {k.split("/")[0] for k in r.record_store.yield_keys()} == {"doc", "body", "ver"}
+    assert len(list(r.record_store.yield_keys())) == 3
 
 
 def test_a_writer_that_lost_the_pointer_race_deletes_its_own_chunks(monkeypatch) -> None:
     a, b = shared_pair()
     a.add_documents([Document(make_contract("alpha", ["payment"]), id="alpha")])
-    v0 = a._records.pointers(["alpha"])[0].version
+    v0 = a.index.records.pointers(["alpha"])[0].version
     # Worker b writes a new version up to its pointer swap, which is delayed...
     delayed: list = []
-    real_put = b._records.put
+    real_put = b.index.records.put
 
     def delay_the_swap(pairs):
         if any(key == pointer_key("alpha") for key, _ in pairs):
@@ -154,27 +154,27 @@ def test_a_writer_that_lost_the_pointer_race_deletes_its_own_chunks(monkeypatch)
             raise InterruptedError("paused before the swap")
         real_put(pairs)
 
-    monkeypatch.setattr(b._records, "put", delay_the_swap)
+    monkeypatch.setattr(b.index.records, "put", delay_the_swap)
     with pytest.raises(InterruptedError):
         b.add_documents([Document(make_contract("alpha", ["escrow"]), id="alpha")])
     monkeypatch.undo()
     # ...until right after worker a swapped to its own version: b's swap lands last.
-    a_put = a._records.put
+    a_put = a.index.records.put
 
     def b_swaps_right_after(pairs):
         a_put(pairs)
         if delayed and any(key == pointer_key("alpha") for key, _ in pairs):
             a_put([delayed.pop()])
 
-    monkeypatch.setattr(a._records, "put", b_swaps_right_after)
+    monkeypatch.setattr(a.index.records, "put", b_swaps_right_after)
     a.add_documents([Document(make_contract("alpha", ["royalties"]), id="alpha")])
     monkeypatch.undo()
-    current = a._records.pointers(["alpha"])[0].version
+    current = a.index.records.pointers(["alpha"])[0].version
     assert "Escrow" in a.get(["alpha"])[0].page_content  # the last swap won
     # a saw that it lost and deleted its own version; b's old one (v0) awaits vacuum
     assert orphans(a) == [("alpha", v0)]
     assert a.vacuum() == 1 and orphans(a) == []
-    assert [v.version for v in a._records.versions("alpha")] == [current]
+    assert [v.version for v in a.index.records.versions("alpha")] == [current]
 
 
 WORKER = """
@@ -192,7 +192,7 @@ client = chromadb.HttpClient(host="127.0.0.1", port=int(chroma),
 r = RSERetriever(
     vectorstore=Chroma(collection_name=name, embedding_function=HashingEmbeddings(),
                        client=client),
-    docstore=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name),
+    record_store=RedisStore(redis_url=f"redis://127.0.0.1:{redis}", namespace=name),
 )
 if worker == "add":  # one document with a rare word, from "another worker"
     r.add_documents([Document(make_contract("other", ["payment"], 2) + " The zyxwvut clause.",
@@ -257,16 +257,16 @@ def test_two_processes_replacing_the_same_documents_leave_no_orphans(servers) ->
     client = chromadb.HttpClient(host="127.0.0.1", port=servers["chroma"], settings=settings)
     vs = Chroma(collection_name=name, embedding_function=HashingEmbeddings(), client=client)
     store = RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name)
-    r = RSERetriever(vectorstore=vs, docstore=store)
+    r = RSERetriever(vectorstore=vs, record_store=store)
     r.vacuum()
 
-    current = {p.doc_id: p for p in r._records.pointers(["alpha", "beta"]) if p is not None}
+    current = {p.doc_id: p for p in r.index.records.pointers(["alpha", "beta"]) if p is not None}
     assert set(current) == {"alpha", "beta"}
     chunks = vs.get(include=["metadatas"])["metadatas"]
     by_version = {(m["doc_id"], m["doc_version"]) for m in chunks}
     assert by_version == {(d, p.version) for d, p in current.items()}, "orphan chunks remain"
     assert len(chunks) == sum(len(p.spans) for p in current.values())
-    assert sorted(v.version for v in r._records.versions()) == sorted(
+    assert sorted(v.version for v in r.index.records.versions()) == sorted(
         p.version for p in current.values()
     )
     keys = list(store.yield_keys())
@@ -349,7 +349,7 @@ def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers,
         vectorstore=Chroma(
             collection_name=name, embedding_function=HashingEmbeddings(), client=client
         ),
-        docstore=RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name),
+        record_store=RedisStore(redis_url=f"redis://127.0.0.1:{servers['redis']}", namespace=name),
         weights=(0.0, 1.0),  # lexical ranking only
         mode="chunks",
     )
@@ -375,18 +375,18 @@ def test_in_process_bm25_sees_another_workers_writes_over_shared_stores(servers,
         assert out.returncode == 0, out.stderr[-2000:]
 
     assert all(d.metadata["doc_id"] != "from-the-other-worker" for d in r.invoke("zyxwvut"))
-    before = len(r._lexical)
+    before = len(r.index.lexical)
     other_worker("add")
     with caplog.at_level(logging.INFO, logger="langchain_rse.indexing.writer"):
         found = r.invoke("zyxwvut")  # the generation changed: the BM25 index catches up
     assert found[0].metadata["doc_id"] == "from-the-other-worker"
     assert found[0].metadata["lexical_rank"] == 1  # 1-based: the best BM25 hit
-    added = len(r._lexical) - before
+    added = len(r.index.lexical) - before
     # only the other worker's document was read and indexed, not the whole corpus again
     assert f"0 chunks removed, {added} added (1 documents)" in caplog.text and added > 0
     other_worker("delete")
     assert all(d.metadata["doc_id"] != "from-the-other-worker" for d in r.invoke("zyxwvut"))
-    assert len(r._lexical) == before
+    assert len(r.index.lexical) == before
     # our own writes stay visible without a reload, and the other worker's survive them
     other_worker("add")
     r.add_documents([Document("An escrow agreement with a qwertzuiop clause.", id="ours")])

@@ -93,7 +93,7 @@ def build(cfg: dict[str, Any], embedding: Embeddings | None = None, **kwargs: An
         from langchain_community.storage import RedisStore
 
         redis_url = f"redis://127.0.0.1:{cfg['redis']}"
-        stores["docstore"] = RedisStore(redis_url=redis_url, namespace=name)
+        stores["record_store"] = RedisStore(redis_url=redis_url, namespace=name)
     if engine == "chroma_redis":
         from langchain_chroma import Chroma
 
@@ -108,7 +108,7 @@ def build(cfg: dict[str, Any], embedding: Embeddings | None = None, **kwargs: An
         from postgres_server import postgres_stores
 
         vs, lexical, docstore = postgres_stores(cfg["url"], emb)
-        stores |= {"vectorstore": vs, "lexical_store": lexical, "docstore": docstore}
+        stores |= {"vectorstore": vs, "lexical_store": lexical, "record_store": docstore}
     return RSERetriever(**stores, **kwargs)
 
 
@@ -131,7 +131,7 @@ def stored_versions(r: RSERetriever) -> dict[str, list[tuple[str, str]]]:
     elif kind == "PGVector":
         import sqlalchemy as sa
 
-        with r.docstore.engine.connect() as conn:  # type: ignore[attr-defined]
+        with r.record_store.engine.connect() as conn:  # type: ignore[attr-defined]
             for which, sql in (
                 (
                     "vectorstore",
@@ -147,7 +147,7 @@ def stored_versions(r: RSERetriever) -> dict[str, list[tuple[str, str]]]:
     else:
         raise ValueError(f"no listing for {kind}")
     if r.lexical_store is None:
-        keys = (key.split(CHUNK_KEY_SEP) for key in r._lexical.tokens())
+        keys = (key.split(CHUNK_KEY_SEP) for key in r.index.lexical.tokens())
         out["bm25 (in process)"] = sorted((doc_id, version) for doc_id, version, _ in keys)
     return out
 
@@ -160,4 +160,4 @@ def drop(cfg: dict[str, Any], r: RSERetriever) -> None:
         r.vectorstore.drop()  # type: ignore[attr-defined]
         r.lexical_store.drop()  # type: ignore[union-attr]
     else:
-        r.docstore.engine.dispose()  # type: ignore[attr-defined]
+        r.record_store.engine.dispose()  # type: ignore[attr-defined]

@@ -65,9 +65,9 @@ def index_texts(r) -> dict[tuple[str, int], str]:
     from langchain_rse.enrichment import index_text
 
     doc_ids = sorted({m["doc_id"] for m in stored_metadata(r.vectorstore)})
-    pointers = [p for p in r._records.pointers(doc_ids) if p is not None]
+    pointers = [p for p in r.index.records.pointers(doc_ids) if p is not None]
     out = {}
-    for p, body in zip(pointers, r._records.bodies(pointers)):
+    for p, body in zip(pointers, r.index.records.bodies(pointers)):
         for i, (start, end) in enumerate(p.spans):
             out[(p.doc_id, i)] = index_text(body.contexts[i], body.text[start:end])
     return out
@@ -95,3 +95,9 @@ def write_corpus(folder: Path, files: int = 4, clauses: int = 30) -> None:
             for c in range(clauses)
         )
         (folder / f"contract{f}.txt").write_text(f"CONTRACT {f}\n\n{body}\n")
+
+
+def search_branches(r):
+    """The search branches ``r`` searches with at its current settings."""
+    s = r._retrieval_settings()
+    return r.index.branches(s.fetch_k, s.filter_translator)

@@ -128,7 +128,7 @@ def test_min_coverage_abstains_when_the_index_holds_too_little_of_the_query(tmp_
     """Without a reranker: a query whose rare words no chunk holds returns nothing."""
     assert hashing_retriever().invoke(OFF_TOPIC), "off by default: the least bad passage"
     retriever = hashing_retriever(router=DocumentRouter.leads(min_coverage=0.7))
-    assert query_coverage(retriever._lexical, OFF_TOPIC) < 0.7
+    assert query_coverage(retriever.index.lexical, OFF_TOPIC) < 0.7
     assert retriever.invoke(OFF_TOPIC) == []
     found = retriever.invoke(IN_ITS_WORDS)
     assert found and "termination" in found[0].page_content.lower()
@@ -167,5 +167,5 @@ def test_a_query_of_indexed_words_is_never_abstained(
     """Even at the strictest setting, a query every word of which the index holds (phrased
     in any order, any case) gets results."""
     query = " ".join(w.upper() if i % 2 else w for i, w in enumerate(words))
-    assert query_coverage(strict._lexical, query) == 1.0
+    assert query_coverage(strict.index.lexical, query) == 1.0
     assert strict.invoke(query)

@@ -93,10 +93,14 @@ DOC_ERRORS: list[tuple[str, list[Document], type[Exception], str]] = [
 def test_bad_documents_raise_and_write_nothing(name, docs, error, words) -> None:
     r = fresh()
     r.add_documents([Document("an existing document about payment terms", id="keep")])
-    before = (len(r._lexical), sorted(r.docstore.yield_keys()), len(r.vectorstore.store))
+    before = (len(r.index.lexical), sorted(r.record_store.yield_keys()), len(r.vectorstore.store))
     with pytest.raises(error, match=words):
         r.add_documents([Document("good text that would be lost", id="good"), *docs])
-    assert (len(r._lexical), sorted(r.docstore.yield_keys()), len(r.vectorstore.store)) == before
+    assert (
+        len(r.index.lexical),
+        sorted(r.record_store.yield_keys()),
+        len(r.vectorstore.store),
+    ) == before
 
 
 @pytest.mark.parametrize("bad", ["a string", Document("one document"), [None], [b"bytes"]])
@@ -119,7 +123,7 @@ def test_a_replaced_document_that_became_empty_is_removed() -> None:
     r = fresh()
     r.add_documents([Document("payment terms apply", id="d")])
     r.add_documents([Document("   ", id="d")])
-    assert r.get(["d"]) == [] and len(r._lexical) == 0
+    assert r.get(["d"]) == [] and len(r.index.lexical) == 0
 
 
 def test_a_two_megabyte_document_is_indexed_exactly() -> None:

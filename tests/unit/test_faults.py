@@ -153,11 +153,11 @@ def check_index(retriever: RSERetriever, docs: Sequence[Document]) -> dict[tuple
 
     versions = {m["doc_id"]: m["doc_version"] for m in stored}
     keys = {chunk_key(d, versions[d], i) for d, i in chunks}
-    assert set(retriever._lexical.tokens()) == keys  # BM25
+    assert set(retriever.index.lexical.tokens()) == keys  # BM25
 
-    metas = retriever._records.pointers([d.metadata["source"] for d in docs])  # chunk store
+    metas = retriever.index.records.pointers([d.metadata["source"] for d in docs])  # chunk store
     assert all(m is not None for m in metas)
-    bodies = retriever._records.bodies([m for m in metas if m is not None])
+    bodies = retriever.index.records.bodies([m for m in metas if m is not None])
     for meta, body, doc in zip(metas, bodies, docs):
         assert meta is not None and body.text == doc.page_content
         assert meta.version == versions[meta.doc_id]

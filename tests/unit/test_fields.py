@@ -44,12 +44,6 @@ def test_the_former_fields_are_not_accepted(old: dict[str, object]) -> None:
         _retriever(**old)
 
 
-def test_strict_rerank_moved_to_the_reranker() -> None:
-    with pytest.raises(ValueError, match="strict=True to the reranker"):
-        _retriever(strict_rerank=True)
-    assert EmbeddingReranker(embeddings=HashingEmbeddings(), strict=True).strict
-
-
 def test_preset_name_and_strict_reranker_survive_save_and_load(tmp_path: Path) -> None:
     emb = HashingEmbeddings()
     reranker = EmbeddingReranker(embeddings=emb, strict=True)
@@ -67,7 +61,9 @@ def test_preset_name_and_strict_reranker_survive_save_and_load(tmp_path: Path) -
 
 
 def _chunks(r: RSERetriever) -> list[tuple[int, int]]:
-    return sorted(tuple(s) for rec in r._records.pointers(["c0", "c1"]) if rec for s in rec.spans)
+    return sorted(
+        tuple(s) for rec in r.index.records.pointers(["c0", "c1"]) if rec for s in rec.spans
+    )
 
 
 def _docs() -> list:
@@ -89,7 +85,10 @@ def test_an_overlapping_default_splitter_saves_as_size_and_overlap(tmp_path: Pat
     loaded.add_documents([Document("A new clause. " * 80, id="new")])
     again = _retriever(splitter=make_splitter(600, 50), show_progress=False)
     again.add_documents([Document("A new clause. " * 80, id="new")])
-    assert loaded._records.pointers(["new"])[0].spans == again._records.pointers(["new"])[0].spans
-    versions = [p.version for p in loaded._records.pointers(["c0", "c1"])]
+    assert (
+        loaded.index.records.pointers(["new"])[0].spans
+        == again.index.records.pointers(["new"])[0].spans
+    )
+    versions = [p.version for p in loaded.index.records.pointers(["c0", "c1"])]
     loaded.add_documents(_docs())  # unchanged: the same splitter fingerprint, not re-indexed
-    assert [p.version for p in loaded._records.pointers(["c0", "c1"])] == versions
+    assert [p.version for p in loaded.index.records.pointers(["c0", "c1"])] == versions

@@ -108,7 +108,7 @@ SLOW_INDEXING = """
     from langchain_rse.indexing import steps
     steps.INDEX_BATCH_SIZE = 16
     r = RSERetriever.from_documents(docs, embedding=SlowFirstBatch(), show_progress=show)
-    print(len(r._lexical))
+    print(len(r.index.lexical))
 """
 
 
@@ -233,7 +233,7 @@ def test_python_reuses_the_cli_embedding_cache(tmp_path: Path, monkeypatch) -> N
     python_index = RSERetriever(vectorstore=default_vectorstore(emb), show_progress=False)
     python_index.add_documents(load_documents(["docs"]))
 
-    assert len(python_index._lexical) > 0
+    assert len(python_index.index.lexical) > 0
     assert VectorCache().count() == cached  # every vector reused: none written
     # the same documents (ids, texts, metadata) as the command's
     ids = ["lease.md", "sub/policy.txt"]  # relative to the folder indexed, in both

@@ -14,7 +14,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from test_routing import ONE_WORD
 from test_routing import contract as routing_contract
 
-from helpers import HashingEmbeddings
+from helpers import HashingEmbeddings, search_branches
 from langchain_rse import DocumentRouter, RSERetriever
 from langchain_rse.filters import doc_ids, parse
 from langchain_rse.integrations.faiss import FaissStore
@@ -138,7 +138,7 @@ async def test_focus_async_matches_sync() -> None:
 def test_focus_searches_only_inside_the_routed_document() -> None:
     retriever = build()
     seen: list[Any] = []
-    search = retriever._search()
+    search = search_branches(retriever)
     original = search.search
     search.search = lambda q, f, router=None, callbacks=None: (  # type: ignore[method-assign]
         seen.append((q, f, router)) or original(q, f, router, callbacks)

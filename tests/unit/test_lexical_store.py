@@ -72,7 +72,7 @@ def setup() -> tuple[RSERetriever, KeywordStore]:
 
 def test_external_lexical_store_is_written_and_searched(setup) -> None:
     r, store = setup
-    assert len(r._lexical) == 0 and len(store.docs) == len(r.vectorstore.store)
+    assert len(r.index.lexical) == 0 and len(store.docs) == len(r.vectorstore.store)
     out = r.invoke("royalties audit rights", mode="chunks")
     assert store.searches == 1
     assert out[0].metadata["doc_id"] == "gamma.txt"

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from langchain_core.documents import Document
 
 from conftest import corpus_documents
 from helpers import HashingEmbeddings
@@ -149,6 +150,8 @@ _DEFAULT_PATH = """
 import sys, tempfile
 sys.path[:0] = [f"{sys.argv[1]}/../{d}" for d in ("support", "unit", "integration", ".")]
 from helpers import HashingEmbeddings
+from langchain_core.documents import Document
+
 from langchain_rse import RSERetriever, cached_embeddings
 from langchain_rse.persistence import default_vectorstore
 from langchain_rse.sample_data import load_sample_documents
@@ -195,6 +198,32 @@ def test_an_index_of_an_earlier_build_is_refused_with_re_create(tmp_path: Path) 
     shutil.copytree(FIXTURE, index)
     with pytest.raises(IndexFormatError, match="version 1 .*re-create the index"):
         RSERetriever.load(index, embedding=HashingEmbeddings(dim=16))
+
+
+def test_an_index_of_format_2_is_refused_with_re_create(tmp_path: Path) -> None:
+    """``tests/support/data/index_format_2`` was saved by main at 4180282 (format version 2:
+    the record store's role and manifest key were ``docstore``, the router saved its own
+    ``fetch_k``): the error says to re-create the index."""
+    from langchain_rse.persistence import IndexFormatError
+
+    index = tmp_path / "idx"
+    shutil.copytree(FIXTURE.parent / "index_format_2", index)
+    with pytest.raises(IndexFormatError, match="version 2 .*re-create the index"):
+        RSERetriever.load(index, embedding=HashingEmbeddings(dim=16))
+
+
+def test_a_saved_index_names_its_record_store(tmp_path: Path) -> None:
+    r = RSERetriever.from_documents(
+        [Document("# Terms\n\nPayment is due within 45 days.", id="t")],
+        embedding=HashingEmbeddings(dim=16),
+        show_progress=False,
+    )
+    r.save(tmp_path / "idx")
+    manifest = json.loads((tmp_path / "idx" / "rse_index.json").read_text())
+    assert manifest["record_store"] == {"kind": "embedded", "class": "InMemoryByteStore"}
+    assert manifest["files"]["record_store"]["name"].startswith("record_store.")
+    loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(dim=16))
+    assert loaded.get(["t"])[0].page_content == r.get(["t"])[0].page_content
 
 
 @pytest.fixture

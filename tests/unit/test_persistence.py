@@ -111,7 +111,7 @@ def test_version_and_format_errors(built, tmp_path) -> None:
         RSERetriever.load(tmp_path / "nothing", embedding=HashingEmbeddings())
 
 
-@pytest.mark.parametrize("role", ["lexical", "lexical_tf", "docstore", "vectors"])
+@pytest.mark.parametrize("role", ["lexical", "lexical_tf", "record_store", "vectors"])
 def test_corrupted_or_truncated_file(built, tmp_path, role) -> None:
     built.save(tmp_path / "idx")
     manifest = json.loads((tmp_path / "idx" / MANIFEST).read_text())
@@ -135,7 +135,7 @@ def _rewrite(directory: Path, role: str, data: bytes) -> None:
 def test_the_stemmer_is_saved_and_a_different_one_is_refused(built, tmp_path) -> None:
     built.save(tmp_path / "idx")
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings())
-    assert built.lexical_stemmer == loaded._lexical.stemmer == "english"
+    assert built.lexical_stemmer == loaded.index.lexical.stemmer == "english"
     with pytest.raises(IndexFormatError, match="saved with stemmer='english'.*'german'"):
         RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), lexical_stemmer="german")
 
@@ -146,7 +146,7 @@ def test_malformed_lexical_arrays_are_a_format_error(built, tmp_path, damage) ->
 
     idx = tmp_path / "idx"
     built.save(idx)
-    header, arrays = built._lexical.export_state()
+    header, arrays = built.index.lexical.export_state()
     with np.load(io.BytesIO(arrays)) as data:
         parts = {n: data[n] for n in data.files}
     if damage == "term out of range":
@@ -262,7 +262,7 @@ def test_save_removes_temporary_files_of_a_killed_save(built, tmp_path) -> None:
     target = tmp_path / "idx"
     built.save(target)
     leftovers = [
-        ".docstore.0123456789ab.jsonl.x1y2z3.tmp",
+        ".record_store.0123456789ab.jsonl.x1y2z3.tmp",
         ".vectors.0123456789ab.json.q.tmp",
         ".vectors_index.0123456789ab.faiss.r.tmp",
         ".rse_index.json.abc.tmp",

@@ -234,7 +234,7 @@ def test_a_tampered_reranker_url_gets_no_key_through_the_cli_query(tmp_path: Pat
 # ---------------------------------------------------------------- 15: tampered indexes
 
 Path_ = tuple[Any, ...]
-OPTIONAL = {  # keys older saves lack (see index_schema): deleting them leaves a valid index
+OPTIONAL = {  # keys older saves lack (see persistence.schema): deleting them leaves a valid index
     ("library_version",),
     ("stats",),
     ("components",),
@@ -329,7 +329,7 @@ def _manifest_mutations(manifest: dict[str, Any]) -> Iterator[tuple[str, Any]]:
         ("format_version",): [99, 0],
         ("generation",): ["ZZZ", ""],
         ("vectorstore", "kind"): ["s3"],
-        ("docstore", "kind"): ["cloud"],
+        ("record_store", "kind"): ["cloud"],
         ("stats", "chunks"): [-1],
         ("files", "lexical", "sha256"): ["abc"],
         ("files", "lexical", "size"): [-1, "12", 1],
@@ -401,9 +401,9 @@ def test_every_tampered_manifest_is_an_index_format_error(
 def _file_mutations(role: str, data: bytes) -> Iterator[tuple[str, bytes]]:
     """Structural mutations of a data file (its checksum is updated: they test the schema)."""
     yield "truncated", data[: len(data) // 2]
-    if role != "docstore":  # an empty record store is well-formed (see the README note)
+    if role != "record_store":  # an empty record store is well-formed (see the README note)
         yield "empty", b""
-    if role == "docstore":
+    if role == "record_store":
         lines = data.decode().splitlines()
         first = json.loads(lines[0])
         for bad in (
@@ -495,7 +495,7 @@ def test_every_tampered_data_file_is_an_index_format_error(
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
-@pytest.mark.parametrize("role", ["lexical", "vectors", "docstore"])
+@pytest.mark.parametrize("role", ["lexical", "vectors", "record_store"])
 def test_a_named_pipe_in_place_of_a_data_file_is_refused_at_once(
     saved_index: Path, tmp_path: Path, role: str
 ) -> None:

@@ -38,7 +38,7 @@ async def test_full_pipeline_sync_and_async(tmp_path) -> None:
             k=3,
         )
         retriever.add_documents(docs)
-        n_chunks = len(retriever._lexical)
+        n_chunks = len(retriever.index.lexical)
         assert enricher.usage.llm_calls == len(llm_server.requests) > 0
         # the context is indexed with the chunk (vector store text) and kept in metadata
         stored = list(retriever.vectorstore.store.values())
@@ -66,7 +66,7 @@ async def test_full_pipeline_sync_and_async(tmp_path) -> None:
         # re-indexing the same documents costs no LLM call and no embedding
         calls = len(llm_server.requests)
         retriever.add_documents(docs)
-        assert len(llm_server.requests) == calls and len(retriever._lexical) == n_chunks
+        assert len(llm_server.requests) == calls and len(retriever.index.lexical) == n_chunks
         # a changed document is enriched again, only its chunks
         retriever.add_documents(
             [

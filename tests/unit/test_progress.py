@@ -101,7 +101,7 @@ def test_log_lines_when_not_on_a_terminal(progress_log, monkeypatch) -> None:
     monkeypatch.setattr(steps, "INDEX_BATCH_SIZE", 8)
     r = RSERetriever(vectorstore=InMemoryVectorStore(SlowBatches(pause=0.2)), chunk_size=200)
     r.add_documents(corpus(2))  # pytest's stderr is not a terminal: log lines
-    total = len(r._lexical)
+    total = len(r.index.lexical)
     lines = progress_log.lines
     assert lines and all(line.startswith("embedding + writing: ") for line in lines)
     assert lines[-1].startswith(f"embedding + writing: {total}/{total} chunks (100%), enriched")
@@ -200,7 +200,7 @@ async def test_documents_are_enriched_and_written_in_groups(monkeypatch, use_asy
     first_write, last_enrich = kinds.index("write"), len(kinds) - 1 - kinds[::-1].index("enrich")
     assert first_write < last_enrich  # later documents are enriched after earlier ones are written
     assert all(n <= 4 for kind, n in events if kind == "write")
-    assert sum(n for kind, n in events if kind == "write") == len(grouped._lexical)
+    assert sum(n for kind, n in events if kind == "write") == len(grouped.index.lexical)
     # the same index as one group: same chunks, same results
     RecordingEnricher.events = []
     whole = RSERetriever(
@@ -213,7 +213,8 @@ async def test_documents_are_enriched_and_written_in_groups(monkeypatch, use_asy
 
     def by_chunk(r: RSERetriever) -> dict[tuple[str, str], list[str]]:  # version ids differ
         return {
-            (k.split("\x1f")[0], k.split("\x1f")[-1]): t for k, t in r._lexical.tokens().items()
+            (k.split("\x1f")[0], k.split("\x1f")[-1]): t
+            for k, t in r.index.lexical.tokens().items()
         }
 
     assert by_chunk(grouped) == by_chunk(whole)

@@ -80,7 +80,7 @@ class Flipping:
         self.store = ReplaceOnRead()
         self.r = RSERetriever(
             vectorstore=InMemoryVectorStore(HashingEmbeddings()),
-            docstore=self.store,
+            record_store=self.store,
             enricher=NoEnricher(),
             chunk_size=120,
             show_progress=False,

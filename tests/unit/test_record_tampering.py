@@ -1,4 +1,4 @@
-"""Tampered record contents in a saved index (the JSON inside the docstore lines, the BM25
+"""Tampered record contents in a saved index (the JSON inside the record store lines, the BM25
 chunk keys), with the file's checksum and size kept consistent: ``load``, and a query
 after it, raise ``IndexFormatError`` or work — never another exception."""
 
@@ -112,13 +112,13 @@ def _tamper(directory: Path, m: Mutation) -> None:
             directory, "lexical", json.dumps(_apply(json.loads(path.read_bytes()), m)).encode()
         )
         return
-    path = directory / manifest["files"]["docstore"]["name"]
+    path = directory / manifest["files"]["record_store"]["name"]
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     of_kind = [i for i, (key, _) in enumerate(lines) if key.startswith(m.kind + "/")]
     i = of_kind[m.line % len(of_kind)]
     key, record = lines[i]
     lines[i] = [key, json.dumps(_apply(json.loads(record), m))]
-    _rewrite(directory, "docstore", "\n".join(json.dumps(x) for x in lines).encode())
+    _rewrite(directory, "record_store", "\n".join(json.dumps(x) for x in lines).encode())
 
 
 @pytest.fixture(scope="module")

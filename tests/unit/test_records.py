@@ -96,7 +96,7 @@ async def test_an_in_process_store_keeps_bodies_compressed_and_reads_both_forms(
     r = RSERetriever(vectorstore=default_vectorstore(HashingEmbeddings()), k=2)
     text = make_contract("supply", ["termination", "payment", "warranty", "notices"])
     r.add_documents([Document(text, id="c")])
-    store = r.docstore.store  # type: ignore[attr-defined]
+    store = r.record_store.store  # type: ignore[attr-defined]
     (key,) = [k for k in store if k.startswith("body/")]
     plain = DocBody.from_bytes(store[key]).to_bytes()
     assert store[key][:1] != b"{" and len(store[key]) < len(plain) / 2
@@ -106,10 +106,10 @@ async def test_an_in_process_store_keeps_bodies_compressed_and_reads_both_forms(
             for d in found
         )
     r.save(tmp_path / "index")
-    saved = (tmp_path / "index").rglob("docstore*")
+    saved = (tmp_path / "index").rglob("record_store*")
     assert any(b'{\\"text\\"' in p.read_bytes() or b'{"text"' in p.read_bytes() for p in saved)
     loaded = RSERetriever.load(tmp_path / "index", HashingEmbeddings())
-    assert loaded.docstore.store[key] == store[key]  # type: ignore[attr-defined]
+    assert loaded.record_store.store[key] == store[key]  # type: ignore[attr-defined]
     want = [d.page_content for d in r.invoke("payment terms")]
     assert [d.page_content for d in loaded.invoke("payment terms")] == want
 

@@ -125,9 +125,9 @@ def test_delete_removes_everywhere(retriever) -> None:
     retriever.delete(["gamma.txt"])
     assert len(stored_metadata(vs)) == before - n_gamma
     assert all(m["doc_id"] != "gamma.txt" for m in stored_metadata(vs))
-    assert len(retriever._lexical) == before - n_gamma
+    assert len(retriever.index.lexical) == before - n_gamma
     assert all(d.metadata["doc_id"] != "gamma.txt" for d in retriever.invoke("royalties", k=5))
-    keys = list(retriever.docstore.yield_keys())
+    keys = list(retriever.record_store.yield_keys())
     assert len(keys) == 3 * 3  # a pointer, a body and a version record per remaining document
 
 
@@ -144,7 +144,7 @@ def test_readd_unchanged_is_free_and_changed_replaces(docs, embeddings) -> None:
     stored = [m for m in stored_metadata(r.vectorstore) if m["doc_id"] == "gamma.txt"]
     versions = {m["doc_version"] for m in stored}
     assert len(versions) == 1  # no orphan chunks of the old version
-    assert len(stored_metadata(r.vectorstore)) == len(r._lexical)
+    assert len(stored_metadata(r.vectorstore)) == len(r.index.lexical)
     hits = r.invoke("escrow", k=1)
     assert hits[0].metadata["doc_id"] == "gamma.txt" and "escrow" in hits[0].page_content
     assert all(
@@ -160,7 +160,7 @@ def test_empty_document_is_skipped(embeddings) -> None:
         "sha256:" + __import__("hashlib").sha256(b"  \n ").hexdigest()[:32],
         "x",
     ]
-    assert len(r._lexical) == 1
+    assert len(r.index.lexical) == 1
 
 
 def test_bad_documents(embeddings) -> None:
@@ -171,7 +171,7 @@ def test_bad_documents(embeddings) -> None:
         r.add_documents([Document("a", metadata={"when": object()})])
     with pytest.raises(TypeError, match="list of Documents"):
         r.add_documents("text")  # type: ignore[arg-type]
-    assert len(r._lexical) == 0  # nothing half-written
+    assert len(r.index.lexical) == 0  # nothing half-written
 
 
 def test_shared_vectorstore_foreign_documents_are_ignored(docs, embeddings) -> None:
@@ -308,7 +308,7 @@ def test_assignment_is_validated(retriever) -> None:
     # what was read once at construction cannot be changed afterwards
     for name, value in [
         ("lexical_stemmer", None),
-        ("docstore", InMemoryByteStore()),
+        ("record_store", InMemoryByteStore()),
         ("vectorstore", InMemoryVectorStore(HashingEmbeddings())),
     ]:
         with pytest.raises(ValueError, match="frozen"):

@@ -12,7 +12,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from helpers import HashingEmbeddings
+from helpers import HashingEmbeddings, search_branches
 from langchain_rse import DocumentRouter, NoEnricher, RSERetriever
 from langchain_rse.indexing.chunking import document_leads
 from langchain_rse.routing import DEFAULT_BOOST, LeadIndex
@@ -170,7 +170,7 @@ def test_a_router_that_finds_nothing_of_ours_filters_nothing() -> None:
     expected = [(d.page_content, d.metadata) for d in plain.invoke(QUERY, k=5)]
     for router in (foreign, unknown, empty):
         for check in (10, None):
-            routed, _ = build(router=DocumentRouter(retriever=router, fetch_k=50, check_k=check))
+            routed, _ = build(router=DocumentRouter(retriever=router, check_k=check))
             assert [(d.page_content, d.metadata) for d in routed.invoke(QUERY, k=5)] == expected
         assert router.calls == [QUERY, QUERY]
 
@@ -179,14 +179,12 @@ def test_routing_settings_are_validated_and_saved(tmp_path) -> None:
     with pytest.raises(ValueError, match="documents"):
         DocumentRouter(retriever=lead_router([]), documents=0)
     leads = lead_router([contract(n) for n in NAMES])
-    routed, docs = build(
-        router=DocumentRouter(retriever=leads, documents=2, fetch_k=120, check_k=5)
-    )
+    routed, docs = build(router=DocumentRouter(retriever=leads, documents=2, check_k=5))
     routed.save(tmp_path / "idx")
     # the router's settings are saved; its retriever is passed again
     loaded = RSERetriever.load(tmp_path / "idx", embedding=HashingEmbeddings(), router=leads)
     assert loaded.router is not None and loaded.router.retriever is leads
-    assert (loaded.router.documents, loaded.router.fetch_k, loaded.router.check_k) == (2, 120, 5)
+    assert (loaded.router.documents, loaded.router.check_k) == (2, 5)
     assert [d.page_content for d in loaded.invoke(QUERY)] == [
         d.page_content for d in routed.invoke(QUERY)
     ]
@@ -197,19 +195,19 @@ async def test_a_copy_searches_with_its_own_settings() -> None:
     # fetch depth and router, not the original's.
     plain, docs = build(fetch_k=2)
     copy = plain.model_copy(update={"fetch_k": 12})
-    assert len(plain._search().dense(REQUEST).hits) == 2
-    assert len(copy._search().dense(REQUEST).hits) == 12
-    assert len((await copy._search().adense(REQUEST)).hits) == 12
-    assert len(copy._search().lexical_search(REQUEST)) > 2
-    router = DocumentRouter(retriever=lead_router(docs), fetch_k=20)
-    routed = plain.model_copy(update={"router": router})
-    assert len(routed._search().dense(REQUEST).hits) == 20
+    assert len(search_branches(plain).dense(REQUEST).hits) == 2
+    assert len(search_branches(copy).dense(REQUEST).hits) == 12
+    assert len((await search_branches(copy).adense(REQUEST)).hits) == 12
+    assert len(search_branches(copy).lexical_search(REQUEST)) > 2
+    router = DocumentRouter(retriever=lead_router(docs))
+    routed = plain.model_copy(update={"router": router, "fetch_k": 20})
+    assert len(search_branches(routed).dense(REQUEST).hits) == 20
     results = routed.invoke(QUERY, k=6, mode="chunks")
     assert results and {d.metadata["doc_id"] for d in results} == {"orion.txt"}
-    assert len(plain._search().dense(REQUEST).hits) == 2  # the original is unchanged
+    assert len(search_branches(plain).dense(REQUEST).hits) == 2  # the original is unchanged
     # assignment is validated and takes effect too
     plain.fetch_k = 7
-    assert len(plain._search().dense(REQUEST).hits) == 7
+    assert len(search_branches(plain).dense(REQUEST).hits) == 7
 
 
 def with_unrelated_doc(**kwargs: Any) -> RSERetriever:
@@ -248,8 +246,16 @@ async def test_only_the_routed_documents_the_search_agrees_with_are_kept() -> No
         assert {d.metadata["doc_id"] for d in results} == {"lyra.txt"}
 
 
+def test_fetch_k_is_one_field_on_the_retriever() -> None:
+    # the retriever's default is what its default (routed) search fetched: 200 per branch
+    r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()))
+    assert r.fetch_k == 200 and r.router is not None
+    with pytest.raises(ValueError, match="fetch_k"):
+        DocumentRouter(retriever=RecordingRouter(results=[], calls=[]), fetch_k=200)
+
+
 def test_router_settings_are_validated() -> None:
-    for bad in ({"check_k": 0}, {"fetch_k": 0}, {"documents": 0}, {"unknown": 1}):
+    for bad in ({"check_k": 0}, {"documents": 0}, {"fetch_k": 50}, {"unknown": 1}):
         with pytest.raises(ValueError):
             DocumentRouter(retriever=RecordingRouter(results=[], calls=[]), **bad)
 
@@ -346,7 +352,7 @@ def test_soft_boost_favours_without_filtering() -> None:
     soft = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
     retriever.router = DocumentRouter.leads(boost=math.inf, min_naming=ONE_WORD)
     assert isinstance(retriever.router.retriever, LeadIndex)
-    assert retriever._writer.leads is retriever.router.retriever  # rebound on assignment
+    assert retriever.index.local.leads is retriever.router.retriever  # rebound on assignment
     assert len(retriever.router.retriever) == 3  # filled from the records
     hard = [d.metadata["doc_id"] for d in retriever.invoke(QUERY, k=20, mode="chunks")]
     assert set(hard) == {"orion.txt"}
@@ -433,8 +439,8 @@ def test_built_in_leads_see_another_workers_writes(tmp_path) -> None:
 
     store = LocalFileStore(tmp_path / "records")  # a shared record store (a directory)
     vs = InMemoryVectorStore(HashingEmbeddings())
-    a = RSERetriever(vectorstore=vs, docstore=store, chunk_size=200, enricher=NoEnricher())
-    b = RSERetriever(vectorstore=vs, docstore=store, chunk_size=200, enricher=NoEnricher())
+    a = RSERetriever(vectorstore=vs, record_store=store, chunk_size=200, enricher=NoEnricher())
+    b = RSERetriever(vectorstore=vs, record_store=store, chunk_size=200, enricher=NoEnricher())
     a.add_documents([contract(n) for n in NAMES])
     leads_b = b.router.retriever  # type: ignore[union-attr]
     assert isinstance(leads_b, LeadIndex) and len(leads_b) == 0

@@ -51,7 +51,7 @@ def shared() -> tuple[RSERetriever, CountingStore]:
     store = CountingStore()
     retriever = RSERetriever(
         vectorstore=InMemoryVectorStore(HashingEmbeddings()),
-        docstore=store,
+        record_store=store,
         chunk_size=200,
         enricher=NoEnricher(),
         router=DocumentRouter.leads(min_naming=ONE_WORD),

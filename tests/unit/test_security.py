@@ -471,7 +471,7 @@ def _set_name(directory: Path, role: str, name: str) -> None:
         "x" * 300,
     ],
 )
-@pytest.mark.parametrize("role", ["lexical", "docstore", "vectors", "vectors_index"])
+@pytest.mark.parametrize("role", ["lexical", "record_store", "vectors", "vectors_index"])
 def test_manifest_file_names_cannot_escape(saved: Path, role: str, name: str) -> None:
     _set_name(saved, role, name)
     with pytest.raises(IndexFormatError, match="not allowed"):
@@ -482,11 +482,11 @@ def test_manifest_name_with_absolute_path_to_a_real_copy_is_rejected(
     saved: Path, tmp_path: Path
 ) -> None:
     manifest = json.loads((saved / MANIFEST).read_text())
-    name = manifest["files"]["docstore"]["name"]
+    name = manifest["files"]["record_store"]["name"]
     outside = tmp_path / "outside"
     outside.mkdir()
     shutil.copy(saved / name, outside / name)  # same bytes, so the checksum would match
-    _set_name(saved, "docstore", str(outside / name))
+    _set_name(saved, "record_store", str(outside / name))
     with pytest.raises(IndexFormatError, match="not allowed"):
         RSERetriever.load(saved, embedding=HashingEmbeddings())
 
@@ -497,7 +497,7 @@ def test_symlinked_index_directory_still_loads(saved: Path, tmp_path: Path) -> N
     assert RSERetriever.load(link, embedding=HashingEmbeddings()).invoke("termination")
 
 
-@pytest.mark.parametrize("role", ["docstore", "vectors_index"])
+@pytest.mark.parametrize("role", ["record_store", "vectors_index"])
 def test_data_file_symlinked_outside_is_rejected(saved: Path, tmp_path: Path, role: str) -> None:
     name = json.loads((saved / MANIFEST).read_text())["files"][role]["name"]
     outside = tmp_path / "outside"

@@ -18,9 +18,10 @@ from langchain_rse import RSERetriever
 MAX_OWN_FRAMES = 8
 """The package's own frames from ``invoke`` to the vector store's search, at most (a
 tripwire with slack, issue 56: not a limit to shape the code to)."""
-MAX_MODULES = 14
-"""The package's modules one default query touches, at most (with slack: the driver and
-the query's types are modules of their own)."""
+MAX_MODULES = 15
+"""The package's modules one default query touches, at most (with slack: the driver, the
+query's types and the engine under the retriever are modules of their own; a default query
+touches 15 since the engine, ``engine.py``, moved out of the retriever)."""
 
 
 def documents() -> list[Document]:
@@ -56,7 +57,7 @@ def test_a_query_reaches_the_vector_store_through_at_most_eight_own_frames() -> 
         assert 0 < len(frames) <= MAX_OWN_FRAMES, frames
 
 
-def test_a_default_query_touches_at_most_fourteen_package_modules() -> None:
+def test_a_default_query_touches_at_most_fifteen_package_modules() -> None:
     r = RSERetriever.from_documents(documents(), embedding=HashingEmbeddings())
     r.invoke("payment terms")  # warm: first-use imports and caches are not the query's
     touched: set[str] = set()

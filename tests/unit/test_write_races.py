@@ -78,9 +78,11 @@ def _tenant_views(how: str, paused: PausedEnricher) -> tuple[RSERetriever, RSERe
         acme = base.model_copy(update={"filter": ACME, "enricher": paused})
         return acme, base.model_copy(update={"filter": GLOBEX})
     vs, store = InMemoryVectorStore(HashingEmbeddings()), SharedStore()
-    acme = RSERetriever(vectorstore=vs, docstore=store, enricher=paused, filter=ACME, **settings)
+    acme = RSERetriever(
+        vectorstore=vs, record_store=store, enricher=paused, filter=ACME, **settings
+    )
     globex = RSERetriever(
-        vectorstore=vs, docstore=store, enricher=NoEnricher(), filter=GLOBEX, **settings
+        vectorstore=vs, record_store=store, enricher=NoEnricher(), filter=GLOBEX, **settings
     )
     return acme, globex
 

@@ -96,16 +96,16 @@ def exactly_current(r: RSERetriever, lexical: bool = True) -> None:
     its in-process BM25 index too; another retriever's writes to an in-memory record store
     do not reach it)."""
     stored = sorted((m["doc_id"], m["doc_version"]) for m in stored_metadata(r.vectorstore))
-    doc_ids = sorted({d for d, _ in stored} | {v.doc_id for v in r._records.versions()})
-    current = [p for p in r._records.pointers(doc_ids) if p is not None]
+    doc_ids = sorted({d for d, _ in stored} | {v.doc_id for v in r.index.records.versions()})
+    current = [p for p in r.index.records.pointers(doc_ids) if p is not None]
     want = sorted((p.doc_id, p.version) for p in current for _ in p.spans)
     assert stored == want, "orphan or missing chunks in the vector store"
     if lexical:
-        assert sorted(tuple(k.split("\x1f")[:2]) for k in list(r._lexical.keys())) == want
-    assert sorted((v.doc_id, v.version) for v in r._records.versions()) == sorted(
+        assert sorted(tuple(k.split("\x1f")[:2]) for k in list(r.index.lexical.keys())) == want
+    assert sorted((v.doc_id, v.version) for v in r.index.records.versions()) == sorted(
         (p.doc_id, p.version) for p in current
     )
-    keys = list(r.docstore.yield_keys())
+    keys = list(r.record_store.yield_keys())
     for prefix in ("doc/", "body/", "ver/"):
         assert len([k for k in keys if k.startswith(prefix)]) == len(current), prefix
 
@@ -119,8 +119,8 @@ Y = make_contract("alpha", ["escrow"], 3)
 
 def test_a_cleanup_never_deletes_the_version_another_worker_made_current_again() -> None:
     vs, store = InMemoryVectorStore(HashingEmbeddings()), PausingStore()
-    a = RSERetriever(vectorstore=vs, docstore=store, k=3)
-    b = RSERetriever(vectorstore=vs, docstore=store, k=3)
+    a = RSERetriever(vectorstore=vs, record_store=store, k=3)
+    b = RSERetriever(vectorstore=vs, record_store=store, k=3)
     a.add_documents([Document(X, id="alpha")])
     # Worker a replaces X by Y and swaps the pointer; its cleanup of X pauses in mdelete...
     t, out = in_thread(lambda: a.add_documents([Document(Y, id="alpha")]))
@@ -148,7 +148,7 @@ def break_pointer(store: InMemoryByteStore) -> None:
 def test_a_broken_pointer_is_written_again_by_re_adding_the_document() -> None:
     r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=3)
     r.add_documents([Document(X, id="alpha")])
-    break_pointer(r.docstore)
+    break_pointer(r.record_store)
     r.add_documents([Document(X, id="alpha")])  # not skipped as unchanged
     assert r.get(["alpha"])[0].page_content == X
     assert whole_slices(r.invoke("payment provisions"), {"alpha": [X]})
@@ -159,13 +159,13 @@ def test_a_broken_pointer_is_written_again_by_re_adding_the_document() -> None:
 def test_vacuum_repairs_a_broken_pointer() -> None:
     r = RSERetriever(vectorstore=InMemoryVectorStore(HashingEmbeddings()), k=3)
     r.add_documents([Document(X, id="alpha"), Document(Y, id="beta")])
-    before = r.docstore.mget([k for k in r.docstore.yield_keys() if k.startswith("doc/")])
+    before = r.record_store.mget([k for k in r.record_store.yield_keys() if k.startswith("doc/")])
     # break alpha only
-    alpha = r._records.pointers(["alpha"])[0]
-    r.docstore.mdelete(
+    alpha = r.index.records.pointers(["alpha"])[0]
+    r.record_store.mdelete(
         [
             k
-            for k in r.docstore.yield_keys()
+            for k in r.record_store.yield_keys()
             if k.startswith(("body/", "ver/")) and alpha.version in k
         ]
     )
@@ -290,7 +290,7 @@ def test_vacuum_goes_on_past_a_version_it_cannot_remove(caplog) -> None:
     vs = FailingDeletes(HashingEmbeddings())
     r = RSERetriever(vectorstore=vs, k=3)
     r.add_documents([Document(X, id="alpha"), Document(X, id="beta")])
-    old = {p.doc_id: p.version_record() for p in r._records.pointers(["alpha", "beta"])}
+    old = {p.doc_id: p.version_record() for p in r.index.records.pointers(["alpha", "beta"])}
     vs.refuse = set(old["alpha"].chunk_ids())
     with pytest.raises(ConnectionError):  # the cleanup after the swap fails
         r.add_documents([Document(Y, id="alpha"), Document(Y, id="beta")])
@@ -310,7 +310,7 @@ def test_a_query_whose_candidates_were_replaced_meanwhile_searches_again(vectors
     emb = HashingEmbeddings()
     vs = default_vectorstore(emb) if vectorstore == "faiss" else InMemoryVectorStore(emb)
     store = PausingStore()
-    r = RSERetriever(vectorstore=vs, docstore=store, k=3, router=None)
+    r = RSERetriever(vectorstore=vs, record_store=store, k=3, router=None)
     old = make_contract("alpha", ["payment"], 3)
     new = "PREAMBLE " * 9 + make_contract("alpha", ["payment", "escrow"], 3)
     r.add_documents([Document(old, id="alpha")])

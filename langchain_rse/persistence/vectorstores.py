@@ -1,6 +1,5 @@
 """The default local vector store (FAISS, else in memory), saved in and loaded from an
-index directory (:mod:`~langchain_rse.persistence`). The record store, the readers-writer
-lock and the file byte store are in :mod:`langchain_rse.indexing.recordstore`."""
+index directory (:mod:`~langchain_rse.persistence.directory`)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,13 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from pydantic import BaseModel
 
 from langchain_rse.integrations import vectorstore_kind
+from langchain_rse.persistence import schema
+from langchain_rse.persistence.schema import IndexFormatError
 
 __all__ = [
     "default_vectorstore",
     "load_vectorstore",
     "save_vectorstore",
-    "vectorstore_kind",
 ]
 
 
@@ -27,7 +27,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class VectorFiles(Protocol):
-    """What loading a vector store reads of :class:`~langchain_rse.persistence.IndexFiles`."""
+    """What loading a vector store reads of :class:`~langchain_rse.persistence.files.IndexFiles`."""
 
     manifest: dict[str, Any]
 
@@ -39,7 +39,7 @@ class VectorFiles(Protocol):
 
 
 class VectorWriter(Protocol):
-    """What saving a vector store asks of :class:`~langchain_rse.persistence.IndexWriter`."""
+    """What saving a vector store asks of :class:`~langchain_rse.persistence.files.SaveWriter`."""
 
     def add_bytes(self, role: str, ext: str, data: bytes | memoryview) -> str: ...
 
@@ -135,20 +135,18 @@ def save_vectorstore(vs: VectorStore, writer: VectorWriter) -> dict[str, Any]:
 
 def load_vectorstore(files: VectorFiles, embedding: Embeddings) -> VectorStore:
     """The local vector store saved in ``files`` (``ValueError`` for an external one)."""
-    from langchain_rse import index_schema
-    from langchain_rse.index_schema import IndexFormatError
 
     info = files.manifest["vectorstore"]
     kind = info["kind"]
     if kind == "in_memory":
         vs = InMemoryVectorStore(embedding)
-        for rec in files.json("vectors", index_schema.InMemoryVectors).root:
+        for rec in files.json("vectors", schema.InMemoryVectors).root:
             vs.store[rec.id] = rec.model_dump()
         return vs
     if kind == "faiss":
         import faiss
 
-        data = files.json("vectors", index_schema.FaissVectors)
+        data = files.json("vectors", schema.FaissVectors)
         raw = files.read("vectors_index")
         name = files.name("vectors_index")
         try:
