@@ -55,7 +55,7 @@ from langchain_rse.index_schema import MANIFEST, IndexFormatError
 from langchain_rse.indexing.chunking import make_splitter
 from langchain_rse.indexing.records import (
     DocBody,
-    DocRecord,
+    Pointer,
     VersionRecord,
     body_key,
     default_splitter_params,
@@ -589,7 +589,7 @@ def _check_records(items: dict[str, bytes], name: str) -> None:
         kind = key.split("/", 1)[0]
         try:
             if kind == "doc":
-                pointer = DocRecord.from_bytes(raw)
+                pointer = Pointer.from_bytes(raw)
                 if key != pointer_key(pointer.doc_id):
                     raise ValueError(f"it holds the pointer of {pointer.doc_id!r}")
                 pointers.append(pointer)

@@ -33,7 +33,7 @@ from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, both, matches, parse
 from langchain_rse.fusion import branches_of, candidates, fused, quotes_code
-from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
+from langchain_rse.indexing.records import Body, Pointer, StaleRead, chunk_uuid
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index
 from langchain_rse.query import Candidate, Route
@@ -105,7 +105,7 @@ class Focus(NamedTuple):
 
 
 class ReadPointers(NamedTuple):
-    """The documents' pointers → ``list[DocRecord | None]``."""
+    """The documents' pointers → ``list[Pointer | None]``."""
 
     doc_ids: list[str]
 
@@ -113,7 +113,7 @@ class ReadPointers(NamedTuple):
 class ReadBodies(NamedTuple):
     """The bodies of these versions → ``list[Body]`` (:class:`StaleRead` when one is gone)."""
 
-    records: list[DocRecord]
+    records: list[Pointer]
 
 
 class Rerank(NamedTuple):
@@ -330,13 +330,13 @@ class Replaced(Exception):
 
 
 def live_candidates(
-    cands: list[Candidate], metas: dict[str, DocRecord], f: Filter | None = None
+    cands: list[Candidate], pointers: dict[str, Pointer], f: Filter | None = None
 ) -> list[Candidate]:
     """Drop candidates of deleted or replaced document versions, and of documents the
     filter rejects (a store that mistranslated it costs results, never leaks)."""
     live = {  # each document's current version and chunk count, if the filter takes it
         d: (m.version, len(m.spans))
-        for d, m in metas.items()
+        for d, m in pointers.items()
         if f is None or matches(f, {**m.metadata, "doc_id": d})
     }
     return [
@@ -347,14 +347,14 @@ def live_candidates(
 
 
 def rerank_inputs(
-    cands: list[Candidate], bodies: dict[str, Body], metas: dict[str, DocRecord]
+    cands: list[Candidate], bodies: dict[str, Body], pointers: dict[str, Pointer]
 ) -> list[Document]:
     """The candidates' enriched texts, tagged with their chunk ids."""
     docs = []
     for c in cands:
         if c.text is None:
             body = bodies[c.doc_id]
-            start, end = metas[c.doc_id].spans[c.chunk_index]
+            start, end = pointers[c.doc_id].spans[c.chunk_index]
             c.text = index_text(body.contexts[c.chunk_index], body.slice(start, end))
         docs.append(Document(page_content=c.text, metadata={"chunk_id": chunk_uuid(c.key)}))
     return docs
@@ -384,7 +384,7 @@ def apply_relevance(
 
 
 def replaced(
-    before: list[Candidate], after: list[Candidate], metas: dict[str, DocRecord]
+    before: list[Candidate], after: list[Candidate], pointers: dict[str, Pointer]
 ) -> set[tuple[str, str]]:
     """``(doc_id, version)`` of candidates whose documents kept none in ``after`` (the current
     ones) because they have another version now."""
@@ -393,7 +393,7 @@ def replaced(
         (c.doc_id, c.version)
         for c in before
         if c.doc_id not in kept
-        and (m := metas.get(c.doc_id)) is not None
+        and (m := pointers.get(c.doc_id)) is not None
         and m.version != c.version
     }
 
@@ -410,10 +410,10 @@ def run_pipeline(
     if not cands:
         return []
     doc_ids = list(dict.fromkeys([c.doc_id for c in cands]))
-    pointers = cast("list[DocRecord | None]", (yield ReadPointers(doc_ids)))
-    metas = {m.doc_id: m for m in pointers if m is not None}
-    found, cands = cands, live_candidates(cands, metas, s.filter)
-    if seen is not None and (new := replaced(found, cands, metas) - seen):
+    read = cast("list[Pointer | None]", (yield ReadPointers(doc_ids)))
+    pointers = {p.doc_id: p for p in read if p is not None}
+    found, cands = cands, live_candidates(cands, pointers, s.filter)
+    if seen is not None and (new := replaced(found, cands, pointers) - seen):
         raise Replaced(new)
     if not cands:
         return []
@@ -421,11 +421,11 @@ def run_pipeline(
     reranked: list[RerankResult] | None = None
     fallback = False
     if s.rerank:
-        need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
+        need = [pointers[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
         bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
         try:
             queries = s.rerank_queries or s.queries
-            request = Rerank(queries, rerank_inputs(cands, bodies, metas))
+            request = Rerank(queries, rerank_inputs(cands, bodies, pointers))
             reranked = cast("list[RerankResult]", (yield request))
         except RerankError as exc:
             if s.strict_rerank:
@@ -433,13 +433,13 @@ def run_pipeline(
             logger.warning("reranker failed (%s); using the fused ranking instead", exc)
             fallback = True
     cands = apply_relevance(s, cands, reranked)
-    selection = choose_segments(s, cands, metas, route)
-    need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
+    selection = choose_segments(s, cands, pointers, route)
+    need = [pointers[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
     bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
     texts = {d: bodies[d].text for d in dict.fromkeys(g[0] for g in selection)}
-    chosen = fit_segments(s, cands, metas, texts, selection)
-    yield Report(Trace(cands, metas, chosen, bodies))
-    return segment_documents(s, cands, metas, bodies, chosen, fallback)
+    chosen = fit_segments(s, cands, pointers, texts, selection)
+    yield Report(Trace(cands, pointers, chosen, bodies))
+    return segment_documents(s, cands, pointers, bodies, chosen, fallback)
 
 
 def _retrying(

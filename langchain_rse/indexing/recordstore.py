@@ -20,8 +20,8 @@ from langchain_core.stores import BaseStore
 from langchain_rse.indexing.records import (
     Body,
     DocBody,
-    DocRecord,
     JsonRecord,
+    Pointer,
     StaleRead,
     VersionRecord,
     body_key,
@@ -59,31 +59,31 @@ class RecordStore:
     def __init__(self, store: BaseStore[str, bytes], compress: bool = False) -> None:
         self.store = store
         self.compress = compress
-        self._pointers: dict[bytes, DocRecord] = {}
+        self._pointers: dict[bytes, Pointer] = {}
         self._bodies: LRUCache[tuple[str, str], Body] = LRUCache(
             BODY_CACHE_CHARS, getsizeof=lambda body: body.chars + 1
         )
         self._bodies_lock = threading.Lock()
 
-    def _pointer(self, raw: bytes | None) -> DocRecord | None:
+    def _pointer(self, raw: bytes | None) -> Pointer | None:
         if raw is None:
             return None
         record = self._pointers.get(raw)
         if record is None:
-            record = DocRecord.from_bytes(raw)
+            record = Pointer.from_bytes(raw)
             if len(self._pointers) >= _POINTER_CACHE_SIZE:
                 self._pointers.pop(next(iter(self._pointers)), None)
             self._pointers[raw] = record
         return record
 
-    def _cached(self, records: Sequence[DocRecord]) -> tuple[list[Body | None], list[str]]:
+    def _cached(self, records: Sequence[Pointer]) -> tuple[list[Body | None], list[str]]:
         """The cached bodies of ``records`` (None where not cached), and the keys to read."""
         with self._bodies_lock:
             found = [self._bodies.get((r.doc_id, r.version)) for r in records]
         return found, [body_key(r.doc_id, r.version) for r, b in zip(records, found) if b is None]
 
     def _decoded(
-        self, records: Sequence[DocRecord], found: list[Body | None], raw: list[bytes | None]
+        self, records: Sequence[Pointer], found: list[Body | None], raw: list[bytes | None]
     ) -> list[Body]:
         """``found`` with the missing bodies decoded from ``raw`` (in order) and cached."""
         todo = iter(raw)
@@ -99,18 +99,18 @@ class RecordStore:
             out.append(body)
         return out
 
-    def pointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
+    def pointers(self, doc_ids: Sequence[str]) -> list[Pointer | None]:
         return [self._pointer(r) for r in self.store.mget([pointer_key(d) for d in doc_ids])]
 
-    async def apointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
+    async def apointers(self, doc_ids: Sequence[str]) -> list[Pointer | None]:
         raw = await self.store.amget([pointer_key(d) for d in doc_ids])
         return [self._pointer(r) for r in raw]
 
-    def bodies(self, records: Sequence[DocRecord]) -> list[Body]:
+    def bodies(self, records: Sequence[Pointer]) -> list[Body]:
         found, keys = self._cached(records)
         return self._decoded(records, found, self.store.mget(keys) if keys else [])
 
-    async def abodies(self, records: Sequence[DocRecord]) -> list[Body]:
+    async def abodies(self, records: Sequence[Pointer]) -> list[Body]:
         found, keys = self._cached(records)
         return self._decoded(records, found, await self.store.amget(keys) if keys else [])
 
