@@ -70,7 +70,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 READ_ATTEMPTS = 3
-"""Times a query re-reads (or searches again) when documents change under it."""
+"""Times a query re-reads (or runs its retrieval again) when documents change under it."""
 CANDIDATE_POOL = 50
 """Fused candidates kept for reranking and RSE (half as many more per extra query)."""
 MAX_QUERIES = 6
@@ -322,7 +322,7 @@ class RetrieverSettings(Protocol):
 
 class Replaced(Exception):
     """Documents whose every candidate is of a version replaced since the search: the
-    query searches again (``versions``: their ``(doc_id, version)``)."""
+    retrieval runs again (``versions``: their ``(doc_id, version)``)."""
 
     def __init__(self, versions: set[tuple[str, str]]) -> None:
         super().__init__(", ".join(sorted(d for d, _ in versions)))
@@ -508,7 +508,7 @@ def retrieve(s: QuerySettings) -> Steps:
     """Search → fuse → :func:`run_pipeline`. When a route holds and the router focuses,
     :class:`Focus` adds the query's other clauses searched inside the routed documents.
 
-    A document replaced between the search and the read of its pointer: the query searches
+    A document replaced between the search and the read of its pointer: the retrieval runs
     again. Those attempts hold nothing, so writers never wait for queries; a writer that
     replaces within each of them could starve the query, so the last of the
     :data:`READ_ATTEMPTS` is :class:`Settled`: no pointer swap or cleanup of this process
@@ -519,18 +519,19 @@ def retrieve(s: QuerySettings) -> Steps:
         try:
             return (yield from _attempt(s, seen))
         except Replaced as exc:
-            logger.debug("documents %s were replaced during a query; searching again", exc)
+            logger.debug("documents %s were replaced during a query; retrieving again", exc)
             seen |= exc.versions
     return cast("list[Document]", (yield Settled(_attempt(s, None))))
 
 
 def _attempt(s: QuerySettings, seen: set[tuple[str, str]] | None) -> Steps:
-    """One search and its pipeline (:class:`Replaced` with ``seen``: see :func:`run_pipeline`)."""
-    settings, found = yield from _search(s)
+    """One attempt at the retrieval: the searches, fusion and :func:`run_pipeline`
+    (:class:`Replaced` with ``seen``: see :func:`run_pipeline`)."""
+    settings, found = yield from _search_and_fuse(s)
     return (yield from _retrying(settings, *found, seen))
 
 
-def _search(
+def _search_and_fuse(
     s: QuerySettings,
 ) -> Generator[Request, object, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
     """The searches and fusion of :func:`retrieve`: the settings (with the focus text as

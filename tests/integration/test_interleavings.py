@@ -93,7 +93,7 @@ def present_throughout(
     log: Sequence[tuple[str, str | None]], start: int, end: int, doc: str
 ) -> bool:
     """Whether ``doc`` was indexed while ``log[start:end]`` was written, and changed at
-    most twice (a query searches again after each change, up to three times)."""
+    most twice (a query runs its retrieval again after each change, up to three times)."""
     state = None
     for d, text in log[:start]:
         if d == doc:
