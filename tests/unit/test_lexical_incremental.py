@@ -237,14 +237,14 @@ def test_term_frequencies_are_stored_in_16_bits_unless_they_need_more() -> None:
     assert_same(index, "bm25s", corpus, ["kata", "rovi lota", "kata rovi"])
     index.delete(["b"])
     del corpus["b"]
-    index._bm25.compact()  # renumbered: one new segment
+    index._bm25.compact()  # renumbered: one new block
     assert {block.matrix.data.dtype for block in index._bm25.blocks} == {np.dtype(np.uint16)}
     assert_same(index, "bm25s", corpus, ["kata", "rovi lota"])
 
 
-def test_postings_keep_32_bit_document_numbers_through_adds_merges_and_loads() -> None:
-    """A posting is a 32-bit document number and a 16-bit frequency (scipy would keep the
-    64-bit coordinates it was given: 10 bytes a posting instead of 6), in a new segment,
+def test_postings_keep_32_bit_chunk_numbers_through_adds_merges_and_loads() -> None:
+    """A posting is a 32-bit chunk number and a 16-bit frequency (scipy would keep the
+    64-bit coordinates it was given: 10 bytes a posting instead of 6), in a new block,
     a merged one, a renumbered index and one loaded from its export."""
     rng = random.Random(3)
     index = BM25Index(background_merges=False, **SMALL)  # type: ignore[arg-type]
@@ -272,7 +272,7 @@ def test_postings_keep_32_bit_document_numbers_through_adds_merges_and_loads() -
 
 def test_batches_with_a_smaller_remainder_still_merge(monkeypatch) -> None:
     """``add_documents`` writes a few full groups and a smaller remainder per call: runs of
-    blocks one size class apart merge too, so the segment count stays logarithmic (it
+    blocks one size class apart merge too, so the block count stays logarithmic (it
     grew by four per call when only equal classes merged) and scores stay exact."""
     from langchain_rse.lexical import bm25
 
