@@ -113,7 +113,7 @@ class ReadPointers(NamedTuple):
 class ReadBodies(NamedTuple):
     """The bodies of these versions → ``list[Body]`` (:class:`StaleRead` when one is gone)."""
 
-    records: list[Pointer]
+    pointers: list[Pointer]
 
 
 class Rerank(NamedTuple):

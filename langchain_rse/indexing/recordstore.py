@@ -68,34 +68,34 @@ class RecordStore:
     def _pointer(self, raw: bytes | None) -> Pointer | None:
         if raw is None:
             return None
-        record = self._pointers.get(raw)
-        if record is None:
-            record = Pointer.from_bytes(raw)
+        pointer = self._pointers.get(raw)
+        if pointer is None:
+            pointer = Pointer.from_bytes(raw)
             if len(self._pointers) >= _POINTER_CACHE_SIZE:
                 self._pointers.pop(next(iter(self._pointers)), None)
-            self._pointers[raw] = record
-        return record
+            self._pointers[raw] = pointer
+        return pointer
 
-    def _cached(self, records: Sequence[Pointer]) -> tuple[list[Body | None], list[str]]:
-        """The cached bodies of ``records`` (None where not cached), and the keys to read."""
+    def _cached(self, pointers: Sequence[Pointer]) -> tuple[list[Body | None], list[str]]:
+        """The cached bodies of ``pointers`` (None where not cached), and the keys to read."""
         with self._bodies_lock:
-            found = [self._bodies.get((r.doc_id, r.version)) for r in records]
-        return found, [body_key(r.doc_id, r.version) for r, b in zip(records, found) if b is None]
+            found = [self._bodies.get((p.doc_id, p.version)) for p in pointers]
+        return found, [body_key(p.doc_id, p.version) for p, b in zip(pointers, found) if b is None]
 
     def _decoded(
-        self, records: Sequence[Pointer], found: list[Body | None], raw: list[bytes | None]
+        self, pointers: Sequence[Pointer], found: list[Body | None], raw: list[bytes | None]
     ) -> list[Body]:
         """``found`` with the missing bodies decoded from ``raw`` (in order) and cached."""
         todo = iter(raw)
         out = []
-        for record, body in zip(records, found):
+        for pointer, body in zip(pointers, found):
             if body is None:
                 data = next(todo)
                 if data is None:  # replaced or deleted since its pointer was read
-                    raise StaleRead(record.doc_id)
+                    raise StaleRead(pointer.doc_id)
                 body = read_body(data)
                 with self._bodies_lock:
-                    self._bodies[(record.doc_id, record.version)] = body
+                    self._bodies[(pointer.doc_id, pointer.version)] = body
             out.append(body)
         return out
 
@@ -106,13 +106,13 @@ class RecordStore:
         raw = await self.store.amget([pointer_key(d) for d in doc_ids])
         return [self._pointer(r) for r in raw]
 
-    def bodies(self, records: Sequence[Pointer]) -> list[Body]:
-        found, keys = self._cached(records)
-        return self._decoded(records, found, self.store.mget(keys) if keys else [])
+    def bodies(self, pointers: Sequence[Pointer]) -> list[Body]:
+        found, keys = self._cached(pointers)
+        return self._decoded(pointers, found, self.store.mget(keys) if keys else [])
 
-    async def abodies(self, records: Sequence[Pointer]) -> list[Body]:
-        found, keys = self._cached(records)
-        return self._decoded(records, found, await self.store.amget(keys) if keys else [])
+    async def abodies(self, pointers: Sequence[Pointer]) -> list[Body]:
+        found, keys = self._cached(pointers)
+        return self._decoded(pointers, found, await self.store.amget(keys) if keys else [])
 
     def put(self, pairs: Sequence[tuple[str, JsonRecord]]) -> None:
         if pairs:
