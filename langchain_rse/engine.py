@@ -27,7 +27,7 @@ from langchain_core.vectorstores import VectorStore
 from langchain_rse import pipeline
 from langchain_rse.driver import Handlers, adrive, drive
 from langchain_rse.filters import Filter, Translator, matches, parse
-from langchain_rse.indexing.records import DocRecord
+from langchain_rse.indexing.records import Pointer
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.indexing.steps import WriteSettings, check_writable, index_steps
 from langchain_rse.indexing.writer import LocalIndexes, Writer
@@ -217,7 +217,7 @@ class Index:
 
     # ------------------------------------------------------------ reads and saves
 
-    def pointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
+    def pointers(self, doc_ids: Sequence[str]) -> list[Pointer | None]:
         """The current pointers of these documents (None for an unknown id)."""
         return self.records.pointers(list(doc_ids))
 

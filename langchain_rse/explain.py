@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from langchain_core.documents import Document
 
 if TYPE_CHECKING:
-    from langchain_rse.indexing.records import Body, DocRecord
+    from langchain_rse.indexing.records import Body, Pointer
     from langchain_rse.query import Candidate
     from langchain_rse.segments import Chosen
 
@@ -43,7 +43,7 @@ class Trace(NamedTuple):
     building it runs no code of this module."""
 
     candidates: list[Candidate]
-    metas: dict[str, DocRecord]
+    pointers: dict[str, Pointer]
     selection: list[Chosen]
     bodies: dict[str, Body]
 
@@ -226,9 +226,9 @@ def build_explanation(query: str, results: list[Document], trace: Trace | None) 
     for c in trace.candidates:
         d = docs.get(c.doc_id)
         if d is None:
-            meta = trace.metas[c.doc_id]
+            pointer = trace.pointers[c.doc_id]
             d = docs[c.doc_id] = DocumentExplanation(
-                c.doc_id, dict(meta.metadata), list(meta.spans), [None] * len(meta.spans)
+                c.doc_id, dict(pointer.metadata), list(pointer.spans), [None] * len(pointer.spans)
             )
         d.relevance[c.chunk_index] = c.relevance
     for num, (doc_id, start, end, *_) in enumerate(trace.selection, start=1):

@@ -33,7 +33,7 @@ from langchain_rse.enrichment import index_text
 from langchain_rse.explain import TRACES, Trace, tracing
 from langchain_rse.filters import Filter, Translator, both, matches, parse
 from langchain_rse.fusion import branches_of, candidates, fused, quotes_code
-from langchain_rse.indexing.records import Body, DocRecord, StaleRead, chunk_uuid
+from langchain_rse.indexing.records import Body, Pointer, StaleRead, chunk_uuid
 from langchain_rse.indexing.recordstore import ReadWriteLock, RecordStore
 from langchain_rse.lexical import BM25Index
 from langchain_rse.query import Candidate, Route
@@ -70,7 +70,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 READ_ATTEMPTS = 3
-"""Times a query re-reads (or searches again) when documents change under it."""
+"""Times a query re-reads (or runs its retrieval again) when documents change under it."""
 CANDIDATE_POOL = 50
 """Fused candidates kept for reranking and RSE (half as many more per extra query)."""
 MAX_QUERIES = 6
@@ -105,7 +105,7 @@ class Focus(NamedTuple):
 
 
 class ReadPointers(NamedTuple):
-    """The documents' pointers → ``list[DocRecord | None]``."""
+    """The documents' pointers → ``list[Pointer | None]``."""
 
     doc_ids: list[str]
 
@@ -113,7 +113,7 @@ class ReadPointers(NamedTuple):
 class ReadBodies(NamedTuple):
     """The bodies of these versions → ``list[Body]`` (:class:`StaleRead` when one is gone)."""
 
-    records: list[DocRecord]
+    pointers: list[Pointer]
 
 
 class Rerank(NamedTuple):
@@ -317,7 +317,7 @@ class Expander(Protocol):
 
 class Replaced(Exception):
     """Documents whose every candidate is of a version replaced since the search: the
-    query searches again (``versions``: their ``(doc_id, version)``)."""
+    retrieval runs again (``versions``: their ``(doc_id, version)``)."""
 
     def __init__(self, versions: set[tuple[str, str]]) -> None:
         super().__init__(", ".join(sorted(d for d, _ in versions)))
@@ -325,13 +325,13 @@ class Replaced(Exception):
 
 
 def live_candidates(
-    cands: list[Candidate], metas: dict[str, DocRecord], f: Filter | None = None
+    cands: list[Candidate], pointers: dict[str, Pointer], f: Filter | None = None
 ) -> list[Candidate]:
     """Drop candidates of deleted or replaced document versions, and of documents the
     filter rejects (a store that mistranslated it costs results, never leaks)."""
     live = {  # each document's current version and chunk count, if the filter takes it
         d: (m.version, len(m.spans))
-        for d, m in metas.items()
+        for d, m in pointers.items()
         if f is None or matches(f, {**m.metadata, "doc_id": d})
     }
     return [
@@ -342,14 +342,14 @@ def live_candidates(
 
 
 def rerank_inputs(
-    cands: list[Candidate], bodies: dict[str, Body], metas: dict[str, DocRecord]
+    cands: list[Candidate], bodies: dict[str, Body], pointers: dict[str, Pointer]
 ) -> list[Document]:
     """The candidates' enriched texts, tagged with their chunk ids."""
     docs = []
     for c in cands:
         if c.text is None:
             body = bodies[c.doc_id]
-            start, end = metas[c.doc_id].spans[c.chunk_index]
+            start, end = pointers[c.doc_id].spans[c.chunk_index]
             c.text = index_text(body.contexts[c.chunk_index], body.slice(start, end))
         docs.append(Document(page_content=c.text, metadata={"chunk_id": chunk_uuid(c.key)}))
     return docs
@@ -379,7 +379,7 @@ def apply_relevance(
 
 
 def replaced(
-    before: list[Candidate], after: list[Candidate], metas: dict[str, DocRecord]
+    before: list[Candidate], after: list[Candidate], pointers: dict[str, Pointer]
 ) -> set[tuple[str, str]]:
     """``(doc_id, version)`` of candidates whose documents kept none in ``after`` (the current
     ones) because they have another version now."""
@@ -388,7 +388,7 @@ def replaced(
         (c.doc_id, c.version)
         for c in before
         if c.doc_id not in kept
-        and (m := metas.get(c.doc_id)) is not None
+        and (m := pointers.get(c.doc_id)) is not None
         and m.version != c.version
     }
 
@@ -405,10 +405,10 @@ def run_pipeline(
     if not cands:
         return []
     doc_ids = list(dict.fromkeys([c.doc_id for c in cands]))
-    pointers = cast("list[DocRecord | None]", (yield ReadPointers(doc_ids)))
-    metas = {m.doc_id: m for m in pointers if m is not None}
-    found, cands = cands, live_candidates(cands, metas, s.filter)
-    if seen is not None and (new := replaced(found, cands, metas) - seen):
+    read = cast("list[Pointer | None]", (yield ReadPointers(doc_ids)))
+    pointers = {p.doc_id: p for p in read if p is not None}
+    found, cands = cands, live_candidates(cands, pointers, s.filter)
+    if seen is not None and (new := replaced(found, cands, pointers) - seen):
         raise Replaced(new)
     if not cands:
         return []
@@ -416,11 +416,11 @@ def run_pipeline(
     reranked: list[RerankResult] | None = None
     fallback = False
     if s.rerank:
-        need = [metas[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
+        need = [pointers[d] for d in dict.fromkeys(c.doc_id for c in cands if c.text is None)]
         bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
         try:
             queries = s.rerank_queries or s.queries
-            request = Rerank(queries, rerank_inputs(cands, bodies, metas))
+            request = Rerank(queries, rerank_inputs(cands, bodies, pointers))
             reranked = cast("list[RerankResult]", (yield request))
         except RerankError as exc:
             if s.strict_rerank:
@@ -428,13 +428,13 @@ def run_pipeline(
             logger.warning("reranker failed (%s); using the fused ranking instead", exc)
             fallback = True
     cands = apply_relevance(s, cands, reranked)
-    selection = choose_segments(s, cands, metas, route)
-    need = [metas[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
+    selection = choose_segments(s, cands, pointers, route)
+    need = [pointers[d] for d in dict.fromkeys(g[0] for g in selection) if d not in bodies]
     bodies.update(zip((m.doc_id for m in need), cast("list[Body]", (yield ReadBodies(need)))))
     texts = {d: bodies[d].text for d in dict.fromkeys(g[0] for g in selection)}
-    chosen = fit_segments(s, cands, metas, texts, selection)
-    yield Report(Trace(cands, metas, chosen, bodies))
-    return segment_documents(s, cands, metas, bodies, chosen, fallback)
+    chosen = fit_segments(s, cands, pointers, texts, selection)
+    yield Report(Trace(cands, pointers, chosen, bodies))
+    return segment_documents(s, cands, pointers, bodies, chosen, fallback)
 
 
 def _retrying(
@@ -503,7 +503,7 @@ def retrieve(s: QuerySettings) -> Steps:
     """Search → fuse → :func:`run_pipeline`. When a route holds and the router focuses,
     :class:`Focus` adds the query's other clauses searched inside the routed documents.
 
-    A document replaced between the search and the read of its pointer: the query searches
+    A document replaced between the search and the read of its pointer: the retrieval runs
     again. Those attempts hold nothing, so writers never wait for queries; a writer that
     replaces within each of them could starve the query, so the last of the
     :data:`READ_ATTEMPTS` is :class:`Settled`: no pointer swap or cleanup of this process
@@ -514,18 +514,19 @@ def retrieve(s: QuerySettings) -> Steps:
         try:
             return (yield from _attempt(s, seen))
         except Replaced as exc:
-            logger.debug("documents %s were replaced during a query; searching again", exc)
+            logger.debug("documents %s were replaced during a query; retrieving again", exc)
             seen |= exc.versions
     return cast("list[Document]", (yield Settled(_attempt(s, None))))
 
 
 def _attempt(s: QuerySettings, seen: set[tuple[str, str]] | None) -> Steps:
-    """One search and its pipeline (:class:`Replaced` with ``seen``: see :func:`run_pipeline`)."""
-    settings, found = yield from _search(s)
+    """One attempt at the retrieval: the searches, fusion and :func:`run_pipeline`
+    (:class:`Replaced` with ``seen``: see :func:`run_pipeline`)."""
+    settings, found = yield from _search_and_fuse(s)
     return (yield from _retrying(settings, *found, seen))
 
 
-def _search(
+def _search_and_fuse(
     s: QuerySettings,
 ) -> Generator[Request, object, tuple[QuerySettings, tuple[list[Candidate], Route | None]]]:
     """The searches and fusion of :func:`retrieve`: the settings (with the focus text as

@@ -154,14 +154,16 @@ class LeadIndex(DocumentIndex):
         """Add or replace lead documents (their ids are doc ids; their metadata is what a
         search's filter is checked against)."""
         ids = [doc_id_for(d) for d in items]
-        metas = [dict(d.metadata) for d in items]
+        metadatas = [dict(d.metadata) for d in items]
         keys = [_key(i) for i in ids]
         with self._lock:
             self._leads.update(
-                (i, (_packed(d.page_content), m)) for i, d, m in zip(ids, items, metas)
+                (i, (_packed(d.page_content), m)) for i, d, m in zip(ids, items, metadatas)
             )
             self._bm25.add(
-                keys, [d.page_content for d in items], {group_of(k): m for k, m in zip(keys, metas)}
+                keys,
+                [d.page_content for d in items],
+                {group_of(k): m for k, m in zip(keys, metadatas)},
             )
         return UpsertResponse(succeeded=ids, failed=[])
 

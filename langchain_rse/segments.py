@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from langchain_rse.indexing.chunking import PAGE_OFFSETS, page_range
 
 if TYPE_CHECKING:
-    from langchain_rse.indexing.records import Body, DocRecord
+    from langchain_rse.indexing.records import Body, Pointer
     from langchain_rse.query import Candidate, Route
 
 Floats = NDArray[np.float64]
@@ -363,7 +363,7 @@ Selection = list[tuple[str, int, int, float]]
 def choose_segments(
     s: SegmentSettings,
     cands: list[Candidate],
-    metas: dict[str, DocRecord],
+    pointers: dict[str, Pointer],
     route: Route | None = None,
 ) -> Selection:
     """The top-k chunks, or the best RSE segments. While a soft ``route`` holds, a segment
@@ -377,7 +377,7 @@ def choose_segments(
             if len(chosen) == s.k:
                 break
             if room is not None:
-                start, end = metas[c.doc_id].spans[c.chunk_index]
+                start, end = pointers[c.doc_id].spans[c.chunk_index]
                 if end - start > room:
                     continue
                 room -= end - start
@@ -387,7 +387,7 @@ def choose_segments(
     docs = list(dict.fromkeys([c.doc_id for c in cands]))
     position = {d: i for i, d in enumerate(docs)}
     values, offsets = chunk_values(
-        [len(metas[d].spans) for d in docs],
+        [len(pointers[d].spans) for d in docs],
         [(position[c.doc_id], c.chunk_index, c.relevance) for c in cands],
         p.irrelevant_chunk_penalty,
     )
@@ -396,7 +396,7 @@ def choose_segments(
         segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
     else:  # the caller's budget, in characters
         sizes = np.fromiter(
-            (n for d in docs for n in _strides(metas[d].spans)), np.int64, len(values)
+            (n for d in docs for n in _strides(pointers[d].spans)), np.int64, len(values)
         )
         segs = best_segments(
             values,
@@ -414,7 +414,7 @@ def choose_segments(
         segs = [g for g in segs if docs[g.doc] in route.docs or g.value >= bar]
     segs = by_best_chunk(segs, values, offsets)
     if p.keep_dense_first and not s.rerank and s.k > 1:
-        segs = keep_dense_first(s, segs, cands, metas, docs, values, offsets)
+        segs = keep_dense_first(s, segs, cands, pointers, docs, values, offsets)
     return [(docs[g.doc], g.start, g.end, g.value) for g in segs[: s.k]]
 
 
@@ -422,7 +422,7 @@ def keep_dense_first(
     s: SegmentSettings,
     segs: list[Segment],
     cands: list[Candidate],
-    metas: dict[str, DocRecord],
+    pointers: dict[str, Pointer],
     docs: list[str],
     values: Floats,
     offsets: Ints,
@@ -446,29 +446,29 @@ def keep_dense_first(
             return segs[: s.k]
         return by_best_chunk([holder, *segs[: s.k - 1]], values, offsets)
     kept = [Segment(d, i, i + 1, float(values[offsets[d] + i]))]
-    room = None if s.max_chars is None else s.max_chars - _text_chars(kept, metas, docs)
+    room = None if s.max_chars is None else s.max_chars - _text_chars(kept, pointers, docs)
     if room is not None and room < 0:  # a budget smaller than the chunk
         return segs[: s.k]
     for g in segs:
         if len(kept) == s.k:
             break
         if room is not None:
-            if _text_chars([g], metas, docs) > room:
+            if _text_chars([g], pointers, docs) > room:
                 continue
-            room -= _text_chars([g], metas, docs)
+            room -= _text_chars([g], pointers, docs)
         kept.append(g)
     if s.params.merge_touching:  # joined across the gaps between them when those fit too
         merged = merge_touching(kept)
-        if s.max_chars is None or _text_chars(merged, metas, docs) <= s.max_chars:
+        if s.max_chars is None or _text_chars(merged, pointers, docs) <= s.max_chars:
             kept = merged
     return by_best_chunk(kept, values, offsets)
 
 
-def _text_chars(segs: Sequence[Segment], metas: dict[str, DocRecord], docs: list[str]) -> int:
+def _text_chars(segs: Sequence[Segment], pointers: dict[str, Pointer], docs: list[str]) -> int:
     """The characters ``segs`` return: each from its first chunk's start to its last's end."""
     total = 0
     for g in segs:
-        spans = metas[docs[g.doc]].spans
+        spans = pointers[docs[g.doc]].spans
         total += spans[g.end - 1][1] - spans[g.start][0]
     return total
 
@@ -496,7 +496,7 @@ class Chosen(NamedTuple):
 def fit_segments(
     s: SegmentSettings,
     cands: list[Candidate],
-    metas: dict[str, DocRecord],
+    pointers: dict[str, Pointer],
     texts: dict[str, str],
     selection: Selection,
 ) -> list[Chosen]:
@@ -521,11 +521,11 @@ def fit_segments(
     p = s.params
     pieces = []
     for rank, (doc_id, first, last, value) in enumerate(selection):
-        spans = metas[doc_id].spans
+        spans = pointers[doc_id].spans
         pieces.append(_Piece(rank, doc_id, spans[first][0], spans[last - 1][1], value, first, last))
     if s.mode == "chunks" or not pieces:
-        return [_chosen(g, metas) for g in pieces]
-    protect = _dense_first_span(s, cands, metas)
+        return [_chosen(g, pointers) for g in pieces]
+    protect = _dense_first_span(s, cands, pointers)
     room = math.inf if s.max_chars is None else s.max_chars - sum(g.end - g.start for g in pieces)
     while room < 0 and pieces:  # never expected: the picks fit; drop the last unprotected
         at = next(
@@ -535,7 +535,7 @@ def fit_segments(
         room += pieces[at].end - pieces[at].start
         del pieces[at]
     if p.bridge_chunks > 0:
-        room = _bridge(pieces, metas, p.bridge_chunks, room, protect)
+        room = _bridge(pieces, pointers, p.bridge_chunks, room, protect)
     order = sorted(pieces, key=lambda g: (not _holds(g, protect), g.rank))
     for g in order:
         if g not in pieces:  # left out to make room
@@ -551,7 +551,7 @@ def fit_segments(
             room = _grow(
                 pieces, g, text, lo, hi, p.min_result_chars, max(p.snap_chars, 1), room, protect
             )
-    return [_chosen(g, metas) for g in sorted(pieces, key=lambda g: g.rank)]
+    return [_chosen(g, pointers) for g in sorted(pieces, key=lambda g: g.rank)]
 
 
 @dataclass(eq=False)
@@ -568,9 +568,9 @@ class _Piece:
     last: int
 
 
-def _chosen(g: _Piece, metas: dict[str, DocRecord]) -> Chosen:
+def _chosen(g: _Piece, pointers: dict[str, Pointer]) -> Chosen:
     """``g`` with its chunks: the chosen ones, and those its moved ends reach into."""
-    spans = metas[g.doc_id].spans
+    spans = pointers[g.doc_id].spans
     first, last = g.first, g.last
     if g.start != spans[first][0]:
         first = min(bisect_right([e for _, e in spans], g.start), len(spans) - 1)
@@ -580,15 +580,15 @@ def _chosen(g: _Piece, metas: dict[str, DocRecord]) -> Chosen:
 
 
 def _dense_first_span(
-    s: SegmentSettings, cands: list[Candidate], metas: dict[str, DocRecord]
+    s: SegmentSettings, cands: list[Candidate], pointers: dict[str, Pointer]
 ) -> tuple[str, int, int] | None:
     """``(doc_id, start, end)`` of the dense search's first chunk, when the rule keeps it."""
     if not (s.params.keep_dense_first and not s.rerank and s.k > 1):
         return None
     first = next((c for c in cands if c.ranks[0] == 1), None)
-    if first is None or first.doc_id not in metas:
+    if first is None or first.doc_id not in pointers:
         return None
-    start, end = metas[first.doc_id].spans[first.chunk_index]
+    start, end = pointers[first.doc_id].spans[first.chunk_index]
     return first.doc_id, start, end
 
 
@@ -610,7 +610,7 @@ def _room_around(pieces: list[_Piece], g: _Piece, n: int) -> tuple[int, int]:
 
 def _bridge(
     pieces: list[_Piece],
-    metas: dict[str, DocRecord],
+    pointers: dict[str, Pointer],
     most: int,
     room: float,
     protect: tuple[str, int, int] | None,
@@ -627,7 +627,7 @@ def _bridge(
             by_doc.setdefault(g.doc_id, []).append(g)
         for group in by_doc.values():
             group.sort(key=lambda g: g.start)
-            starts = [b for b, _ in metas[group[0].doc_id].spans]
+            starts = [b for b, _ in pointers[group[0].doc_id].spans]
             for x, y in zip(group, group[1:]):
                 between = bisect_right(starts, y.start - 1) - bisect_right(starts, x.end - 1)
                 if between <= most and (id(x), id(y)) not in tried:
@@ -814,7 +814,7 @@ def _grow(
 def segment_documents(
     s: SegmentSettings,
     cands: list[Candidate],
-    metas: dict[str, DocRecord],
+    pointers: dict[str, Pointer],
     bodies: dict[str, Body],
     chosen: list[Chosen],
     fallback: bool,
@@ -824,8 +824,8 @@ def segment_documents(
     by_key = {(c.doc_id, c.chunk_index): c for c in cands} if keyed else {}
     out = []
     for doc_id, start, end, score, first, last in chosen:
-        meta, body = metas[doc_id], bodies[doc_id]
-        md: dict[str, object] = dict(meta.metadata)
+        pointer, body = pointers[doc_id], bodies[doc_id]
+        md: dict[str, object] = dict(pointer.metadata)
         md.update(
             doc_id=doc_id,
             start_index=first,

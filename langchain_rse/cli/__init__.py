@@ -313,10 +313,10 @@ def cmd_index(args: argparse.Namespace) -> int:
             retriever.add_documents(changes.todo)
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             ids = [str(d.id) for d in changes.todo]
-            for doc_id, meta in zip(ids, retriever.index.pointers(ids)):
-                if meta is not None:  # LLM contexts that fell back are retried next run
+            for doc_id, pointer in zip(ids, retriever.index.pointers(ids)):
+                if pointer is not None:  # LLM contexts that fell back are retried next run
                     record[changes.keys[doc_id]].update(
-                        fallbacks=meta.fallbacks, chunks=len(meta.spans), indexed_at=now
+                        fallbacks=pointer.fallbacks, chunks=len(pointer.spans), indexed_at=now
                     )
         with _finish_before_interrupt():
             retriever.save(index_dir)

@@ -55,7 +55,7 @@ PROMPT_VERSION = "contextual-v1"
 """Part of every cache key: change it whenever the prompt changes meaningfully."""
 
 CHARS_PER_TOKEN = 4
-"""Token estimate used for budgets: ``tokens ≈ characters / 4``."""
+"""How tokens are estimated for ``max_document_tokens``: ``tokens ≈ characters / 4``."""
 
 _SYSTEM_PROMPT = (
     "You write search-index context for chunks of documents. The user message holds a "

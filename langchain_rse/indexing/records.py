@@ -3,7 +3,7 @@ fingerprint, the chunk keys, and the bodies with their one codec.
 
 Per indexed document the record store (any ``BaseStore[str, bytes]``) holds:
 
-- ``doc/<h>``: the **pointer**, a :class:`DocRecord` naming the current version, its
+- ``doc/<h>``: the **pointer**, a :class:`Pointer` naming the current version, its
   metadata and its chunk spans. It is written last and read first by every query.
 - ``body/<version>/<h>``: a :class:`~langchain_rse.indexing.records.DocBody`, the source text and
   chunk contexts of one version.
@@ -47,8 +47,8 @@ __all__ = [
     "ChunkContext",
     "Contexts",
     "DocBody",
-    "DocRecord",
     "JsonRecord",
+    "Pointer",
     "Spans",
     "StaleRead",
     "VersionRecord",
@@ -175,7 +175,7 @@ class Spans(Sequence[tuple[int, int]]):
         return f"Spans({list(self)!r})"
 
 
-class DocRecord(JsonRecord):
+class Pointer(JsonRecord):
     """The pointer: the current version of one document, read by every query."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)  # merged with JsonRecord's
@@ -203,7 +203,7 @@ class DocRecord(JsonRecord):
         return spans.flat.tolist()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> DocRecord:
+    def from_bytes(cls, raw: bytes) -> Pointer:
         """Parsed and checked by pydantic's JSON parser (half the time of ``json.loads``
         and a dict); anything it rejects, or another format, is read again with
         ``json.loads`` to say why: a format this version does not read, or the error."""

@@ -20,8 +20,8 @@ from langchain_core.stores import BaseStore
 from langchain_rse.indexing.records import (
     Body,
     DocBody,
-    DocRecord,
     JsonRecord,
+    Pointer,
     StaleRead,
     VersionRecord,
     body_key,
@@ -59,60 +59,60 @@ class RecordStore:
     def __init__(self, store: BaseStore[str, bytes], compress: bool = False) -> None:
         self.store = store
         self.compress = compress
-        self._pointers: dict[bytes, DocRecord] = {}
+        self._pointers: dict[bytes, Pointer] = {}
         self._bodies: LRUCache[tuple[str, str], Body] = LRUCache(
             BODY_CACHE_CHARS, getsizeof=lambda body: body.chars + 1
         )
         self._bodies_lock = threading.Lock()
 
-    def _pointer(self, raw: bytes | None) -> DocRecord | None:
+    def _pointer(self, raw: bytes | None) -> Pointer | None:
         if raw is None:
             return None
-        record = self._pointers.get(raw)
-        if record is None:
-            record = DocRecord.from_bytes(raw)
+        pointer = self._pointers.get(raw)
+        if pointer is None:
+            pointer = Pointer.from_bytes(raw)
             if len(self._pointers) >= _POINTER_CACHE_SIZE:
                 self._pointers.pop(next(iter(self._pointers)), None)
-            self._pointers[raw] = record
-        return record
+            self._pointers[raw] = pointer
+        return pointer
 
-    def _cached(self, records: Sequence[DocRecord]) -> tuple[list[Body | None], list[str]]:
-        """The cached bodies of ``records`` (None where not cached), and the keys to read."""
+    def _cached(self, pointers: Sequence[Pointer]) -> tuple[list[Body | None], list[str]]:
+        """The cached bodies of ``pointers`` (None where not cached), and the keys to read."""
         with self._bodies_lock:
-            found = [self._bodies.get((r.doc_id, r.version)) for r in records]
-        return found, [body_key(r.doc_id, r.version) for r, b in zip(records, found) if b is None]
+            found = [self._bodies.get((p.doc_id, p.version)) for p in pointers]
+        return found, [body_key(p.doc_id, p.version) for p, b in zip(pointers, found) if b is None]
 
     def _decoded(
-        self, records: Sequence[DocRecord], found: list[Body | None], raw: list[bytes | None]
+        self, pointers: Sequence[Pointer], found: list[Body | None], raw: list[bytes | None]
     ) -> list[Body]:
         """``found`` with the missing bodies decoded from ``raw`` (in order) and cached."""
         todo = iter(raw)
         out = []
-        for record, body in zip(records, found):
+        for pointer, body in zip(pointers, found):
             if body is None:
                 data = next(todo)
                 if data is None:  # replaced or deleted since its pointer was read
-                    raise StaleRead(record.doc_id)
+                    raise StaleRead(pointer.doc_id)
                 body = read_body(data)
                 with self._bodies_lock:
-                    self._bodies[(record.doc_id, record.version)] = body
+                    self._bodies[(pointer.doc_id, pointer.version)] = body
             out.append(body)
         return out
 
-    def pointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
+    def pointers(self, doc_ids: Sequence[str]) -> list[Pointer | None]:
         return [self._pointer(r) for r in self.store.mget([pointer_key(d) for d in doc_ids])]
 
-    async def apointers(self, doc_ids: Sequence[str]) -> list[DocRecord | None]:
+    async def apointers(self, doc_ids: Sequence[str]) -> list[Pointer | None]:
         raw = await self.store.amget([pointer_key(d) for d in doc_ids])
         return [self._pointer(r) for r in raw]
 
-    def bodies(self, records: Sequence[DocRecord]) -> list[Body]:
-        found, keys = self._cached(records)
-        return self._decoded(records, found, self.store.mget(keys) if keys else [])
+    def bodies(self, pointers: Sequence[Pointer]) -> list[Body]:
+        found, keys = self._cached(pointers)
+        return self._decoded(pointers, found, self.store.mget(keys) if keys else [])
 
-    async def abodies(self, records: Sequence[DocRecord]) -> list[Body]:
-        found, keys = self._cached(records)
-        return self._decoded(records, found, await self.store.amget(keys) if keys else [])
+    async def abodies(self, pointers: Sequence[Pointer]) -> list[Body]:
+        found, keys = self._cached(pointers)
+        return self._decoded(pointers, found, await self.store.amget(keys) if keys else [])
 
     def put(self, pairs: Sequence[tuple[str, JsonRecord]]) -> None:
         if pairs:

@@ -46,7 +46,7 @@ from langchain_rse.indexing.chunking import Chunk, doc_id_for, make_splitter
 from langchain_rse.indexing.records import (
     Contexts,
     DocBody,
-    DocRecord,
+    Pointer,
     Spans,
     is_version_of,
     splitter_fingerprint,
@@ -141,7 +141,7 @@ def check_writable(
         check_owner(f, records.pointers([doc_id for doc_id, _ in named]))
 
 
-def check_owner(f: Filter | None, held: Sequence[DocRecord | None]) -> None:
+def check_owner(f: Filter | None, held: Sequence[Pointer | None]) -> None:
     """A ``ValueError`` naming the first of the indexed documents ``held`` (pointers; None:
     not indexed) that the bound filter ``f`` rejects: a write must not replace or remove it."""
     if f is None:
@@ -204,7 +204,7 @@ class Plan:
 class Prepared:
     """A new document version, ready to write."""
 
-    record: DocRecord
+    record: Pointer
     body: DocBody
     chunks: list[Chunk]
     replaces: str | None = None
@@ -218,7 +218,7 @@ class Prepared:
             raise RuntimeError(
                 f"{enricher!r} returned {len(contexts)} contexts for {len(chunks)} chunks"
             )
-        record = DocRecord(
+        record = Pointer(
             doc_id=todo.doc_id,
             version=todo.version,
             metadata=dict(todo.doc.metadata),
@@ -228,7 +228,7 @@ class Prepared:
         body = DocBody(text=todo.doc.page_content, contexts=Contexts(contexts))
         return cls(record, body, chunks, todo.replaces)
 
-    def written_meanwhile(self, now: DocRecord | None) -> bool:
+    def written_meanwhile(self, now: Pointer | None) -> bool:
         """Whether ``now`` (the pointer when the write starts) is another writer's version
         of the same content, written since the plan."""
         base = self.record.version.split(".")[0]

@@ -46,7 +46,7 @@ from langchain_rse.filters import Filter
 from langchain_rse.indexing.chunking import split_text, validate_documents
 from langchain_rse.indexing.records import (
     DocBody,
-    DocRecord,
+    Pointer,
     VersionRecord,
     body_key,
     chunk_key,
@@ -157,9 +157,9 @@ class Writer:
         started = time.perf_counter()
         ids = [k for k in self.records.store.yield_keys() if k.startswith("doc/")]
         raw = self.records.store.mget(ids) if ids else []
-        pointers = [DocRecord.from_bytes(r) for r in raw if r is not None]
+        pointers = [Pointer.from_bytes(r) for r in raw if r is not None]
         current = {group_of(chunk_key(p.doc_id, p.version, 0)): p for p in pointers if p.spans}
-        new: dict[str, DocRecord] = {}
+        new: dict[str, Pointer] = {}
         removed = 0
         if lexical:
             indexed = self.local.lexical.live_groups()
@@ -216,7 +216,7 @@ class Writer:
 
             check_deletes(self.vectorstore)
 
-    def _bodies(self, pointers: Sequence[DocRecord]) -> list[DocBody | None]:
+    def _bodies(self, pointers: Sequence[Pointer]) -> list[DocBody | None]:
         raw = self.records.store.mget([body_key(p.doc_id, p.version) for p in pointers])
         return [DocBody.from_bytes(r) if r is not None else None for r in raw]
 
@@ -266,7 +266,7 @@ class Writer:
             plan.todo.append(Todo(doc, doc_id, version, chunks, replaces))
         return plan
 
-    def _recorded(self, pointers: Sequence[DocRecord]) -> set[str]:
+    def _recorded(self, pointers: Sequence[Pointer]) -> set[str]:
         """The versions of ``pointers`` whose ``ver/`` record is in the record store."""
         keys = [version_key(p.doc_id, p.version) for p in pointers]
         found = self.records.store.mget(keys) if keys else []
@@ -332,7 +332,7 @@ class Writer:
     def _swap(
         self,
         todo: Sequence[Prepared],
-        planned: Sequence[DocRecord | None],
+        planned: Sequence[Pointer | None],
         removals: Sequence[str],
         owner: Filter | None,
         versions: Sequence[VersionRecord],
@@ -363,7 +363,7 @@ class Writer:
         self._delete(removals)
 
     def _check_owner(
-        self, owner: Filter | None, pointers: Sequence[DocRecord | None], removals: Sequence[str]
+        self, owner: Filter | None, pointers: Sequence[Pointer | None], removals: Sequence[str]
     ) -> None:
         """:func:`~langchain_rse.indexing.steps.check_owner` of ``pointers`` and the current
         pointers of ``removals``."""
@@ -500,7 +500,7 @@ class Writer:
         with self.lock:
             store = self.records.store
             docs = [k for k in store.yield_keys() if k.startswith("doc/")]
-            pointers = [DocRecord.from_bytes(r) for r in store.mget(docs) if r is not None]
+            pointers = [Pointer.from_bytes(r) for r in store.mget(docs) if r is not None]
             keys = set(store.yield_keys())  # after the pointers: their versions were written
             broken = [
                 p
@@ -533,7 +533,7 @@ class Writer:
             logger.info("vacuum removed %d stale document versions", removed)
         return removed
 
-    def _drop_broken(self, broken: list[DocRecord], router: DocumentRouter | None) -> None:
+    def _drop_broken(self, broken: list[Pointer], router: DocumentRouter | None) -> None:
         """Delete the pointers of ``broken`` (versions whose body or record is gone) that
         still name them."""
         now = self.records.pointers([p.doc_id for p in broken])

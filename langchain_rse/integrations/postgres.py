@@ -127,10 +127,10 @@ class PostgresLexicalStore(VectorStore):
         ids = [i or str(uuid.uuid4()) for i in ids] if ids else [str(uuid.uuid4()) for _ in texts]
         if len(ids) != len(texts):
             raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
-        metas = metadatas or [{}] * len(texts)
+        metadatas = metadatas or [{}] * len(texts)
         rows = {
             i: {"id": i, "content": c, "metadata": json.dumps(m)}
-            for i, c, m in zip(ids, texts, metas)
+            for i, c, m in zip(ids, texts, metadatas)
         }
         if rows:
             with self.engine.begin() as conn:  # sorted: concurrent writers lock rows in order

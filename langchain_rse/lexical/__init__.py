@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from langchain_rse.indexing.recordstore import ReadWriteLock
-from langchain_rse.lexical.bm25 import IncrementalBM25, Segment
+from langchain_rse.lexical.bm25 import IncrementalBM25, PostingsBlock
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
 
 __all__ = ["BM25Index", "LexicalHit", "tokenize"]
@@ -27,7 +27,7 @@ _VARIANT = {"bm25s": "lucene", "rank_bm25": "okapi"}
 SAVE_FORMAT = 3
 """Version of :meth:`BM25Index.export_state`'s layout (1: token lists in JSON; 2: arrays,
 terms not stemmed; 3: arrays and the stemmer's name)."""
-_BULK = 20_000  # documents per segment when a whole index is loaded
+_BULK = 20_000  # chunks per block when a whole index is loaded
 
 
 LexicalHit = tuple[str, float]
@@ -51,11 +51,11 @@ class BM25Index:
     ``engine="bm25s"`` (default) scores like ``bm25s.BM25()`` (Lucene's BM25);
     ``engine="rank_bm25"`` like ``rank_bm25.BM25Okapi`` (Robertson's IDF, negative IDFs
     floored at ``epsilon`` times the average). Both are computed here, over immutable
-    segments of term frequencies plus tombstones, with the corpus statistics (documents,
+    blocks of term frequencies plus tombstones, with the corpus statistics (chunks,
     average length, document frequencies) kept exact after every change: a search always
     sees every write that returned before it, and scores what an index built from scratch
     over the same chunks would (see :mod:`langchain_rse.lexical.bm25`). Adding or deleting a chunk
-    costs time proportional to its length; segments merge in the writing call when small,
+    costs time proportional to its length; blocks merge in the writing call when small,
     on a background thread when large (``background_merges=False``: always in the call).
 
     Searches run concurrently; writes are exclusive (a writer-preferring lock).
@@ -70,7 +70,7 @@ class BM25Index:
         epsilon: float = 0.25,
         merge_factor: int = 4,
         sync_merge_postings: int = 2_000_000,
-        max_segment_postings: int = 8_000_000,
+        max_block_postings: int = 8_000_000,
         background_merges: bool = True,
         compact_min: int = 50_000,
         stemmer: str | None = DEFAULT_STEMMER,
@@ -85,7 +85,7 @@ class BM25Index:
         self.background_merges = background_merges
         self.compact_min = compact_min
         """Renumber the index when at least this many, and more than half, of the
-        document numbers are deleted ones."""
+        chunk numbers are deleted ones."""
         self._bm25 = IncrementalBM25(
             k1,
             b,
@@ -93,7 +93,7 @@ class BM25Index:
             epsilon,
             merge_factor,
             sync_merge_postings,
-            max_segment_postings,
+            max_block_postings,
         )
         self._groups: dict[str, dict[str, Any]] = {}
         """Metadata per group (a document version): what filters are checked against."""
@@ -106,7 +106,7 @@ class BM25Index:
         self._rw = ReadWriteLock()
         self._merger: threading.Thread | None = None
         self.merge_errors = 0
-        """Background merges that failed (logged; the segments stay unmerged, still exact)."""
+        """Background merges that failed (logged; the blocks stay unmerged, still exact)."""
 
     def __len__(self) -> int:
         return len(self._bm25)
@@ -127,7 +127,7 @@ class BM25Index:
         tokens = {i: tokenize(t, self.stemmer) for i, t in zip(ids, texts)}  # last duplicate wins
         with self._rw.write():
             bm = self._bm25
-            self._release(bm.delete([i for i in tokens if i in bm.doc_of]))  # replaced ones
+            self._release(bm.delete([i for i in tokens if i in bm.chunk_of]))  # replaced ones
             self._groups.update(groups or {})
             self._add_locked(list(tokens), list(tokens.values()))
 
@@ -188,9 +188,9 @@ class BM25Index:
             gids = [self._gid[g] for g in groups if g in self._gid]
             if not gids:
                 return 0
-            n = bm.n_docs
-            docs = np.flatnonzero(np.isin(bm.gid[:n], gids) & bm.alive[:n])
-            keys = [bm.keys[d] for d in docs.tolist()]
+            n = bm.n_chunks
+            chunks = np.flatnonzero(np.isin(bm.gid[:n], gids) & bm.alive[:n])
+            keys = [bm.keys[d] for d in chunks.tolist()]
             self._release(bm.delete([k for k in keys if k is not None]))
             self._maybe_compact()
             return len(keys)
@@ -199,16 +199,16 @@ class BM25Index:
         """The groups that have chunks in the index."""
         with self._rw.read():
             bm = self._bm25
-            n = bm.n_docs
+            n = bm.n_chunks
             gids = np.unique(bm.gid[:n][bm.alive[:n]])
             return {g for g in map(self._group_keys.__getitem__, gids.tolist()) if g}
 
     def _maybe_compact(self) -> None:
         bm = self._bm25
-        if bm.n_docs and not bm.n_live:  # everything deleted: start afresh (cheap)
+        if bm.n_chunks and not bm.n_live:  # everything deleted: start afresh (cheap)
             self._reset(None)
         elif bm.needs_compaction(self.compact_min):
-            dead = bm.n_docs - bm.n_live
+            dead = bm.n_chunks - bm.n_live
             bm.compact()
             logger.info("BM25 index renumbered: %d deleted chunks dropped", dead)
 
@@ -242,16 +242,16 @@ class BM25Index:
     def _merge_now(self) -> None:
         """The merges the policy asks for after a write (under the lock). A failure is
         logged and counted, never raised: the write itself is complete, and unmerged
-        segments score exactly the same."""
+        blocks score exactly the same."""
         try:
             self._bm25.merge(self._schedule if self.background_merges else None)
         except Exception:
             self.merge_errors += 1
             logger.exception(
-                "BM25 segment merge failed; the segments stay unmerged (scores are unaffected)"
+                "BM25 block merge failed; the blocks stay unmerged (scores are unaffected)"
             )
 
-    def _schedule(self, run: list[Segment]) -> bool:
+    def _schedule(self, run: list[PostingsBlock]) -> bool:
         """Start a background merge of ``run`` unless one is running (called under the lock)."""
         if self._merger is not None and self._merger.is_alive():
             return False
@@ -262,13 +262,13 @@ class BM25Index:
         self._merger.start()
         return True
 
-    def _merge(self, run: list[Segment], epoch: int) -> None:
+    def _merge(self, run: list[PostingsBlock], epoch: int) -> None:
         bm = self._bm25
         try:
             merged = bm.merged(run)  # outside the lock: searches and writes go on
         except Exception:
             logger.exception(
-                "background BM25 merge of %d segments failed; they stay "
+                "background BM25 merge of %d blocks failed; they stay "
                 "unmerged (scores are unaffected)",
                 len(run),
             )
@@ -283,7 +283,7 @@ class BM25Index:
 
     def refresh(self) -> None:
         """Wait for background merges to finish (every write is searchable already; this
-        only settles the segment layout, e.g. before measuring)."""
+        only settles the block layout, e.g. before measuring)."""
         while (merger := self._merger) is not None and merger.is_alive():
             merger.join()
 
@@ -293,16 +293,16 @@ class BM25Index:
         return self._bm25.nbytes
 
     @property
-    def segments(self) -> int:
-        """Number of segments searched (for diagnostics)."""
-        return len(self._bm25.segments)
+    def blocks(self) -> int:
+        """Number of blocks searched (for diagnostics)."""
+        return len(self._bm25.blocks)
 
     # ------------------------------------------------------------------ reads
 
     def keys(self) -> list[str]:
         """The chunk ids indexed."""
         with self._rw.read():
-            return list(self._bm25.doc_of)
+            return list(self._bm25.chunk_of)
 
     def groups(self) -> dict[str, dict[str, Any]]:
         """A copy of the metadata per group (for saving)."""
@@ -346,20 +346,20 @@ class BM25Index:
             return []
         with self._rw.read():
             bm = self._bm25
-            keep = None if allowed is None else (lambda docs: self._allowed(docs, allowed))
-            docs, scores = bm.top(bm.term_ids(q, grow=False), k, keep)
+            keep = None if allowed is None else (lambda chunks: self._allowed(chunks, allowed))
+            chunks, scores = bm.top(bm.term_ids(q, grow=False), k, keep)
             keys = bm.keys
-            return [(keys[d], s) for d, s in zip(docs.tolist(), scores.tolist())]
+            return [(keys[d], s) for d, s in zip(chunks.tolist(), scores.tolist())]
 
-    def _allowed(self, docs: np.ndarray, allowed: Callable[[dict[str, Any]], bool]) -> np.ndarray:
-        """Which of ``docs`` have a group ``allowed`` accepts (one call per group; the groups
-        found by marking a flag per group, not by sorting the documents' group ids)."""
-        gids = self._bm25.gid[docs]
+    def _allowed(self, chunks: np.ndarray, allowed: Callable[[dict[str, Any]], bool]) -> np.ndarray:
+        """Which of ``chunks`` have a group ``allowed`` accepts (one call per group; the groups
+        found by marking a flag per group, not by sorting the chunks' group ids)."""
+        gids = self._bm25.gid[chunks]
         groups, names = self._groups, self._group_keys
         verdict = np.zeros(len(names), dtype=bool)
         verdict[gids] = True
         found = np.flatnonzero(verdict).tolist()
-        live = [names[g] or "" for g in found]  # (live documents' groups are never free)
+        live = [names[g] or "" for g in found]  # (live chunks' groups are never free)
         seen = (_with_doc_id(name, groups.get(name, {})) for name in live)
         verdict[found] = np.fromiter((bool(allowed(m)) for m in seen), dtype=bool, count=len(found))
         return verdict[gids]
@@ -368,7 +368,8 @@ class BM25Index:
 
     def export_state(self) -> tuple[dict[str, Any], bytes]:
         """The index as ``(JSON-able header, .npz bytes)``: keys, vocabulary and groups in
-        the header; per chunk its term ids and frequencies (doc-major CSR) in the arrays."""
+        the header; per chunk its term ids and frequencies (chunk-major CSR, its row offsets
+        saved as ``doc_indptr``) in the arrays."""
         keys, vocab, indptr, terms, tf, _ = self._export()
         buffer = io.BytesIO()
         np.savez_compressed(buffer, doc_indptr=indptr, terms=terms, tf=tf)

@@ -1,15 +1,18 @@
 """Incremental BM25: exact global statistics after every change, at a cost proportional to it.
 
-The index is a list of immutable *segments* (Lucene's design), each a term-major
-``scipy.sparse.csr_array`` of term frequencies over a contiguous range of document numbers.
-An addition writes one new segment; a deletion clears the document's ``alive`` flag and
-takes its terms out of the global statistics (live documents, total length, document
+The index is a list of immutable *postings blocks* (Lucene's segments), each a term-major
+``scipy.sparse.csr_array`` of term frequencies over a contiguous range of chunk numbers.
+An addition writes one new block; a deletion clears the chunk's ``alive`` flag and
+takes its terms out of the global statistics (live chunks, total length, document
 frequencies), which stay exact: scores equal those of an index built from scratch, and a
 write is visible to the very next query.
 
-Segments are merged like a counter (the newest ``merge_factor`` adjacent segments whose size
-classes differ by at most one become one, dropping deleted documents); large merges run on a
-background thread. When deleted document numbers outnumber live ones the index is
+What BM25 calls documents are chunks here, each under its chunk key; a term's document
+frequency keeps its name (the live chunks that hold the term).
+
+Blocks are merged like a counter (the newest ``merge_factor`` adjacent blocks whose size
+classes differ by at most one become one, dropping deleted chunks); large merges run on a
+background thread. When deleted chunk numbers outnumber live ones the index is
 renumbered (:meth:`IncrementalBM25.compact`). Not thread-safe:
 :class:`langchain_rse.lexical.BM25Index` wraps it in a readers-writer lock.
 """
@@ -25,7 +28,7 @@ from typing import Literal
 import numpy as np
 from scipy import sparse
 
-__all__ = ["IncrementalBM25", "Segment", "Variant"]
+__all__ = ["IncrementalBM25", "PostingsBlock", "Variant"]
 
 Variant = Literal["lucene", "okapi"]
 """``"lucene"``: bm25s's default scoring; ``"okapi"``: ``rank_bm25.BM25Okapi``'s."""
@@ -45,20 +48,20 @@ def _grow(array: np.ndarray, size: int, fill: float = 0) -> np.ndarray:
 
 
 def _postings(
-    tf: np.ndarray, terms: np.ndarray, docs: np.ndarray, shape: tuple[int, int]
+    tf: np.ndarray, terms: np.ndarray, chunks: np.ndarray, shape: tuple[int, int]
 ) -> sparse.csr_array:
-    """The term-major matrix of these ``(term, document, frequency)`` triples. Document
+    """The term-major matrix of these ``(term, chunk, frequency)`` triples. Chunk
     numbers and offsets are 32-bit while they fit (scipy keeps the index width of the
     coordinates it is given: 64-bit ones make a posting 10 bytes instead of 6), and term
     frequencies 16-bit (32-bit if one exceeds 65,535); scores convert them exactly."""
-    index = np.int32 if max(*shape, len(docs)) < 2**31 else np.int64
+    index = np.int32 if max(*shape, len(chunks)) < 2**31 else np.int64
     counts = tf.astype(np.uint16 if tf.max(initial=0) <= 0xFFFF else np.uint32)
-    return sparse.csr_array((counts, (terms.astype(index), docs.astype(index))), shape=shape)
+    return sparse.csr_array((counts, (terms.astype(index), chunks.astype(index))), shape=shape)
 
 
 @dataclass(frozen=True)
-class Segment:
-    """Postings of documents ``lo <= d < hi`` (term-major: ``matrix[t]`` lists term ``t``)."""
+class PostingsBlock:
+    """Postings of chunks ``lo <= d < hi`` (term-major: ``matrix[t]`` lists term ``t``)."""
 
     lo: int
     hi: int
@@ -72,17 +75,17 @@ class Segment:
     def level(self) -> int:
         """The merge policy's size class."""
         # Level L holds [base * 4**(L-1), base * 4**L) postings (level 0: under base), so
-        # four segments of one level merge into one of the next level (or stay at 0); with a
-        # segment one level below among them, into one of the same level or the next.
+        # four blocks of one level merge into one of the next level (or stay at 0); with a
+        # block one level below among them, into one of the same level or the next.
         return (
             0 if self.postings < _LEVEL_BASE else int(math.log(self.postings / _LEVEL_BASE, 4)) + 1
         )
 
 
 class IncrementalBM25:
-    """BM25 over documents given as token-id bags; see the module docstring.
+    """BM25 over chunks given as token-id bags; see the module docstring.
 
-    Documents are addressed by an opaque ``int`` *group id* (metadata lives with the caller)
+    Chunks are addressed by an opaque ``int`` *group id* (metadata lives with the caller)
     and a string key. Token strings are mapped to ids here (``vocab``).
     """
 
@@ -94,7 +97,7 @@ class IncrementalBM25:
         epsilon: float = 0.25,
         merge_factor: int = 4,
         sync_merge_postings: int = 2_000_000,
-        max_segment_postings: int = 8_000_000,
+        max_block_postings: int = 8_000_000,
     ) -> None:
         if variant not in ("lucene", "okapi"):
             raise ValueError(f"unknown BM25 variant {variant!r}")
@@ -105,8 +108,8 @@ class IncrementalBM25:
         self.sync_merge_postings = sync_merge_postings
         """Merges up to this many postings run in the writing call; larger ones are
         handed to the ``background`` callable given to :meth:`add`."""
-        self.max_segment_postings = max_segment_postings
-        """No merge makes a segment larger (bounds a merge's time and memory)."""
+        self.max_block_postings = max_block_postings
+        """No merge makes a block larger (bounds a merge's time and memory)."""
         self.epoch = 0
         self.vocab: dict[str, int] = {}
         self.terms: list[str] = []
@@ -116,24 +119,24 @@ class IncrementalBM25:
     # ------------------------------------------------------------------ state
 
     def reset(self) -> None:
-        """Forget every document (the vocabulary's statistics too)."""
+        """Forget every chunk (the vocabulary's statistics too)."""
         self.vocab, self.terms = {}, []
         self.df = np.zeros(0, dtype=np.int64)
-        self.n_docs = 0  # document numbers handed out (live and dead)
+        self.n_chunks = 0  # chunk numbers handed out (live and dead)
         self.n_live = 0
         self.total_len = 0
         self.dl = np.zeros(0, dtype=np.float32)
-        """Document lengths; +inf for deleted documents, so they score 0 without a check."""
+        """Chunk lengths; +inf for deleted chunks, so they score 0 without a check."""
         self.alive = np.zeros(0, dtype=bool)
         self.gid = np.zeros(0, dtype=np.int32)
         self.fptr = np.zeros(1, dtype=np.int64)  # forward index: terms of d at fptr[d]:fptr[d+1]
         self.fterms = np.zeros(0, dtype=np.int32)
         self.keys: list[str | None] = []
-        """Each document's key; a deleted one keeps it (a search's hits read their keys after
-        its lock: ``doc_of`` and ``alive`` say which are live)."""
-        self.doc_of: dict[str, int] = {}
-        self.segments: list[Segment] = []
-        self.busy: set[int] = set()  # ids of segments a background merge is reading
+        """Each chunk's key; a deleted one keeps it (a search's hits read their keys after
+        its lock: ``chunk_of`` and ``alive`` say which are live)."""
+        self.chunk_of: dict[str, int] = {}
+        self.blocks: list[PostingsBlock] = []
+        self.busy: set[int] = set()  # ids of blocks a background merge is reading
         self.epoch += 1  # merges started before a reset are discarded
         self._idf_cache: tuple[int, np.ndarray] | None = None
         self.changes = 0
@@ -143,13 +146,13 @@ class IncrementalBM25:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held in NumPy/SciPy arrays (postings, per-document and per-term arrays;
+        """Bytes held in NumPy/SciPy arrays (postings, per-chunk and per-term arrays;
         capacity included). The keys, their dict and the vocabulary are Python objects."""
         arrays: list[np.ndarray] = [self.df, self.dl, self.alive, self.gid, self.fptr]
         arrays.append(self.fterms)
         total = sum(a.nbytes for a in arrays)
-        for seg in self.segments:
-            m = seg.matrix
+        for block in self.blocks:
+            m = block.matrix
             total += m.data.nbytes + m.indices.nbytes + m.indptr.nbytes
         return total
 
@@ -175,10 +178,10 @@ class IncrementalBM25:
     def add(
         self, keys: Sequence[str], token_ids: Sequence[Sequence[int]], gids: Sequence[int]
     ) -> None:
-        """Add documents (keys already present are replaced) as one new segment (call
+        """Add chunks (keys already present are replaced) as one new block (call
         :meth:`merge` next)."""
         self.df = _grow(self.df, len(self.terms))  # terms given ids since the last add
-        self.delete([k for k in keys if k in self.doc_of])
+        self.delete([k for k in keys if k in self.chunk_of])
         n = len(keys)
         if n == 0:
             return
@@ -186,12 +189,12 @@ class IncrementalBM25:
         flat = np.fromiter(chain.from_iterable(token_ids), dtype=np.int64, count=int(lengths.sum()))
         v = max(len(self.terms), 1)
         local = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        pairs, tf = np.unique(local * v + flat, return_counts=True)  # one entry per (doc, term)
-        docs, terms = np.divmod(pairs, v)
-        lo = self.n_docs
+        pairs, tf = np.unique(local * v + flat, return_counts=True)  # one entry per (chunk, term)
+        chunks, terms = np.divmod(pairs, v)
+        lo = self.n_chunks
         hi = lo + n
         self._reserve(hi, len(self.terms))
-        counts = np.bincount(docs, minlength=n)
+        counts = np.bincount(chunks, minlength=n)
         self.fterms = _grow(self.fterms, int(self.fptr[lo]) + len(terms))
         self.fterms[self.fptr[lo] : self.fptr[lo] + len(terms)] = terms
         self.fptr[lo + 1 : hi + 1] = self.fptr[lo] + np.cumsum(counts)
@@ -200,64 +203,64 @@ class IncrementalBM25:
         self.gid[lo:hi] = gids
         self.df[: len(self.terms)] += np.bincount(terms, minlength=len(self.terms))
         for d, key in enumerate(keys, lo):
-            self.doc_of[key] = d
+            self.chunk_of[key] = d
         self.keys.extend(keys)
-        self.n_docs, self.n_live = hi, self.n_live + n
+        self.n_chunks, self.n_live = hi, self.n_live + n
         self.total_len += int(lengths.sum())
-        matrix = _postings(tf, terms, docs + lo, (len(self.terms), hi))
-        self.segments.append(Segment(lo, hi, matrix))
+        matrix = _postings(tf, terms, chunks + lo, (len(self.terms), hi))
+        self.blocks.append(PostingsBlock(lo, hi, matrix))
         self.changes += 1
 
-    def _reserve(self, docs: int, terms: int) -> None:
-        self.dl = _grow(self.dl, docs, fill=np.inf)
-        self.alive = _grow(self.alive, docs)
-        self.gid = _grow(self.gid, docs)
-        self.fptr = _grow(self.fptr, docs + 1)
+    def _reserve(self, chunks: int, terms: int) -> None:
+        self.dl = _grow(self.dl, chunks, fill=np.inf)
+        self.alive = _grow(self.alive, chunks)
+        self.gid = _grow(self.gid, chunks)
+        self.fptr = _grow(self.fptr, chunks + 1)
         self.df = _grow(self.df, terms)
 
     def delete(self, keys: Sequence[str]) -> list[int]:
-        """Tombstone these documents (unknown keys are ignored); returns their group ids."""
-        docs = [d for d in map(self.doc_of.pop, keys, [None] * len(keys)) if d is not None]
-        if not docs:
+        """Tombstone these chunks (unknown keys are ignored); returns their group ids."""
+        chunks = [d for d in map(self.chunk_of.pop, keys, [None] * len(keys)) if d is not None]
+        if not chunks:
             return []
-        arr = np.asarray(docs, dtype=np.int64)
+        arr = np.asarray(chunks, dtype=np.int64)
         self.alive[arr] = False
         fptr, fterms = self.fptr, self.fterms
-        terms = np.concatenate([fterms[fptr[d] : fptr[d + 1]] for d in docs])
+        terms = np.concatenate([fterms[fptr[d] : fptr[d + 1]] for d in chunks])
         self.df[: len(self.terms)] -= np.bincount(terms, minlength=len(self.terms))
         self.total_len -= int(self.dl[arr].sum(dtype=np.float64))
         self.dl[arr] = np.inf
-        self.n_live -= len(docs)
+        self.n_live -= len(chunks)
         self.changes += 1
         return [int(g) for g in self.gid[arr]]
 
     def needs_compaction(self, minimum: int = 50_000) -> bool:
-        """Dead document numbers outnumber live ones (and at least ``minimum`` of them)."""
-        dead = self.n_docs - self.n_live
+        """Dead chunk numbers outnumber live ones (and at least ``minimum`` of them)."""
+        dead = self.n_chunks - self.n_live
         return dead >= minimum and dead > self.n_live
 
     # ------------------------------------------------------------------ merges
 
-    def merge_candidate(self) -> list[Segment] | None:
-        """The newest run of ``merge_factor`` adjacent segments whose size classes differ
-        by at most one, none of them busy, that stays within ``max_segment_postings``; None if
+    def merge_candidate(self) -> list[PostingsBlock] | None:
+        """The newest run of ``merge_factor`` adjacent blocks whose size classes differ
+        by at most one, none of them busy, that stays within ``max_block_postings``; None if
         there is none. One class of slack: writes of a few full batches and a remainder
-        (``add_documents`` in groups) leave a smaller segment after each few, and with
-        classes that must be equal those runs never merged (84-501 segments at 1M chunks)."""
+        (``add_documents`` in groups) leave a smaller block after each few, and with
+        classes that must be equal those runs never merged (84-501 blocks at 1M chunks)."""
         f = self.merge_factor
-        segs = self.segments
-        for i in range(len(segs) - f, -1, -1):
-            run = segs[i : i + f]
+        blocks = self.blocks
+        for i in range(len(blocks) - f, -1, -1):
+            run = blocks[i : i + f]
             levels = [s.level for s in run]
             if (
                 max(levels) - min(levels) <= 1
                 and not any(id(s) in self.busy for s in run)
-                and sum(s.postings for s in run) <= self.max_segment_postings
+                and sum(s.postings for s in run) <= self.max_block_postings
             ):
                 return run
         return None
 
-    def merge(self, background: Callable[[list[Segment]], bool] | None = None) -> None:
+    def merge(self, background: Callable[[list[PostingsBlock]], bool] | None = None) -> None:
         """Run the merges the policy asks for: small ones now, a large one via
         ``background`` (which returns whether it took the run; without it, all now)."""
         while (run := self.merge_candidate()) is not None:
@@ -267,41 +270,41 @@ class IncrementalBM25:
                 return
             self.install(run, self.merged(run), self.epoch)
 
-    def merged(self, run: Sequence[Segment]) -> Segment:
-        """One segment holding the live postings of ``run`` (reads only immutable arrays and
+    def merged(self, run: Sequence[PostingsBlock]) -> PostingsBlock:
+        """One block holding the live postings of ``run`` (reads only immutable arrays and
         a snapshot of ``alive``: safe outside the lock)."""
         lo, hi = run[0].lo, run[-1].hi
         alive = self.alive[lo:hi].copy()
-        terms, docs, tf = [], [], []
+        terms, chunks, tf = [], [], []
         for s in run:
             m = s.matrix
             t = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr))
             keep = alive[m.indices - lo]
             terms.append(t[keep])
-            docs.append(m.indices[keep])
+            chunks.append(m.indices[keep])
             tf.append(m.data[keep])
         shape = (max(s.matrix.shape[0] for s in run), hi)
-        matrix = _postings(np.concatenate(tf), np.concatenate(terms), np.concatenate(docs), shape)
-        return Segment(lo, hi, matrix)
+        matrix = _postings(np.concatenate(tf), np.concatenate(terms), np.concatenate(chunks), shape)
+        return PostingsBlock(lo, hi, matrix)
 
-    def install(self, run: Sequence[Segment], merged: Segment, epoch: int) -> bool:
+    def install(self, run: Sequence[PostingsBlock], merged: PostingsBlock, epoch: int) -> bool:
         """Replace ``run`` by ``merged`` unless the index was renumbered since (then discard)."""
         for s in run:
             self.busy.discard(id(s))
         if epoch != self.epoch:
             return False
-        ids = [id(s) for s in self.segments]
+        ids = [id(s) for s in self.blocks]
         at = ids.index(id(run[0]))
-        assert ids[at : at + len(run)] == [id(s) for s in run], "merge of non-adjacent segments"
-        self.segments[at : at + len(run)] = [merged]
+        assert ids[at : at + len(run)] == [id(s) for s in run], "merge of non-adjacent blocks"
+        self.blocks[at : at + len(run)] = [merged]
         return True
 
     # ------------------------------------------------------------------ bulk
 
     def export(self) -> tuple[list[str], list[str], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Live documents as ``(keys, vocab, doc_indptr, terms, tf, gids)`` (doc-major CSR,
+        """Live chunks as ``(keys, vocab, chunk_indptr, terms, tf, gids)`` (chunk-major CSR,
         terms renumbered densely over the terms still in use)."""
-        live = np.flatnonzero(self.alive[: self.n_docs])
+        live = np.flatnonzero(self.alive[: self.n_chunks])
         keys = [self.keys[d] or "" for d in live.tolist()]
         used = np.flatnonzero(self.df[: len(self.terms)] > 0)
         remap = np.full(len(self.terms), -1, dtype=np.int64)
@@ -309,27 +312,27 @@ class IncrementalBM25:
         rows: list[np.ndarray] = []
         cols: list[np.ndarray] = []
         vals: list[np.ndarray] = []
-        for s in self.segments:
+        for s in self.blocks:
             m = s.matrix
             t = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr))
             keep = self.alive[m.indices]
             rows.append(m.indices[keep])
             cols.append(remap[t[keep]])
             vals.append(m.data[keep])
-        newdoc = np.full(self.n_docs, -1, dtype=np.int64)
-        newdoc[live] = np.arange(len(live))
-        r = newdoc[np.concatenate(rows)] if rows else np.zeros(0, dtype=np.int64)
+        renumbered = np.full(self.n_chunks, -1, dtype=np.int64)
+        renumbered[live] = np.arange(len(live))
+        r = renumbered[np.concatenate(rows)] if rows else np.zeros(0, dtype=np.int64)
         c = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
         v = np.concatenate(vals) if vals else np.zeros(0, dtype=np.uint16)
-        doc_major = sparse.csr_array((v, (r, c)), shape=(len(live), len(used)))
-        doc_major.sort_indices()
+        chunk_major = sparse.csr_array((v, (r, c)), shape=(len(live), len(used)))
+        chunk_major.sort_indices()
         vocab = [self.terms[t] for t in used.tolist()]
         return (
             keys,
             vocab,
-            doc_major.indptr.astype(np.int64),
-            doc_major.indices.astype(np.int32),
-            doc_major.data.astype(np.int32),
+            chunk_major.indptr.astype(np.int64),
+            chunk_major.indices.astype(np.int32),
+            chunk_major.data.astype(np.int32),
             self.gid[live].copy(),
         )
 
@@ -337,40 +340,40 @@ class IncrementalBM25:
         self,
         keys: Sequence[str],
         vocab: Sequence[str],
-        doc_indptr: np.ndarray,
+        chunk_indptr: np.ndarray,
         terms: np.ndarray,
         tf: np.ndarray,
         gids: Sequence[int] | np.ndarray,
     ) -> None:
-        """Replace everything with these documents (the format :meth:`export` writes)."""
+        """Replace everything with these chunks (the format :meth:`export` writes)."""
         self.reset()
         self.terms = list(vocab)
         self.vocab = {t: i for i, t in enumerate(self.terms)}
         if len(self.vocab) != len(self.terms):
             raise ValueError("the vocabulary has duplicate terms")
         n, v = len(keys), len(self.terms)
-        self.doc_of = {k: d for d, k in enumerate(keys)}
-        if len(self.doc_of) != n:
-            raise ValueError("duplicate document keys")
+        self.chunk_of = {k: d for d, k in enumerate(keys)}
+        if len(self.chunk_of) != n:
+            raise ValueError("duplicate chunk keys")
         self.keys = list(keys)
-        counts = np.diff(doc_indptr)
-        docs = np.repeat(np.arange(n, dtype=np.int64), counts)
+        counts = np.diff(chunk_indptr)
+        chunks = np.repeat(np.arange(n, dtype=np.int64), counts)
         self._reserve(n, v)
-        self.fptr[: n + 1] = doc_indptr
+        self.fptr[: n + 1] = chunk_indptr
         self.fterms = terms.astype(np.int32)
-        self.dl[:n] = np.bincount(docs, weights=tf, minlength=n)
+        self.dl[:n] = np.bincount(chunks, weights=tf, minlength=n)
         self.alive[:n] = True
         self.gid[:n] = np.asarray(gids, dtype=np.int32)
         self.df[:v] = np.bincount(terms, minlength=v)
-        self.n_docs = self.n_live = n
+        self.n_chunks = self.n_live = n
         self.total_len = int(tf.sum())
         if n:
-            matrix = _postings(tf, terms, docs, (v, n))
-            self.segments = [Segment(0, n, matrix)]
+            matrix = _postings(tf, terms, chunks, (v, n))
+            self.blocks = [PostingsBlock(0, n, matrix)]
         self.changes += 1
 
     def compact(self) -> None:
-        """Renumber documents and terms over the live ones (drops every tombstone)."""
+        """Renumber chunks and terms over the live ones (drops every tombstone)."""
         self.load(*self.export())
 
     # ------------------------------------------------------------------ scoring
@@ -400,9 +403,9 @@ class IncrementalBM25:
         return float(cached[1][0])
 
     def scores(self, token_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``(document numbers, scores)`` of the documents matching any query term, either
-        as the matches only or as a dense vector over all document numbers (``docs`` is then
-        empty); deleted documents score 0. A query term counts as often as it occurs."""
+        """``(chunk numbers, scores)`` of the chunks matching any query term, either
+        as the matches only or as a dense vector over all chunk numbers (``chunks`` is then
+        empty); deleted chunks score 0. A query term counts as often as it occurs."""
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0))
         if not token_ids or self.n_live == 0:
             return empty
@@ -419,22 +422,22 @@ class IncrementalBM25:
         weights: np.ndarray = self._idf(df) * mult
         if self.variant == "okapi":
             weights *= self.k1 + 1.0
-        docs, tfs, w, sizes = [], [], [], []
+        chunks, tfs, w, sizes = [], [], [], []
         term_weights = weights.tolist()
-        for seg in self.segments:
-            indptr, indices, data = seg.matrix.indptr, seg.matrix.indices, seg.matrix.data
-            known = len(indptr) - 1  # terms this segment has rows for: a prefix of ``uniq``
+        for block in self.blocks:
+            indptr, indices, data = block.matrix.indptr, block.matrix.indices, block.matrix.data
+            known = len(indptr) - 1  # terms this block has rows for: a prefix of ``uniq``
             terms = uniq if uniq[-1] < known else uniq[uniq < known]
             starts, ends = indptr[terms].tolist(), indptr[terms + 1].tolist()
             for s, e, wt in zip(starts, ends, term_weights):
                 if e > s:
-                    docs.append(indices[s:e])
+                    chunks.append(indices[s:e])
                     tfs.append(data[s:e])
                     w.append(wt)
                     sizes.append(e - s)
-        if not docs:
+        if not chunks:
             return empty
-        d = np.concatenate(docs, dtype=np.intp)  # widened once (numpy indexes with intp)
+        d = np.concatenate(chunks, dtype=np.intp)  # widened once (numpy indexes with intp)
         tf = np.concatenate(tfs, dtype=np.float32)  # float32 arithmetic below
         k1, b = self.k1, self.b
         avgdl = self.total_len / self.n_live
@@ -444,10 +447,10 @@ class IncrementalBM25:
         x += tf
         np.divide(tf, x, out=x)
         x *= np.repeat(np.asarray(w, dtype=np.float32), sizes)
-        if 4 * len(d) < self.n_docs:  # few matches: accumulate over the matching documents only
+        if 4 * len(d) < self.n_chunks:  # few matches: accumulate over the matching chunks only
             rows, inverse = np.unique(d, return_inverse=True)
             return rows, np.bincount(inverse, x, minlength=len(rows))
-        return empty[0], np.bincount(d, x, minlength=self.n_docs)
+        return empty[0], np.bincount(d, x, minlength=self.n_chunks)
 
     def top(
         self,
@@ -455,21 +458,21 @@ class IncrementalBM25:
         k: int,
         keep: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` best documents with a positive score, best first (ties: lower document
-        number first); ``keep`` maps candidate document numbers to a mask of those allowed."""
-        docs, scores = self.scores(token_ids)
-        if not len(docs) and len(scores):  # dense: only the scores that can be among the k
+        """The ``k`` best chunks with a positive score, best first (ties: lower chunk
+        number first); ``keep`` maps candidate chunk numbers to a mask of those allowed."""
+        chunks, scores = self.scores(token_ids)
+        if not len(chunks) and len(scores):  # dense: only the scores that can be among the k
             cut = floor(scores, k) if keep is None else 0.0
-            docs = np.flatnonzero(scores >= cut if cut > 0 else scores)
-            scores = scores[docs]
+            chunks = np.flatnonzero(scores >= cut if cut > 0 else scores)
+            scores = scores[chunks]
         positive = scores > 0
-        docs, scores = docs[positive], scores[positive]
-        if keep is not None and len(docs):
-            allowed = keep(docs)
-            docs, scores = docs[allowed], scores[allowed]
-        docs, scores = best(docs, scores, k)
-        order = np.lexsort((docs, -scores))
-        return docs[order], scores[order]
+        chunks, scores = chunks[positive], scores[positive]
+        if keep is not None and len(chunks):
+            allowed = keep(chunks)
+            chunks, scores = chunks[allowed], scores[allowed]
+        chunks, scores = best(chunks, scores, k)
+        order = np.lexsort((chunks, -scores))
+        return chunks[order], scores[order]
 
 
 BLOCK = 64
@@ -493,15 +496,15 @@ def floor(scores: np.ndarray, k: int) -> float:
     return float(np.partition(maxima, groups - k)[groups - k])
 
 
-def best(docs: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` best-scoring entries (``docs`` ascending), ties at the cut going to the
-    lower document numbers; in their original order."""
-    if len(docs) <= k:
-        return docs, scores
+def best(chunks: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best-scoring entries (``chunks`` ascending), ties at the cut going to the
+    lower chunk numbers; in their original order."""
+    if len(chunks) <= k:
+        return chunks, scores
     if k <= 0:
-        return docs[:0], scores[:0]
+        return chunks[:0], scores[:0]
     cut = np.partition(scores, len(scores) - k)[len(scores) - k]
     above = scores > cut
     tied = np.flatnonzero(scores == cut)[: k - int(above.sum())]
     above[tied] = True
-    return docs[above], scores[above]
+    return chunks[above], scores[above]

@@ -23,7 +23,7 @@ from langchain_rse.embeddings import underlying
 from langchain_rse.indexing.chunking import make_splitter
 from langchain_rse.indexing.records import (
     DocBody,
-    DocRecord,
+    Pointer,
     VersionRecord,
     body_key,
     default_splitter_params,
@@ -343,7 +343,7 @@ def _check_records(items: dict[str, bytes], name: str) -> None:
         kind = key.split("/", 1)[0]
         try:
             if kind == "doc":
-                pointer = DocRecord.from_bytes(raw)
+                pointer = Pointer.from_bytes(raw)
                 if key != pointer_key(pointer.doc_id):
                     raise ValueError(f"it holds the pointer of {pointer.doc_id!r}")
                 pointers.append(pointer)

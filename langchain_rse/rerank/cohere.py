@@ -42,7 +42,7 @@ Pairs = list[tuple[int, float]]
 
 
 class DeadlineExceeded(UnusableReply):
-    """No time is left in the per-query budget for another request (not retried)."""
+    """No time is left before the per-query deadline for another request (not retried)."""
 
     retry = False
 

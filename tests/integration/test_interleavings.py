@@ -36,7 +36,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings, make_contract, stored_metadata
 from langchain_rse import RSERetriever
-from langchain_rse.indexing.records import DocBody, DocRecord
+from langchain_rse.indexing.records import DocBody, Pointer
 
 TESTS = Path(__file__).resolve().parents[1] / "support"
 DOCS = ("alpha", "beta")
@@ -93,7 +93,7 @@ def present_throughout(
     log: Sequence[tuple[str, str | None]], start: int, end: int, doc: str
 ) -> bool:
     """Whether ``doc`` was indexed while ``log[start:end]`` was written, and changed at
-    most twice (a query searches again after each change, up to three times)."""
+    most twice (a query runs its retrieval again after each change, up to three times)."""
     state = None
     for d, text in log[:start]:
         if d == doc:
@@ -222,7 +222,7 @@ class LoggedStore(BaseStore[str, bytes]):
                 if key.startswith("body/"):
                     self.texts[key.split("/")[1]] = DocBody.from_bytes(value).text
                 elif key.startswith("doc/"):
-                    record = DocRecord.from_bytes(value)
+                    record = Pointer.from_bytes(value)
                     self.docs[key] = record.doc_id
                     self.log.append((record.doc_id, self.texts[record.version]))
             self.inner.mset(pairs)

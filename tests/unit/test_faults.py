@@ -155,15 +155,17 @@ def check_index(retriever: RSERetriever, docs: Sequence[Document]) -> dict[tuple
     keys = {chunk_key(d, versions[d], i) for d, i in chunks}
     assert set(retriever.index.lexical.tokens()) == keys  # BM25
 
-    metas = retriever.index.records.pointers([d.metadata["source"] for d in docs])  # chunk store
-    assert all(m is not None for m in metas)
-    bodies = retriever.index.records.bodies([m for m in metas if m is not None])
-    for meta, body, doc in zip(metas, bodies, docs):
-        assert meta is not None and body.text == doc.page_content
-        assert meta.version == versions[meta.doc_id]
-        assert len(meta.spans) == len(body.contexts)
+    pointers = retriever.index.records.pointers(
+        [d.metadata["source"] for d in docs]
+    )  # record store
+    assert all(m is not None for m in pointers)
+    bodies = retriever.index.records.bodies([m for m in pointers if m is not None])
+    for pointer, body, doc in zip(pointers, bodies, docs):
+        assert pointer is not None and body.text == doc.page_content
+        assert pointer.version == versions[pointer.doc_id]
+        assert len(pointer.spans) == len(body.contexts)
         for i, context in enumerate(body.contexts):
-            assert context.method == methods[(meta.doc_id, i)]
+            assert context.method == methods[(pointer.doc_id, i)]
             assert context.method != "fallback" or context.text.startswith("Document: ")
     return methods
 

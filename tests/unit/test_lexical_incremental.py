@@ -22,7 +22,7 @@ WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ro") for b in ("ta",
 SMALL = {
     "merge_factor": 2,
     "sync_merge_postings": 40,
-    "max_segment_postings": 400,
+    "max_block_postings": 400,
     "compact_min": 8,
 }
 """Thresholds a few dozen chunks cross: merges in the call and in the background, a
@@ -132,10 +132,10 @@ def test_merges_and_renumbering_actually_happen() -> None:
     index = BM25Index(background_merges=False, **SMALL)
     for i in range(40):
         index.add([f"c{i}\x1f0"], ["kata lota mivi"])
-    assert 1 <= index.segments < 40  # merged
+    assert 1 <= index.blocks < 40  # merged
     bm = index._bm25
     index.delete([f"c{i}\x1f0" for i in range(30)])
-    assert bm.n_docs == len(index) == 10  # renumbered: the tombstones are gone
+    assert bm.n_chunks == len(index) == 10  # renumbered: the tombstones are gone
     assert bm.needs_compaction(8) is False
 
 
@@ -231,20 +231,20 @@ def test_term_frequencies_are_stored_in_16_bits_unless_they_need_more() -> None:
     corpus = {"a": "kata lota", "b": "kata " * 70_000 + "rovi", "c": "lota rovi"}
     for key, body in corpus.items():
         index.add([key], [body])
-    dtypes = {seg.matrix.data.dtype for seg in index._bm25.segments}
+    dtypes = {block.matrix.data.dtype for block in index._bm25.blocks}
     assert dtypes <= {np.dtype(np.uint16), np.dtype(np.uint32)}
     assert np.dtype(np.uint32) in dtypes
     assert_same(index, "bm25s", corpus, ["kata", "rovi lota", "kata rovi"])
     index.delete(["b"])
     del corpus["b"]
-    index._bm25.compact()  # renumbered: one new segment
-    assert {seg.matrix.data.dtype for seg in index._bm25.segments} == {np.dtype(np.uint16)}
+    index._bm25.compact()  # renumbered: one new block
+    assert {block.matrix.data.dtype for block in index._bm25.blocks} == {np.dtype(np.uint16)}
     assert_same(index, "bm25s", corpus, ["kata", "rovi lota"])
 
 
-def test_postings_keep_32_bit_document_numbers_through_adds_merges_and_loads() -> None:
-    """A posting is a 32-bit document number and a 16-bit frequency (scipy would keep the
-    64-bit coordinates it was given: 10 bytes a posting instead of 6), in a new segment,
+def test_postings_keep_32_bit_chunk_numbers_through_adds_merges_and_loads() -> None:
+    """A posting is a 32-bit chunk number and a 16-bit frequency (scipy would keep the
+    64-bit coordinates it was given: 10 bytes a posting instead of 6), in a new block,
     a merged one, a renumbered index and one loaded from its export."""
     rng = random.Random(3)
     index = BM25Index(background_merges=False, **SMALL)  # type: ignore[arg-type]
@@ -254,14 +254,14 @@ def test_postings_keep_32_bit_document_numbers_through_adds_merges_and_loads() -
     bm = index._bm25
 
     def widths() -> set[tuple[np.dtype, np.dtype]]:
-        return {(s.matrix.indices.dtype, s.matrix.indptr.dtype) for s in bm.segments}
+        return {(s.matrix.indices.dtype, s.matrix.indptr.dtype) for s in bm.blocks}
 
-    assert any(s.hi - s.lo > 1 for s in bm.segments)  # some were merged
+    assert any(s.hi - s.lo > 1 for s in bm.blocks)  # some were merged
     assert widths() == {(np.dtype(np.int32), np.dtype(np.int32))}
     index.delete(list(corpus)[:40])
     for key in list(corpus)[:40]:
         del corpus[key]
-    assert bm.n_docs == len(corpus)  # renumbered: rebuilt from the export
+    assert bm.n_chunks == len(corpus)  # renumbered: rebuilt from the export
     assert widths() == {(np.dtype(np.int32), np.dtype(np.int32))}
     loaded = BM25Index()
     loaded.load_state(*index.export_state())
@@ -272,14 +272,12 @@ def test_postings_keep_32_bit_document_numbers_through_adds_merges_and_loads() -
 
 def test_batches_with_a_smaller_remainder_still_merge(monkeypatch) -> None:
     """``add_documents`` writes a few full groups and a smaller remainder per call: runs of
-    segments one size class apart merge too, so the segment count stays logarithmic (it
+    blocks one size class apart merge too, so the block count stays logarithmic (it
     grew by four per call when only equal classes merged) and scores stay exact."""
     from langchain_rse.lexical import bm25
 
     monkeypatch.setattr(bm25, "_LEVEL_BASE", 4)  # size classes at a few postings
-    index = BM25Index(
-        background_merges=False, sync_merge_postings=10**9, max_segment_postings=10**9
-    )  # type: ignore[arg-type]
+    index = BM25Index(background_merges=False, sync_merge_postings=10**9, max_block_postings=10**9)  # type: ignore[arg-type]
     corpus: dict[str, str] = {}
     for call in range(32):
         for group, docs in enumerate((4, 4, 4, 2)):  # 16, 16, 16 and 8 postings
@@ -290,7 +288,7 @@ def test_batches_with_a_smaller_remainder_still_merge(monkeypatch) -> None:
             ]
             index.add(keys, texts)
             corpus.update(zip(keys, texts))
-    assert index.segments <= 16
+    assert index.blocks <= 16
     assert_same(index, "bm25s", corpus, QUERIES)
 
 
@@ -335,6 +333,6 @@ def test_hits_read_their_keys_after_the_index_changes() -> None:
     index.delete([k for k, _ in before[:5]])
     index.add([before[5][0]], ["mita"])  # replaced: a new document number
     index.delete([f"c{i}" for i in range(0, 30, 2)])  # dead outnumber live: renumbered
-    assert index._bm25.n_docs == len(index)  # compacted
+    assert index._bm25.n_chunks == len(index)  # compacted
     assert list(hits) == before
     assert all(k not in {h for h, _ in index.search("kata lota", 30)} for k, _ in before[:6])

@@ -293,9 +293,9 @@ def _fit(f: Fit, params: RSEParams) -> list[Chosen]:
     cands = (
         [] if f.dense is None else [SimpleNamespace(doc_id="d", chunk_index=f.dense, ranks=[1, 0])]
     )
-    metas = {"d": SimpleNamespace(spans=_spans(f.text))}
+    pointers = {"d": SimpleNamespace(spans=_spans(f.text))}
     selection = [("d", a, b, 1.0) for a, b in f.runs]
-    return fit_segments(s, cands, metas, {"d": f.text}, selection)  # type: ignore[arg-type]
+    return fit_segments(s, cands, pointers, {"d": f.text}, selection)  # type: ignore[arg-type]
 
 
 def _check_fit(f: Fit, params: RSEParams, got: list[Chosen]) -> None:

@@ -17,7 +17,7 @@ from langchain_rse.enrichment import ChunkContext
 from langchain_rse.indexing.records import (
     Contexts,
     DocBody,
-    DocRecord,
+    Pointer,
     Spans,
     StaleRead,
     body_key,
@@ -43,8 +43,8 @@ class CountingStore(InMemoryByteStore):
         return super().mget(keys)
 
 
-def record(version: str, text: str) -> tuple[DocRecord, DocBody]:
-    pointer = DocRecord(doc_id="d", version=version, metadata={}, spans=[(0, len(text))])
+def record(version: str, text: str) -> tuple[Pointer, DocBody]:
+    pointer = Pointer(doc_id="d", version=version, metadata={}, spans=[(0, len(text))])
     return pointer, DocBody(text=text, contexts=[ChunkContext("", "none")])
 
 
@@ -125,7 +125,7 @@ def test_spans_are_a_compact_sequence_of_pairs() -> None:
     """A pointer keeps its spans flat (16 bytes a chunk) and reads like a list of pairs;
     its JSON stays the flat list every version writes and reads."""
     spans = [(0, 5), (5, 12), (12, 40)]
-    pointer = DocRecord(doc_id="d", version="v", metadata={}, spans=spans)
+    pointer = Pointer(doc_id="d", version="v", metadata={}, spans=spans)
     assert isinstance(pointer.spans, Spans) and len(pointer.spans) == 3
     assert pointer.spans[1] == (5, 12) and pointer.spans[-1] == (12, 40)
     assert (
@@ -134,9 +134,9 @@ def test_spans_are_a_compact_sequence_of_pairs() -> None:
     with pytest.raises(IndexError):
         pointer.spans[3]
     assert b'"spans":[0,5,5,12,12,40]' in pointer.to_bytes()
-    again = DocRecord.from_bytes(pointer.to_bytes())
+    again = Pointer.from_bytes(pointer.to_bytes())
     assert again == pointer and hash(again.spans) == hash(pointer.spans)
-    assert DocRecord(doc_id="d", version="v", metadata={}, spans=[0, 5, 5, 12, 12, 40]) == pointer
+    assert Pointer(doc_id="d", version="v", metadata={}, spans=[0, 5, 5, 12, 12, 40]) == pointer
     with pytest.raises(ValueError):
         Spans([0, 5, 7])
 
@@ -193,7 +193,7 @@ def test_a_malformed_stored_context_is_a_clear_error(contexts: list[Any]) -> Non
 def test_a_pointer_is_read_back_or_refused_with_a_reason() -> None:
     """Pointers are parsed by pydantic's JSON parser; what it rejects is read again to say
     why: another record format, a value of the wrong type, or bytes that are not JSON."""
-    pointer = DocRecord(
+    pointer = Pointer(
         doc_id="d",
         version="v1",
         metadata={"title": "caf\u00e9 \u6587", "n": 2},
@@ -201,18 +201,18 @@ def test_a_pointer_is_read_back_or_refused_with_a_reason() -> None:
         fallbacks=1,
     )
     raw = pointer.to_bytes()
-    again = DocRecord.from_bytes(raw)
+    again = Pointer.from_bytes(raw)
     assert again == pointer and list(again.spans) == [(0, 5), (5, 9)]
     data = json.loads(raw)
     with pytest.raises(ValueError, match="has format 99; this version of langchain-rse reads"):
-        DocRecord.from_bytes(json.dumps({**data, "format": 99}).encode())
+        Pointer.from_bytes(json.dumps({**data, "format": 99}).encode())
     with pytest.raises(ValueError, match="has format None"):
-        DocRecord.from_bytes(json.dumps({k: v for k, v in data.items() if k != "format"}).encode())
+        Pointer.from_bytes(json.dumps({k: v for k, v in data.items() if k != "format"}).encode())
     with pytest.raises(ValueError, match="has format None"):
-        DocRecord.from_bytes(b"[1, 2]")
+        Pointer.from_bytes(b"[1, 2]")
     with pytest.raises(ValidationError, match="spans"):
-        DocRecord.from_bytes(json.dumps({**data, "spans": [1, 2, 3]}).encode())
+        Pointer.from_bytes(json.dumps({**data, "spans": [1, 2, 3]}).encode())
     with pytest.raises(json.JSONDecodeError):
-        DocRecord.from_bytes(b"not json")
+        Pointer.from_bytes(b"not json")
     with pytest.raises(ValueError):  # not UTF-8 either
-        DocRecord.from_bytes(b"\x28\xb5\x2f\xfd not json")
+        Pointer.from_bytes(b"\x28\xb5\x2f\xfd not json")

@@ -184,7 +184,7 @@ def test_retry_after_beyond_the_deadline_fails_at_once(server: FakeCohereServer)
     started = time.monotonic()
     with pytest.raises(RerankError, match="429"):
         make_reranker(server, timeout=20.0).rerank(QUERY, make_docs(TEXTS))
-    assert time.monotonic() - started < 15.0  # neither the 60s asked for nor the 20s budget
+    assert time.monotonic() - started < 15.0  # neither the 60s asked for nor the 20s deadline
     assert len(server.requests) == 1
 
 

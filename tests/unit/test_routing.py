@@ -478,15 +478,15 @@ def test_documents_the_leads_cannot_tell_apart_are_not_routed() -> None:
 
 
 def test_off_route_segments_must_clear_the_boosted_bar() -> None:
-    from langchain_rse.indexing.records import DocRecord, chunk_key
+    from langchain_rse.indexing.records import Pointer, chunk_key
     from langchain_rse.pipeline import QuerySettings
     from langchain_rse.query import Candidate, Route
     from langchain_rse.segments import choose_segments as select
     from langchain_rse.segments import get_preset
 
     params = get_preset("default")
-    metas = {
-        d: DocRecord(doc_id=d, version="v", metadata={}, spans=[(i, i + 1) for i in range(10)])
+    pointers = {
+        d: Pointer(doc_id=d, version="v", metadata={}, spans=[(i, i + 1) for i in range(10)])
         for d in ("a", "b")
     }
 
@@ -507,7 +507,7 @@ def test_off_route_segments_must_clear_the_boosted_bar() -> None:
         rerank=False,
         strict_rerank=False,
     )
-    picked = lambda route: [(d, start) for d, start, _, _ in select(s, cands, metas, route)]  # noqa: E731
+    picked = lambda route: [(d, start) for d, start, _, _ in select(s, cands, pointers, route)]  # noqa: E731
     assert picked(None) == [("a", 0), ("b", 8), ("b", 5)]
     assert picked(Route(frozenset({"a"}), 1.0 + DEFAULT_BOOST)) == [("a", 0), ("b", 8)]
     # the routed document's own segments need only the floor
@@ -516,7 +516,7 @@ def test_off_route_segments_must_clear_the_boosted_bar() -> None:
     assert picked(Route(frozenset({"a"}), math.inf)) == [("a", 0), ("b", 8), ("b", 5)]
     # chunks mode has no floor: unchanged
     chunks = QuerySettings(**{**s.__dict__, "mode": "chunks"})
-    assert len(select(chunks, cands, metas, Route(frozenset({"a"}), 3.0))) == 3
+    assert len(select(chunks, cands, pointers, Route(frozenset({"a"}), 3.0))) == 3
 
 
 def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
@@ -540,9 +540,9 @@ def test_a_held_route_returns_only_strong_segments_of_other_documents() -> None:
     # the same candidates without the bar: weaker segments of the other contracts too
     trace = traces[-1]
     s = QuerySettings.of(retriever, QUERY, 50, None, None, [], None)
-    unbarred = select(s, trace.candidates, trace.metas, None)
+    unbarred = select(s, trace.candidates, trace.pointers, None)
     route = Route(frozenset({"orion.txt"}), 1.0 + router.boost)
-    barred = select(s, trace.candidates, trace.metas, route)  # before fit_segments
+    barred = select(s, trace.candidates, trace.pointers, route)  # before fit_segments
     dropped = [g for g in unbarred if g not in barred]
     assert dropped and all(d != "orion.txt" and value < bar for d, _, _, value in dropped)
     assert [g for g in unbarred if g not in dropped] == barred

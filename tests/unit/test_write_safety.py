@@ -306,7 +306,7 @@ def test_vacuum_goes_on_past_a_version_it_cannot_remove(caplog) -> None:
 
 
 @pytest.mark.parametrize("vectorstore", ["faiss", "memory"])
-def test_a_query_whose_candidates_were_replaced_meanwhile_searches_again(vectorstore) -> None:
+def test_a_query_whose_candidates_were_replaced_meanwhile_retrieves_again(vectorstore) -> None:
     emb = HashingEmbeddings()
     vs = default_vectorstore(emb) if vectorstore == "faiss" else InMemoryVectorStore(emb)
     store = PausingStore()
