@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from langchain_core.embeddings import Embeddings
 from langchain_core.stores import BaseStore
 from pydantic import BaseModel, ConfigDict, Field
+from tenacity import retry, retry_if_exception_message, stop_after_attempt, wait_random
 
 if TYPE_CHECKING:
     import numpy as np
@@ -247,6 +248,35 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("langchain-rse", appauthor=False))
 
 
+_OPENING = threading.Lock()
+"""One thread of a process at a time opens a cache: the switch of a new file to WAL takes a
+lock SQLite does not wait for, so threads opening it together failed with "database is
+locked" on a busy machine."""
+
+
+@retry(
+    retry=retry_if_exception_message(match=".*database is locked.*"),
+    stop=stop_after_attempt(20),
+    wait=wait_random(0.05, 0.5),
+    reraise=True,
+)
+def _open_cache(path: Path) -> sqlite3.Connection:
+    """A connection to the cache file at ``path``, in WAL mode, its table made (another
+    process opening the same new file at once: tried again)."""
+    conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+    try:
+        conn.execute("PRAGMA page_size=65536")  # (a new file's): ~1.9 KB a 384-d vector
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS vectors "
+            "(key TEXT PRIMARY KEY, dtype TEXT NOT NULL, data BLOB NOT NULL)"
+        )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 class VectorCache:
     """Document vectors by key in one SQLite file, as binary floats (no pickle, no JSON).
 
@@ -280,13 +310,8 @@ class VectorCache:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None or self._local.pid != os.getpid():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA page_size=65536")  # (a new file's): ~1.9 KB a 384-d vector
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS vectors "
-                "(key TEXT PRIMARY KEY, dtype TEXT NOT NULL, data BLOB NOT NULL)"
-            )
+            with _OPENING:
+                conn = _open_cache(self.path)
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 

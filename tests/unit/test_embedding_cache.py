@@ -110,3 +110,37 @@ def test_the_cache_is_shared_by_threads_and_survives_pickling(tmp_path: Path) ->
     assert again.store.path == tmp_path / "c.sqlite3"
     assert [again.embed_documents(t) for t in texts] == vectors
     assert again.underlying_embeddings.texts == 40  # (the copy's counter: nothing new)
+
+
+def test_threads_opening_a_new_cache_together_all_get_it(tmp_path: Path) -> None:
+    """Eight threads open one new cache file at the same moment; each reads and writes.
+    (Once seen failing with "database is locked" in the switch to WAL, in a full run on a
+    loaded machine; not reproduced since, so opening is serialized in the process and
+    retried across processes.)"""
+    import threading
+
+    for round_ in range(15):
+        cache = VectorCache(tmp_path / f"c{round_}.sqlite3")
+        start = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def use(
+            i: int,
+            cache: VectorCache = cache,
+            start: threading.Barrier = start,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            try:
+                start.wait()
+                cache.put([(f"k{i}", [float(i)] * 4)])
+                assert cache.get([f"k{i}"]) == [[float(i)] * 4]
+            except BaseException as exc:  # noqa: BLE001 - collected for the assert below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=use, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert cache.count() == 8
