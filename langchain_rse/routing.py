@@ -214,15 +214,20 @@ class LeadIndex(DocumentIndex):
         the documents is held or no word names them."""
         return [(start, end) for start, end, _, _ in self._names(query, doc_ids)]
 
-    def _names(self, query: str, doc_ids: Iterable[str]) -> list[tuple[int, int, float, float]]:
-        """:meth:`name_spans` with each span's weight (over its distinct terms their leads
-        hold, the sum of :meth:`naming_weight`'s term weights) and its heaviest term's."""
-        stemmer = self._bm25.stemmer
+    def lead_terms(self, doc_ids: Iterable[str]) -> set[str]:
+        """The terms the leads of ``doc_ids`` hold (none for an unknown id)."""
         held: set[str] = set()
         for doc_id in doc_ids:
             found = self._leads.get(doc_id)
             if found is not None:
-                held.update(tokenize(_text(found[0]), stemmer))
+                held.update(tokenize(_text(found[0]), self._bm25.stemmer))
+        return held
+
+    def _names(self, query: str, doc_ids: Iterable[str]) -> list[tuple[int, int, float, float]]:
+        """:meth:`name_spans` with each span's weight (over its distinct terms their leads
+        hold, the sum of :meth:`naming_weight`'s term weights) and its heaviest term's."""
+        stemmer = self._bm25.stemmer
+        held = self.lead_terms(doc_ids)
         n = len(self._leads)
         if not held or n == 0:
             return []
@@ -467,7 +472,7 @@ class DocumentRouter(BaseModel):
         spans = r.name_spans(query, routed)
         if not spans:
             return None
-        text = _without(query, _widened(query, spans, r.stemmer))
+        text = _without(query, _widened(query, spans, r.stemmer, r.lead_terms(routed)))
         if not _asks(text, r.stemmer):
             logger.debug("no focus: %r asks nothing once the name is left out", text)
             return None
@@ -629,29 +634,44 @@ def _without(query: str, spans: Sequence[tuple[int, int]]) -> str:
 
 
 def _widened(
-    query: str, spans: Sequence[tuple[int, int]], stemmer: str | None
+    query: str, spans: Sequence[tuple[int, int]], stemmer: str | None, held: set[str]
 ) -> list[tuple[int, int]]:
-    """``spans`` grown over the words next to them that say nothing (stop words and
-    :data:`QUESTION_WORDS`: ``"In the"``, ``"according to the"``), within the clause."""
-    asking = set(tokenize(QUESTION_WORDS, stemmer))
-    empty = [
-        (m.start(), m.end())
-        for m in _WORD.finditer(query)
-        if set(tokenize(m.group(), stemmer)) <= asking
-    ]
-    starts, ends = {e: s for s, e in empty}, {s: e for s, e in empty}
+    """``spans`` grown, within the clause, over the words next to them that say nothing
+    (stop words, :data:`QUESTION_WORDS`, ``between``: ``"In the"``, ``"according to the"``)
+    and over the capitalized words the routed leads hold, across a comma too (the name's own
+    ``, Inc.``, ``Co-Branding Agreement``): ``"Consider the Orion Supply Agreement between
+    Orion Holdings, Inc.; the date"`` keeps ``"the date"``."""
+    asking = set(tokenize(f"{QUESTION_WORDS} between among", stemmer))
+    empty: dict[int, int] = {}
+    named: dict[int, int] = {}
+    for m in _WORD.finditer(query):
+        terms = set(tokenize(m.group(), stemmer))
+        if terms <= asking:
+            empty[m.start()] = m.end()
+        elif m.group()[0].isupper() and terms <= held:
+            named[m.start()] = m.end()
+    ends = {**empty, **named}
+    starts = {e: b for b, e in ends.items()}
     grown = []
     for start, end in spans:
         while True:
-            before = query[:start].rstrip(" \t")
-            if len(before) not in starts or _BREAK.search(query, len(before), start):
+            before = query[:start].rstrip(" \t,-")
+            b = starts.get(len(before))
+            if b is None or _BREAK.search(query, len(before), start):
                 break
-            start = starts[len(before)]
+            if "," in query[len(before) : start] and b not in named:
+                break  # only a name's own word across a comma
+            start = b
         while True:
-            after = len(query) - len(query[end:].lstrip(" \t"))
-            if after not in ends or _BREAK.search(query, end, after):
+            after = len(query) - len(query[end:].lstrip(" \t,-"))
+            e = ends.get(after)
+            if e is None or _BREAK.search(query, end, after):
                 break
-            end = ends[after]
+            if "," in query[end:after] and after not in named:
+                break
+            end = e
+        if query[end : end + 1] == "." and end in named.values():
+            end += 1  # an abbreviation's full stop (Inc.)
         grown.append((start, end))
     return grown
 
