@@ -78,6 +78,10 @@ def test_the_words_that_name_the_routed_document_are_dropped_wherever_they_stand
         assert focused is not None and ASKED in focused.lower(), (query, focused)
         assert "orion" not in focused.lower()
         assert _asked_terms(focused) == _asked_terms(ASKED), (query, focused)
+    # the name's own words go with it (capitalized words its lead holds, across a comma)
+    assert router.focus_query(QUERY, {"orion.txt"}) == ASKED
+    named = "In the Orion Supply Agreement, between Orion Holdings and the Buyer, which state's"
+    assert router.focus_query(f"{named} laws govern?", {"orion.txt"}) == f"{ASKED}?"
     # nothing names the routed document: nothing to focus on
     assert router.focus_query("red apples; green pears", {"orion.txt"}) is None
     assert router.focus_query(ASKED, {"orion.txt"}) is None
