@@ -26,7 +26,8 @@ Each peer's best-first ranges are cut at the budget (``common.cut_at_budget``). 
 character recall / precision, evidence hit (at least half the gold characters returned),
 wrong-document share (returned characters from documents holding no gold), characters
 returned, results under 100 characters (``frag``), questions whose missing answer
-characters lie between two returned ranges of its document (``gap``), and ``misled``:
+characters lie between two returned ranges of its document (``gap``; ``gap <= 600``: a
+gap of at most two default chunks, the case segment bridging is for), and ``misled``:
 questions whose whole answer came from one wrong document while dense top-k had a gold
 document first. Questions split into halves by document (``a``: the
 documents at even positions in name order, ``b``: odd; all stay indexed), to tune on one and
@@ -126,6 +127,8 @@ WIDE_CHUNK, WIDE_OVERLAP = 1000, 100
 """The docs peers' chunks: 1000 characters, the ensemble's with 100 of overlap."""
 FRAGMENT_CHARS = 100
 """A result shorter than this is counted as a fragment."""
+NARROW_GAP = 600
+"""A gap of at most two default (300-character) chunks: one that segment bridging spans."""
 TOP_N = 3
 """Top-N hit: the answer is in the first ``TOP_N`` results of a plain call."""
 DOCS_QUESTIONS = Path(__file__).resolve().parent / "data" / "flask_questions.json"
@@ -486,15 +489,16 @@ def covered(gold: Sequence[Span], got: Sequence[Span]) -> bool:
     return any(recall_precision([g], got)[0] >= 0.5 for g in gold)
 
 
-def in_gap(gold: Sequence[Span], got: Sequence[Span]) -> bool:
-    """Whether a gold character left out lies between two returned ranges of its document."""
+def gap_width(gold: Sequence[Span], got: Sequence[Span]) -> int | None:
+    """The width (characters) of the narrowest gap between two returned ranges of one
+    document that holds a gold character left out; None when no gap does."""
+    widths = []
     for f, gs, ge in gold:
         mine = sorted((s, e) for d, s, e in got if d == f)
         for (_, left_end), (right_start, _) in zip(mine, mine[1:]):
-            lo, hi = max(gs, left_end), min(ge, right_start)
-            if lo < hi:
-                return True
-    return False
+            if max(gs, left_end) < min(ge, right_start):
+                widths.append(right_start - left_end)
+    return min(widths, default=None)
 
 
 def score(
@@ -524,9 +528,11 @@ def score(
                 docs = {f for f, _, _ in got}
                 wrong = sum(e - s for f, s, e in got if f not in gold_docs)
                 misled = len(docs) == 1 and not docs & gold_docs and dense_first[j]
+                width = gap_width(q.gold, got)
                 row = {
                     "frag": float(sum(e - s < FRAGMENT_CHARS for _, s, e in got)),
-                    "gap": float(in_gap(q.gold, got)),
+                    "gap": float(width is not None),
+                    "narrow_gap": float(width is not None and width <= NARROW_GAP),
                     "recall": r,
                     "precision": p,
                     "evidence": float(r >= 0.5),
@@ -601,7 +607,8 @@ def report(
     members = {h: set(split[h]) for h in ("a", "b")}
     pos = {h: [j for j, i in enumerate(idx) if i in members[h]] for h in ("a", "b")}
     header = ["method", "budget", "recall %", "precision %", "evidence %", "wrong doc %"]
-    header += ["chars", "frag (n)", "gap (n)", "misled (n)", "recall a / b %"]
+    header += ["chars", "frag (n)", "gap (n)", f"gap <= {NARROW_GAP} (n)", "misled (n)"]
+    header += ["recall a / b %"]
     rows = []
     for b in budgets:
         for name, res in results.items():
@@ -615,7 +622,7 @@ def report(
                 ),
             ]
             row += [f"{v['chars']:.0f}"]
-            row += [f"{sum(res[b][m]):.0f}" for m in ("frag", "gap", "misled")]
+            row += [f"{sum(res[b][m]):.0f}" for m in ("frag", "gap", "narrow_gap", "misled")]
             row.append(
                 " / ".join(
                     f"{100 * _mean([res[b]['recall'][j] for j in pos[h]]):.1f}" if pos[h] else "-"
