@@ -20,7 +20,7 @@ Pure numpy, no I/O.
   valued: a few per retrieved chunk, however long the documents (with a floor of 0 or
   below, every lone chunk too).
 * :func:`fit_segments` then turns the chosen chunk runs into characters, within the
-  budget: one-chunk gaps bridged, ends moved to sentence or line boundaries, fragments
+  budget: gaps of up to two chunks bridged, ends moved to sentence or line boundaries, fragments
   grown or left out (the text is passed in; still no I/O).
 """
 
@@ -94,7 +94,7 @@ class RSEParams:
     """Return segments that touch (one ends where another of the same document starts)
     as one: a relevant passage longer than ``max_segment_chunks`` comes back whole when
     its parts are picked (:func:`merge_touching`)."""
-    bridge_chunks: int = 1
+    bridge_chunks: int = 2
     """Two returned segments of one document at most this many chunks apart come back as
     one, across the gap, when the gap's characters fit the context budget: an answer
     between two relevant passages is not left out (:func:`fit_segments`; 0: never)."""

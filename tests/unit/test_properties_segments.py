@@ -323,7 +323,7 @@ def test_fitting_keeps_budget_slices_and_the_dense_first_chunk(f: Fit) -> None:
 
 @settings(max_examples=150)
 @given(fits())
-def test_no_gap_of_a_chunk_is_left_when_it_fits(f: Fit) -> None:
+def test_no_gap_of_up_to_bridge_chunks_is_left_when_it_fits(f: Fit) -> None:
     """Brute force over every pair of neighbouring results: two results at most
     ``bridge_chunks`` chunks apart are only left apart when their gap exceeds the budget
     left (snapping and growing off, so only bridging spends it)."""
