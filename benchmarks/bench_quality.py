@@ -502,9 +502,14 @@ def gap_width(gold: Sequence[Span], got: Sequence[Span]) -> int | None:
 
 
 def score(
-    corpus: Corpus, methods: dict[str, Method], idx: Sequence[int], budgets: Sequence[int] = BUDGETS
+    corpus: Corpus,
+    methods: dict[str, Method],
+    idx: Sequence[int],
+    budgets: Sequence[int] = BUDGETS,
+    top: bool = True,
 ) -> dict[str, dict[int, dict[str, list[float]]]]:
-    """Per method, budget and metric: one value per scored question (in ``idx`` order)."""
+    """Per method, budget and metric: one value per scored question (in ``idx`` order);
+    with ``top``, also the top-N hit of a plain call (budget ``0``)."""
     out: dict[str, dict[int, dict[str, list[float]]]] = {
         m: {b: {} for b in budgets} for m in methods
     }
@@ -542,8 +547,10 @@ def score(
                 }
                 for key, value in row.items():
                     out[name][b].setdefault(key, []).append(value)
-            top = method(q.text, None)[:TOP_N]
-            out[name].setdefault(0, {}).setdefault("top", []).append(float(covered(q.gold, top)))
+            if top:
+                first = method(q.text, None)[:TOP_N]
+                hit = float(covered(q.gold, first))
+                out[name].setdefault(0, {}).setdefault("top", []).append(hit)
         log(f"{corpus.name} {name}: {(time.perf_counter() - t0) / max(len(idx), 1):.2f}s/query")
     return out
 
@@ -707,7 +714,7 @@ def family_table(args: argparse.Namespace, embeddings: CachedEmbeddings) -> str:
     header += ["dense 4k %", "routed right / wrong / none", "misled (2k/4k/8k)"]
     rows, recalls = [], {}
     for w, c in worded.items():
-        res = score(c, methods, idx, args.budgets)
+        res = score(c, methods, idx, args.budgets, top=False)  # the table has no top-N column
         routes = route_counts(retriever, [c.queries[i] for i in idx])
         recalls[w] = [100 * _mean(res["default"][b]["recall"]) for b in args.budgets]
         dense4k = (

@@ -70,6 +70,8 @@ UNIQUE_TERM = 0.9
 leads hold 0.72."""
 DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set)."""
+TextFrequency = Callable[[set[str]], tuple[dict[str, int], int]]
+"""Analyzed terms -> (how many documents hold each in their text, how many documents)."""
 NAME_WORD = 0.35
 """A query word names a routed document when that document's lead holds it and few other
 leads do: its weight (:meth:`LeadIndex.naming_weight`'s, per word) is this or more; among 50
@@ -119,6 +121,8 @@ class LeadIndex(DocumentIndex):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _before_search: Callable[[], None] | None = PrivateAttr(default=None)
     """Set by the owning retriever: its shared index's generation check."""
+    _text_frequency: TextFrequency | None = PrivateAttr(default=None)
+    """Set by the owning retriever: how many documents hold a term anywhere in their text."""
 
     def __len__(self) -> int:
         return len(self._leads)
@@ -225,7 +229,9 @@ class LeadIndex(DocumentIndex):
 
     def _names(self, query: str, doc_ids: Iterable[str]) -> list[tuple[int, int, float, float]]:
         """:meth:`name_spans` with each span's weight (over its distinct terms their leads
-        hold, the sum of :meth:`naming_weight`'s term weights) and its heaviest term's."""
+        hold, the sum of :meth:`naming_weight`'s term weights) and its heaviest term's. A
+        run whose every name word most documents hold in their text (see
+        :meth:`use_text_frequency`) names nothing."""
         stemmer = self._bm25.stemmer
         held = self.lead_terms(doc_ids)
         n = len(self._leads)
@@ -235,26 +241,52 @@ class LeadIndex(DocumentIndex):
         idf = self._bm25.idf({t for _, _, terms in words for t in terms & held})
         unique = math.log1p((n - 0.5) / 1.5)  # the IDF of a term one lead alone holds
         weight = {t: (w / unique) ** 2 for t, w in idf.items()}
+        name_words = {t for t, w in weight.items() if w >= NAME_WORD}
+        common = self._common_in_texts(name_words)
         spans: list[tuple[int, int, float, float]] = []
         start = end = -1
         terms_in: set[str] = set()
-        for s, e, terms in words:
+        for s, e, terms in words + [(len(query), len(query), {""})]:  # a last word ends a run
             if start >= 0 and (_BREAK.search(query, end, s) or not terms <= held):
-                spans.append(_span(start, end, terms_in, weight))  # a clause ends, or a
-                start = -1  # word no lead of theirs holds
+                if terms_in & name_words - common:  # a clause ends, or a word no lead of
+                    spans.append(_span(start, end, terms_in, weight))  # theirs holds
+                start = -1
             if start < 0:
                 terms_in = set()
             terms_in |= terms
             if any(weight.get(t, 0.0) >= NAME_WORD for t in terms):
                 start, end = (s if start < 0 else start), e
-        if start >= 0:
-            spans.append(_span(start, end, terms_in, weight))
         return spans
 
     def check_before_search(self, check: Callable[[], None] | None) -> None:
         """Run ``check`` before each search (the owning retriever sets its shared index's
         generation check; None: none)."""
         self._before_search = check
+
+    def use_text_frequency(self, frequency: TextFrequency | None) -> None:
+        """Count how many documents hold a term in their whole text with ``frequency``
+        (the owning retriever passes its BM25 index's
+        :meth:`~langchain_rse.lexical.BM25Index.group_frequency`; None: leads only). A word
+        names a document only when few leads *and* few documents hold it: *books* and
+        *records* in one contract's opening do not name it when most contracts' audit
+        clauses hold them."""
+        self._text_frequency = frequency
+
+    def _common_in_texts(self, terms: set[str]) -> set[str]:
+        """Those of ``terms`` that too many documents hold in their text to name one
+        (weight below :data:`NAME_WORD` by the documents' IDF, as leads weigh them)."""
+        frequency = self._text_frequency
+        if frequency is None or not terms:
+            return set()
+        counts, n = frequency(terms)
+        if n < 2:
+            return set()
+        unique = math.log1p((n - 0.5) / 1.5)
+        return {
+            t
+            for t, df in counts.items()
+            if df > 0 and (math.log1p((n - df + 0.5) / (df + 0.5)) / unique) ** 2 < NAME_WORD
+        }
 
     def _hits(self, query: str, filter: Filter | None) -> list[tuple[str, float]]:
         """:meth:`hits` without the shared store's generation check (done once per query)."""
@@ -340,13 +372,17 @@ class DocumentRouter(BaseModel):
     """Keep the router in step with the index: adding, replacing and deleting documents
     upserts and deletes their leads there too (the retriever must be a ``DocumentIndex``)."""
     margin: float = Field(default=DEFAULT_MARGIN, ge=0)
-    """Route only when the router is sure: where its results carry
-    ``metadata["bm25_score"]`` (the built-in lead index does), the first document's score
-    must be at least ``1 + margin`` times the second's. Similar documents a query does not
-    tell apart (contracts from one template, asked about an order number) are not routed."""
+    """Route only when the router is sure: with the built-in lead index, the most strongly
+    named of its ``k`` documents must be named at least ``1 + margin`` times as strongly as
+    the next (:meth:`named`); with another router whose results carry
+    ``metadata["bm25_score"]`` (or ``min_naming=0``), the first document's score must be at
+    least ``1 + margin`` times the second's. Similar documents a query does not tell apart
+    (contracts between the same parties, from one template) are not routed."""
     min_naming: float = Field(default=DEFAULT_MIN_NAMING, ge=0)
-    """Route only to a document the query names: the built-in lead index's first document
-    must have a :meth:`~langchain_rse.routing.LeadIndex.naming_weight` of at least this —
+    """Route only to a document the query names: of the built-in lead index's ``k``
+    documents, the one the query names most strongly is chosen (not the one whose opening
+    shares most words with a long question), and its
+    :meth:`~langchain_rse.routing.LeadIndex.naming_weight` must be at least this —
     about this many words that few other leads hold in one name of the query (a run of
     words its lead holds), one of them held by its lead alone. The weight does not depend
     on where the name stands or how long the question is, and rare words scattered over a
@@ -418,7 +454,7 @@ class DocumentRouter(BaseModel):
         if callbacks is not None:
             config = RunnableConfig(**{**(config or {}), "callbacks": callbacks})
         if isinstance(r, LeadIndex):
-            return self.policy(query, self.named(r, query, self.chosen_ids(r.hits(query, filter))))
+            return self.policy(query, self.named(r, query, r.hits(query, filter)))
         if filter is None:
             return self.policy(query, self.chosen(r.invoke(query, config)))
         if _takes_filter(r):
@@ -479,16 +515,33 @@ class DocumentRouter(BaseModel):
         logger.debug("focus: %r searched inside %s", text, sorted(routed))
         return text
 
-    def named(self, leads: LeadIndex, query: str, chosen: set[str] | None) -> set[str] | None:
-        """The ``chosen`` documents that ``query`` names (:attr:`min_naming`), None when
-        none is."""
-        if chosen is None or self.min_naming <= 0:
-            return chosen
-        named = {d for d in chosen if leads.naming_weight(query, d) >= self.min_naming}
-        if not named:
-            logger.debug("routing skipped: the query does not name %s", sorted(chosen))
+    def named(
+        self, leads: LeadIndex, query: str, hits: Sequence[tuple[str, float]]
+    ) -> set[str] | None:
+        """The documents among the lead index's ``hits`` that ``query`` names: the one with
+        the heaviest name (:meth:`LeadIndex.naming_weight`), when that weighs at least
+        :attr:`min_naming` and ``1 + margin`` times the next document's, so the name decides
+        the route, not how much of a long question happens to match another lead; None
+        when no document is named so. With ``min_naming`` 0, the first hit, as
+        :meth:`chosen_ids` picks it."""
+        if self.min_naming <= 0:
+            return self.chosen_ids(hits)
+        weights = sorted(
+            ((leads.naming_weight(query, d), -i, d) for i, (d, _) in enumerate(hits)), reverse=True
+        )
+        if not weights or weights[0][0] < self.min_naming:
+            logger.debug("routing skipped: the query names none of %s", [d for d, _ in hits])
             return None
-        return named
+        if len(weights) > 1 and weights[0][0] < (1.0 + self.margin) * weights[1][0]:
+            logger.debug(
+                "routing skipped: the query names %s and %s about as strongly (%.3g, %.3g)",
+                weights[0][2],
+                weights[1][2],
+                weights[0][0],
+                weights[1][0],
+            )
+            return None
+        return {d for w, _, d in weights[: self.documents] if w >= self.min_naming}
 
     def chosen(self, hits: Sequence[Document]) -> set[str] | None:
         """The documents the router chose, or None (no filter) when it found none."""

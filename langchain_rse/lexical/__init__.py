@@ -203,6 +203,15 @@ class BM25Index:
             gids = np.unique(bm.gid[:n][bm.alive[:n]])
             return {g for g in map(self._group_keys.__getitem__, gids.tolist()) if g}
 
+    def group_frequency(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
+        """For analyzed ``terms`` (as :func:`tokenize` gives them), how many groups (document
+        versions) hold each in some chunk, and how many groups there are."""
+        with self._rw.read():
+            bm = self._bm25
+            vocab = bm.vocab
+            counts = {t: (0 if t not in vocab else bm.group_count(vocab[t])) for t in terms}
+            return counts, sum(1 for n in self._group_live if n > 0)
+
     def _maybe_compact(self) -> None:
         bm = self._bm25
         if bm.n_chunks and not bm.n_live:  # everything deleted: start afresh (cheap)

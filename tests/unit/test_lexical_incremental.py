@@ -13,8 +13,10 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from langchain_rse.lexical import BM25Index, tokenize
+from langchain_rse.lexical import BM25Index, group_of, tokenize
 
 WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ro") for b in ("ta", "vi", "zo", "qu")]
 """24 words; the first ones are drawn far more often (common and rare terms)."""
@@ -336,3 +338,37 @@ def test_hits_read_their_keys_after_the_index_changes() -> None:
     assert index._bm25.n_chunks == len(index)  # compacted
     assert list(hits) == before
     assert all(k not in {h for h, _ in index.search("kata lota", 30)} for k, _ in before[:6])
+
+
+@settings(max_examples=40)
+@given(seed=st.integers(0, 10_000), steps=st.integers(1, 40), small=st.booleans())
+def test_group_frequency_counts_the_groups_whose_live_chunks_hold_a_term(
+    seed: int, steps: int, small: bool
+) -> None:
+    """Brute force after random adds, replaces and deletes (merges and renumbering
+    crossed): a term's count is the number of groups (document versions) with a live
+    chunk holding it, and the number of groups is those with a live chunk."""
+    rng = random.Random(seed)
+    index = BM25Index(**(SMALL if small else {}))
+    corpus: dict[str, str] = {}
+    for _ in range(steps):
+        if rng.random() < 0.6 or not corpus:
+            keys = [
+                f"d{rng.randint(0, 12)}\x1f{rng.randint(0, 3)}" for _ in range(rng.randint(1, 6))
+            ]
+            texts = [text(rng) for _ in keys]
+            index.add(keys, texts)
+            corpus.update(zip(keys, texts))
+        else:
+            gone = rng.sample(sorted(corpus), min(len(corpus), rng.randint(1, 4)))
+            index.delete(gone)
+            for k in gone:
+                corpus.pop(k)
+    terms = {t for w in WORDS for t in tokenize(w)} | {"unknown"}
+    counts, groups = index.group_frequency(terms)
+    holders: dict[str, set[str]] = {t: set() for t in terms}
+    for key, body in corpus.items():
+        for t in tokenize(body):
+            holders[t].add(group_of(key))
+    assert counts == {t: len(g) for t, g in holders.items()}
+    assert groups == len({group_of(k) for k in corpus})

@@ -208,3 +208,64 @@ def test_rare_words_scattered_over_a_question_name_nothing(
     assert router.route(scattered) is None
     named = f"In the {first} {second} licence, is liability capped?"
     assert getattr(router.route(named), "docs", None) == {f"c{i}"}
+
+
+COMMON_CLAUSE = (
+    "Exclusivity. The reseller keeps an exclusive territory while its minimum purchase "
+    "commitments are met, and audits of books and records are allowed once a year."
+)
+COMMON_ASKS = [
+    "Is there an exclusive territory for the reseller, with minimum purchase commitments?",
+    "May a party audit the books and records once a year?",
+]
+
+
+@settings(max_examples=30)
+@given(
+    n=st.integers(4, 8),
+    seed=st.integers(0, 10_000),
+    ask=st.sampled_from(COMMON_ASKS),
+    asked=st.integers(0, 7),
+    opener=st.integers(1, 7),
+)
+def test_the_name_decides_the_route_not_what_the_ask_shares_with_another_lead(
+    n: int, seed: int, ask: str, asked: int, opener: int
+) -> None:
+    """Every contract holds the clause the question asks about; one of them (not the one
+    named) states it in its opening, so the lead search over the whole question ranks that
+    one first (CUAD: a long ask, a partial name). Every phrasing that names the contract
+    routes to it; the ask alone, whose words most contracts hold, names none."""
+    rng = random.Random(seed)
+    words = [w.title() for w in rng.sample(WORDS, 2 * n)]
+    parties = [
+        (f"{words[2 * i]} {words[2 * i + 1]} Inc.", "Northwind Trading LLC") for i in range(n)
+    ]
+    kinds = [rng.choice(KINDS) for _ in range(n)]
+    i = asked % n
+    j = (i + opener) % n  # the contract whose opening states the common clause
+    if j == i:
+        j = (i + 1) % n
+    filler = "\n\n".join(
+        f"Recital {c}. The parties wish to cooperate on the terms set out below, in good faith "
+        "and for their mutual benefit, as recorded in the schedules."
+        for c in range(1, 16)
+    )
+    docs = [
+        Document(
+            f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n"
+            + (f"{COMMON_CLAUSE} {COMMON_CLAUSE}\n\n" if d == j else "")
+            + f"{filler}\n\n{COMMON_CLAUSE}",
+            id=f"c{d}",
+        )
+        for d, (kind, (a, b)) in enumerate(zip(kinds, parties))
+    ]
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=300, show_progress=False
+    )
+    retriever.add_documents(docs)
+    router = retriever.router
+    assert router is not None
+    questions = phrasings(kinds[i], *parties[i], ask)
+    routes = {family: getattr(router.route(q), "docs", None) for family, q in questions.items()}
+    assert routes.pop("noname") is None
+    assert routes == dict.fromkeys(routes, {f"c{i}"})
