@@ -125,6 +125,25 @@ def phrasings(kind: str, first: str, second: str, ask: str) -> dict[str, str]:
     }
 
 
+FILLER = "\n\n".join(  # a contract's opening: past the 2,000 characters of a lead
+    f"Recital {c}. The parties wish to cooperate on the terms set out below, in good faith "
+    "and for their mutual benefit, as recorded in the schedules."
+    for c in range(1, 16)
+)
+
+
+def routes_of(docs: list[Document], questions: dict[str, str]) -> dict[str, object]:
+    """The documents each question is routed to (None: not routed) by a retriever over
+    ``docs`` with the default router."""
+    retriever = RSERetriever(
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=300, show_progress=False
+    )
+    retriever.add_documents(docs)
+    router = retriever.router
+    assert router is not None
+    return {family: getattr(router.route(q), "docs", None) for family, q in questions.items()}
+
+
 @settings(max_examples=30)
 @given(
     n=st.integers(3, 8),
@@ -142,11 +161,6 @@ def test_a_question_is_routed_alike_however_it_names_its_contract(
         (f"{words[2 * i]} {words[2 * i + 1]} Inc.", "Northwind Trading LLC") for i in range(n)
     ]
     kinds = [rng.choice(KINDS) for _ in range(n)]
-    filler = "\n\n".join(  # the opening: past the 2,000 characters of a lead
-        f"Recital {c}. The parties wish to cooperate on the terms set out below, in good faith "
-        "and for their mutual benefit, as recorded in the schedules."
-        for c in range(1, 16)
-    )
     clauses = (
         "Liability. Each party's liability is capped at the fees paid. Governing law. The "
         "interpretation of this contract is governed by the laws of the State of New York. "
@@ -154,20 +168,13 @@ def test_a_question_is_routed_alike_however_it_names_its_contract(
     )
     docs = [
         Document(
-            f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n{filler}\n\n{clauses}",
+            f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n{FILLER}\n\n{clauses}",
             id=f"c{i}",
         )
         for i, (kind, (a, b)) in enumerate(zip(kinds, parties))
     ]
-    retriever = RSERetriever(
-        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=300, show_progress=False
-    )
-    retriever.add_documents(docs)
-    router = retriever.router
-    assert router is not None
     i = asked % n
-    questions = phrasings(kinds[i], *parties[i], ask)
-    routes = {family: getattr(router.route(q), "docs", None) for family, q in questions.items()}
+    routes = routes_of(docs, phrasings(kinds[i], *parties[i], ask))
     assert routes.pop("noname") is None
     assert routes == dict.fromkeys(routes, {f"c{i}"})
 
@@ -245,27 +252,15 @@ def test_the_name_decides_the_route_not_what_the_ask_shares_with_another_lead(
     j = (i + opener) % n  # the contract whose opening states the common clause
     if j == i:
         j = (i + 1) % n
-    filler = "\n\n".join(
-        f"Recital {c}. The parties wish to cooperate on the terms set out below, in good faith "
-        "and for their mutual benefit, as recorded in the schedules."
-        for c in range(1, 16)
-    )
     docs = [
         Document(
             f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n"
             + (f"{COMMON_CLAUSE} {COMMON_CLAUSE}\n\n" if d == j else "")
-            + f"{filler}\n\n{COMMON_CLAUSE}",
+            + f"{FILLER}\n\n{COMMON_CLAUSE}",
             id=f"c{d}",
         )
         for d, (kind, (a, b)) in enumerate(zip(kinds, parties))
     ]
-    retriever = RSERetriever(
-        vectorstore=InMemoryVectorStore(HashingEmbeddings()), chunk_size=300, show_progress=False
-    )
-    retriever.add_documents(docs)
-    router = retriever.router
-    assert router is not None
-    questions = phrasings(kinds[i], *parties[i], ask)
-    routes = {family: getattr(router.route(q), "docs", None) for family, q in questions.items()}
+    routes = routes_of(docs, phrasings(kinds[i], *parties[i], ask))
     assert routes.pop("noname") is None
     assert routes == dict.fromkeys(routes, {f"c{i}"})
