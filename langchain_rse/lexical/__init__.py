@@ -210,7 +210,7 @@ class BM25Index:
             bm = self._bm25
             vocab = bm.vocab
             counts = {t: (0 if t not in vocab else bm.group_count(vocab[t])) for t in terms}
-            return counts, sum(1 for n in self._group_live if n > 0)
+            return counts, len(self._gid)  # the groups with a live chunk
 
     def _maybe_compact(self) -> None:
         bm = self._bm25
