@@ -100,8 +100,8 @@ class Writer:
     """Serialises this process's writers (plan to swap)."""
     shared: bool = False
     """The record store is shared with other processes: every write leaves a new
-    generation token there, and an in-process lexical index reloads when it sees one it
-    did not write (:meth:`sync_local`)."""
+    generation token there, and the in-process indexes reload when the token is not the
+    one they last read (:meth:`sync_local`), after this worker's own writes too."""
     swaps: ReadWriteLock = field(init=False)
     """Held exclusively from a pointer swap (or a pointer's removal) to the removal of the
     versions it replaced; a query that kept losing the race to replaces holds it shared for
@@ -114,15 +114,15 @@ class Writer:
         self.swaps = ReadWriteLock(enabled=not self.shared)
 
     def _bump(self) -> None:
-        """Leave a new generation token after a write."""
-        if not self.shared:
-            return
-        store = self.records.store
-        before = store.mget([GENERATION_KEY])[0]
-        token = secrets.token_hex(8).encode()
-        store.mset([(GENERATION_KEY, token)])
-        # Another worker wrote since we last looked: our lexical index misses that.
-        self._seen = token if before == self._seen else None
+        """Leave a new generation token after a write.
+
+        The next search reloads even after this worker's own write: a record store has
+        no compare-and-set, so two workers' tokens can overwrite each other, and a token
+        this worker wrote may hide another worker's write that landed between reading
+        the old token and writing the new one. The reload adds only the other workers'
+        changes (its cost: one read of every pointer)."""
+        if self.shared:
+            self.records.store.mset([(GENERATION_KEY, secrets.token_hex(8).encode())])
 
     def attach_leads(self, leads: LeadIndex | None) -> None:
         """Keep ``leads`` (the built-in document index, or None) in step with the records:

@@ -1,13 +1,13 @@
 """Writes that race or repeat (issue 54): a tenant's add re-checks who owns an id inside
-the write (item 1), ``delete`` of an id named twice (item 12), and a query during a
-replace (item 15)."""
+the write (item 1), ``delete`` of an id named twice (item 12), a query during a
+replace (item 15), and two workers whose generation tokens overwrite each other."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from helpers import HashingEmbeddings
 from langchain_rse import BaseEnricher, NoEnricher, RSERetriever
 from langchain_rse.enrichment import ChunkContext
 from langchain_rse.indexing.chunking import Chunk
+from langchain_rse.indexing.writer import GENERATION_KEY
 
 ACME = {"tenant": "acme"}
 GLOBEX = {"tenant": "globex"}
@@ -243,3 +244,42 @@ def test_queries_during_replaces_always_find_the_old_or_the_new_version() -> Non
         for t in readers:
             t.join(60)
     assert sum(queries) > 0 and not problems, (problems[:3], queries)
+
+
+# ---------------------------------------------------------------- two workers' tokens race
+
+
+class TokenRace(SharedStore):
+    """One worker's connection to a shared record store, on which another worker's whole
+    write (once armed) lands just before this worker writes its generation token (a store
+    without compare-and-set: the later token overwrites the other worker's)."""
+
+    def __init__(self, shared: SharedStore) -> None:
+        self.inner = shared.inner
+        self.other_write: Callable[[], object] | None = None
+
+    def mset(self, pairs: Sequence[tuple[str, bytes]]) -> None:
+        if self.other_write is not None and any(k == GENERATION_KEY for k, _ in pairs):
+            self.other_write, write = None, self.other_write
+            write()
+        super().mset(pairs)
+
+
+def test_a_worker_sees_a_write_whose_token_its_own_token_overwrote() -> None:
+    """Found by ``test_random_interleavings_in_memory`` (about one seed in 50): a worker
+    that took the token after its own write for "nothing else changed" kept the other
+    worker's write out of its BM25 index for good."""
+    vs, shared = InMemoryVectorStore(HashingEmbeddings()), SharedStore()
+    race = TokenRace(shared)
+    settings: dict[str, Any] = {"enricher": NoEnricher(), "chunk_size": 200}
+    other = RSERetriever(vectorstore=vs, record_store=shared, show_progress=False, **settings)
+    ours = RSERetriever(vectorstore=vs, record_store=race, show_progress=False, **settings)
+    ours.invoke("payment")  # has read the current token
+    race.other_write = lambda: other.add_documents([Document(SIXTY, id="theirs")])
+    ours.add_documents([Document(THIRTY, id="ours")])
+    assert race.other_write is None, "the other worker's write did not land"
+    found = ours.invoke("sixty", mode="chunks")
+    assert [d.metadata["doc_id"] for d in found if d.metadata.get("lexical_rank") == 1] == [
+        "theirs"
+    ]
+    assert {k.split("\x1f")[0] for k in list(ours.index.lexical.keys())} == {"ours", "theirs"}
