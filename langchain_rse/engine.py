@@ -108,7 +108,7 @@ class Index:
         else:
             leads.check_before_search(self._sync_local())
             leads.use_stemmer(self.stemmer)  # leads are analyzed as the chunks are
-            leads.use_text_frequency(self.lexical.group_frequency)
+            leads.use_text_counts(self.lexical)
         self.writer.attach_leads(leads)
 
     def _sync_local(self) -> Callable[[], None] | None:

@@ -23,7 +23,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun, Callbacks
 from langchain_core.documents import Document
@@ -70,12 +70,18 @@ UNIQUE_TERM = 0.9
 leads hold 0.72."""
 DEFAULT_BOOST = 2.0
 """The default router's boost (chosen on CUAD dev and the Anthropic code set)."""
-TextFrequency = Callable[[set[str]], tuple[dict[str, int], int]]
-"""Analyzed terms -> (how many documents hold each in their text, how many documents)."""
 NAME_WORD = 0.35
 """A query word names a routed document when that document's lead holds it and few other
 leads do: its weight (:meth:`LeadIndex.naming_weight`'s, per word) is this or more; among 50
 leads, a word at most five of them hold."""
+NAME_PAIR = 0.5
+"""Two words side by side in a query name a document, whatever their case in the query, when
+its lead writes both capitalised side by side (``National Processing``, ``System
+Associates``: a name made of common words) and few documents hold both in one chunk: the
+pair's weight by the documents' IDF (as :data:`NAME_WORD` weighs words) is this or more;
+among 50 documents, at most three. Such a pair weighs as two words no other lead holds
+(chosen on CUAD dev's phrasing families, checked on COVID-QA dev and the code set:
+``benchmarks/RESULTS.md``)."""
 QUESTION_WORDS = (
     "what which who whom whose when where why how do does did will would shall should can "
     "could may might must there here this that these those say said tell about according "
@@ -88,9 +94,26 @@ _SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([,;:.?!])")
 """A word of a query, as the tokenizer reads words."""
 _BREAK = re.compile(r"[;:?!\n]|\.\s+(?=[A-Z])")
 """Punctuation a name does not run across: a clause or sentence end (not the full stop of
-``Inc. and``)."""
+``Inc. and``). Search it between two words up to the second word's first letter, which
+tells a sentence end."""
 
 logger = logging.getLogger(__name__)
+
+
+class TextCounts(Protocol):
+    """How many documents hold terms in their whole text (the owning retriever's
+    :class:`~langchain_rse.lexical.BM25Index`)."""
+
+    def group_frequency(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
+        """How many documents hold each analyzed term, and how many documents there are."""
+        ...
+
+    def pair_frequency(
+        self, pairs: Iterable[tuple[str, str]]
+    ) -> tuple[dict[tuple[str, str], int], int]:
+        """How many documents hold both terms of each pair in one chunk, and how many
+        documents there are."""
+        ...
 
 
 class LeadIndex(DocumentIndex):
@@ -121,8 +144,10 @@ class LeadIndex(DocumentIndex):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _before_search: Callable[[], None] | None = PrivateAttr(default=None)
     """Set by the owning retriever: its shared index's generation check."""
-    _text_frequency: TextFrequency | None = PrivateAttr(default=None)
-    """Set by the owning retriever: how many documents hold a term anywhere in their text."""
+    _capitalised: dict[str, frozenset[tuple[str, str]]] = PrivateAttr(default_factory=dict)
+    """Per doc id, the pairs of words its lead writes capitalised side by side (terms)."""
+    _text_counts: TextCounts | None = PrivateAttr(default=None)
+    """Set by the owning retriever: how many documents hold terms anywhere in their text."""
 
     def __len__(self) -> int:
         return len(self._leads)
@@ -149,6 +174,10 @@ class LeadIndex(DocumentIndex):
                 {group_of(k): m for k, (_, m) in zip(keys, self._leads.values())},
             )
             self._bm25 = bm25
+            self._capitalised = {
+                i: _capitalised_pairs(_text(packed), stemmer)
+                for i, (packed, _) in self._leads.items()
+            }
 
     def add_sources(self, sources: Iterable[Document]) -> None:
         """Index (or replace) the leads of these source documents."""
@@ -164,6 +193,10 @@ class LeadIndex(DocumentIndex):
             self._leads.update(
                 (i, (_packed(d.page_content), m)) for i, d, m in zip(ids, items, metadatas)
             )
+            stemmer = self._bm25.stemmer
+            self._capitalised.update(
+                (i, _capitalised_pairs(d.page_content, stemmer)) for i, d in zip(ids, items)
+            )
             self._bm25.add(
                 keys,
                 [d.page_content for d in items],
@@ -177,6 +210,8 @@ class LeadIndex(DocumentIndex):
             raise ValueError("delete needs a list of document ids")
         with self._lock:
             found = [i for i in ids if self._leads.pop(i, None) is not None]
+            for i in found:
+                self._capitalised.pop(i, None)
             self._bm25.delete([_key(i) for i in found])
         return DeleteResponse(num_deleted=len(found), succeeded=found, failed=[])
 
@@ -231,8 +266,11 @@ class LeadIndex(DocumentIndex):
         """:meth:`name_spans` with each span's weight (over its distinct terms their leads
         hold, the sum of :meth:`naming_weight`'s term weights) and its heaviest term's. A
         run whose every name word most documents hold in their text (see
-        :meth:`use_text_frequency`) names nothing."""
+        :meth:`use_text_counts`) names nothing; two words their lead writes capitalised
+        side by side weigh as two words no other lead holds when few documents hold both
+        (:data:`NAME_PAIR`)."""
         stemmer = self._bm25.stemmer
+        doc_ids = list(doc_ids)
         held = self.lead_terms(doc_ids)
         n = len(self._leads)
         if not held or n == 0:
@@ -241,13 +279,15 @@ class LeadIndex(DocumentIndex):
         idf = self._bm25.idf({t for _, _, terms in words for t in terms & held})
         unique = math.log1p((n - 0.5) / 1.5)  # the IDF of a term one lead alone holds
         weight = {t: (w / unique) ** 2 for t, w in idf.items()}
+        paired = self._name_pairs(query, doc_ids)
+        weight.update((t, 1.0) for t in paired)
         name_words = {t for t, w in weight.items() if w >= NAME_WORD}
-        common = self._common_in_texts(name_words)
+        common = self._common_in_texts(name_words - paired)
         spans: list[tuple[int, int, float, float]] = []
         start = end = -1
         terms_in: set[str] = set()
         for s, e, terms in words + [(len(query), len(query), {""})]:  # a last word ends a run
-            if start >= 0 and (_BREAK.search(query, end, s) or not terms <= held):
+            if start >= 0 and (_BREAK.search(query, end, s + 1) or not terms <= held):
                 if terms_in & name_words - common:  # a clause ends, or a word no lead of
                     spans.append(_span(start, end, terms_in, weight))  # theirs holds
                 start = -1
@@ -263,29 +303,42 @@ class LeadIndex(DocumentIndex):
         generation check; None: none)."""
         self._before_search = check
 
-    def use_text_frequency(self, frequency: TextFrequency | None) -> None:
-        """Count how many documents hold a term in their whole text with ``frequency``
-        (the owning retriever passes its BM25 index's
-        :meth:`~langchain_rse.lexical.BM25Index.group_frequency`; None: leads only). A word
-        names a document only when few leads *and* few documents hold it: *books* and
-        *records* in one contract's opening do not name it when most contracts' audit
-        clauses hold them."""
-        self._text_frequency = frequency
+    def use_text_counts(self, counts: TextCounts | None) -> None:
+        """Count how many documents hold terms in their whole text with ``counts`` (the
+        owning retriever passes its BM25 index; None: leads only, and no pair names a
+        document). A word names a document only when few leads *and* few documents hold it:
+        *books* and *records* in one contract's opening do not name it when most contracts'
+        audit clauses hold them."""
+        self._text_counts = counts
 
     def _common_in_texts(self, terms: set[str]) -> set[str]:
         """Those of ``terms`` that too many documents hold in their text to name one
         (weight below :data:`NAME_WORD` by the documents' IDF, as leads weigh them)."""
-        frequency = self._text_frequency
-        if frequency is None or not terms:
+        counts = self._text_counts
+        if counts is None or not terms:
             return set()
-        counts, n = frequency(terms)
-        if n < 2:
+        found, n = counts.group_frequency(terms)
+        return {t for t, df in found.items() if df > 0 and _text_weight(df, n) < NAME_WORD}
+
+    def _name_pairs(self, query: str, doc_ids: Iterable[str]) -> set[str]:
+        """The terms of the pairs of words side by side in ``query`` that the leads of
+        ``doc_ids`` write capitalised side by side and few documents hold in one chunk
+        (:data:`NAME_PAIR`): ``"in the sponsorship agreement with national processing"``
+        names the contract whose lead says *National Processing Company*, though most
+        contracts hold *national* and *processing*."""
+        counts = self._text_counts
+        capitalised: set[tuple[str, str]] = set()
+        for doc_id in doc_ids:
+            capitalised |= self._capitalised.get(doc_id, frozenset())
+        if counts is None or not capitalised:
             return set()
-        unique = math.log1p((n - 0.5) / 1.5)
+        stemmer = self._bm25.stemmer
+        found = {pair for pair, _ in _word_pairs(query, stemmer) if pair in capitalised}
+        if not found:
+            return set()
+        together, n = counts.pair_frequency(found)
         return {
-            t
-            for t, df in counts.items()
-            if df > 0 and (math.log1p((n - df + 0.5) / (df + 0.5)) / unique) ** 2 < NAME_WORD
+            t for pair, df in together.items() if _text_weight(df, n) >= NAME_PAIR for t in pair
         }
 
     def _hits(self, query: str, filter: Filter | None) -> list[tuple[str, float]]:
@@ -315,6 +368,35 @@ class LeadIndex(DocumentIndex):
         hits = self.hits(query, filter)
         leads = (self._lead(doc_id, bm25_score=score) for doc_id, score in hits)
         return [lead for lead in leads if lead is not None]  # None: deleted since the search
+
+
+def _text_weight(df: int, n: int) -> float:
+    """The weight of a term ``df`` of ``n`` documents hold: its IDF over that of a term one
+    document alone holds, squared (as :meth:`LeadIndex.naming_weight` weighs lead terms)."""
+    if n < 2:
+        return 0.0
+    return (math.log1p((n - df + 0.5) / (df + 0.5)) / math.log1p((n - 0.5) / 1.5)) ** 2
+
+
+def _word_pairs(text: str, stemmer: str | None) -> list[tuple[tuple[str, str], bool]]:
+    """The pairs of words side by side in ``text`` (a possessive's ``s`` skipped; a
+    stopword or a clause break between them parts them), as the terms of the whole words,
+    each with whether ``text`` writes both capitalised."""
+    words = [
+        (m.start(), m.end(), tokenize(m.group(), stemmer)[:1], m.group()[:1].isupper())
+        for m in _WORD.finditer(text)
+        if not _possessive_s(text, m)
+    ]
+    return [
+        ((a[0], b[0]), up_a and up_b)
+        for (_, end, a, up_a), (start, _, b, up_b) in zip(words, words[1:])
+        if a and b and not _BREAK.search(text, end, start + 1)
+    ]
+
+
+def _capitalised_pairs(text: str, stemmer: str | None) -> frozenset[tuple[str, str]]:
+    """The pairs of words ``text`` writes capitalised side by side (see :func:`_word_pairs`)."""
+    return frozenset(pair for pair, capitalised in _word_pairs(text, stemmer) if capitalised)
 
 
 def _key(doc_id: str) -> str:
@@ -737,9 +819,12 @@ def _asks(text: str, stemmer: str | None) -> bool:
 
 def _terms(query: str, m: re.Match[str], stemmer: str | None) -> set[str]:
     """The terms of the word ``m`` of ``query``; none for the ``s`` of a possessive."""
-    if m.group() in ("s", "S") and query[m.start() - 1 : m.start()] in ("'", "\u2019"):
-        return set()
-    return set(tokenize(m.group(), stemmer))
+    return set() if _possessive_s(query, m) else set(tokenize(m.group(), stemmer))
+
+
+def _possessive_s(text: str, m: re.Match[str]) -> bool:
+    """Whether the word ``m`` of ``text`` is the ``s`` of a possessive."""
+    return m.group() in ("s", "S") and text[m.start() - 1 : m.start()] in ("'", "\u2019")
 
 
 def _span(

@@ -209,8 +209,24 @@ class BM25Index:
         with self._rw.read():
             bm = self._bm25
             vocab = bm.vocab
-            counts = {t: (0 if t not in vocab else bm.group_count(vocab[t])) for t in terms}
+            counts = {t: (0 if t not in vocab else bm.group_count([vocab[t]])) for t in terms}
             return counts, len(self._gid)  # the groups with a live chunk
+
+    def pair_frequency(
+        self, pairs: Iterable[tuple[str, str]]
+    ) -> tuple[dict[tuple[str, str], int], int]:
+        """For pairs of analyzed terms, how many groups (document versions) hold both terms
+        of each in one chunk, and how many groups there are."""
+        with self._rw.read():
+            bm = self._bm25
+            vocab = bm.vocab
+            counts = {
+                (a, b): (
+                    0 if a not in vocab or b not in vocab else bm.group_count([vocab[a], vocab[b]])
+                )
+                for a, b in pairs
+            }
+            return counts, len(self._gid)
 
     def _maybe_compact(self) -> None:
         bm = self._bm25

@@ -452,17 +452,27 @@ class IncrementalBM25:
             return rows, np.bincount(inverse, x, minlength=len(rows))
         return empty[0], np.bincount(d, x, minlength=self.n_chunks)
 
-    def group_count(self, token_id: int) -> int:
-        """How many groups (documents) have a live chunk holding the term ``token_id``."""
-        if token_id >= len(self.df) or self.df[token_id] == 0:
+    def group_count(self, token_ids: Sequence[int]) -> int:
+        """How many groups (documents) have a live chunk holding every term of ``token_ids``."""
+        chunks = None
+        for token_id in token_ids:
+            holding = self._live_chunks(token_id)
+            chunks = holding if chunks is None else np.intersect1d(chunks, holding)
+        if chunks is None or not len(chunks):
             return 0
+        return len(np.unique(self.gid[chunks]))
+
+    def _live_chunks(self, token_id: int) -> np.ndarray:
+        """The live chunks holding the term ``token_id``."""
+        if token_id >= len(self.df) or self.df[token_id] == 0:
+            return np.zeros(0, dtype=np.int64)
         found = []
         for block in self.blocks:
             indptr = block.matrix.indptr
             if token_id + 1 < len(indptr):
                 found.append(block.matrix.indices[indptr[token_id] : indptr[token_id + 1]])
         chunks = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
-        return len(np.unique(self.gid[chunks[self.alive[chunks]]]))
+        return chunks[self.alive[chunks]]
 
     def top(
         self,

@@ -342,12 +342,13 @@ def test_hits_read_their_keys_after_the_index_changes() -> None:
 
 @settings(max_examples=40)
 @given(seed=st.integers(0, 10_000), steps=st.integers(1, 40), small=st.booleans())
-def test_group_frequency_counts_the_groups_whose_live_chunks_hold_a_term(
+def test_group_and_pair_frequency_count_the_groups_whose_live_chunks_hold_the_terms(
     seed: int, steps: int, small: bool
 ) -> None:
     """Brute force after random adds, replaces and deletes (merges and renumbering
     crossed): a term's count is the number of groups (document versions) with a live
-    chunk holding it, and the number of groups is those with a live chunk."""
+    chunk holding it, a pair's those with a live chunk holding both, and the number of
+    groups is those with a live chunk."""
     rng = random.Random(seed)
     index = BM25Index(**(SMALL if small else {}))
     corpus: dict[str, str] = {}
@@ -372,3 +373,13 @@ def test_group_frequency_counts_the_groups_whose_live_chunks_hold_a_term(
             holders[t].add(group_of(key))
     assert counts == {t: len(g) for t, g in holders.items()}
     assert groups == len({group_of(k) for k in corpus})
+    # a pair's count: the groups with a live chunk holding both terms
+    pairs = [(a, b) for a in sorted(terms) for b in sorted(terms) if a < b]
+    together, n = index.pair_frequency(pairs)
+    both: dict[tuple[str, str], set[str]] = {p: set() for p in pairs}
+    for key, body in corpus.items():
+        held = set(tokenize(body))
+        for a, b in pairs:
+            if a in held and b in held:
+                both[(a, b)].add(group_of(key))
+    assert together == {p: len(g) for p, g in both.items()} and n == groups
