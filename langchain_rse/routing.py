@@ -23,6 +23,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun, Callbacks
@@ -100,16 +101,22 @@ tells a sentence end."""
 logger = logging.getLogger(__name__)
 
 
+Allowed = Callable[[dict[str, Any]], bool] | None
+"""Which documents' metadata a filter accepts (None: every document)."""
+
+
 class TextCounts(Protocol):
     """How many documents hold terms in their whole text (the owning retriever's
-    :class:`~langchain_rse.lexical.BM25Index`)."""
+    :class:`~langchain_rse.lexical.BM25Index`), among those ``allowed`` accepts."""
 
-    def group_frequency(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
+    def group_frequency(
+        self, terms: Iterable[str], allowed: Allowed = None
+    ) -> tuple[dict[str, int], int]:
         """How many documents hold each analyzed term, and how many documents there are."""
         ...
 
     def pair_frequency(
-        self, pairs: Iterable[tuple[str, str]]
+        self, pairs: Iterable[tuple[str, str]], allowed: Allowed = None
     ) -> tuple[dict[tuple[str, str], int], int]:
         """How many documents hold both terms of each pair in one chunk, and how many
         documents there are."""
@@ -243,15 +250,19 @@ class LeadIndex(DocumentIndex):
             before()
         return self._hits(query, filter)
 
-    def name_spans(self, query: str, doc_ids: Iterable[str]) -> list[tuple[int, int]]:
+    def name_spans(
+        self, query: str, doc_ids: Iterable[str], filter: Filter | None = None
+    ) -> list[tuple[int, int]]:
         """Where ``query`` names the documents ``doc_ids``: ``(start, end)`` character spans,
         each from a word their leads hold and few other leads do (:data:`NAME_WORD`) to the
         last such word reached through words their leads hold (``and``, ``between``,
         ``Agreement``, a possessive ``'s``), within one clause. ``"The date of the Joint
         Development Agreement between ExxonMobil Research and FuelCell Energy, Inc."`` names
         its contract from ``Joint`` (or ``ExxonMobil``) to ``Energy``. Empty when none of
-        the documents is held or no word names them."""
-        return [(start, end) for start, end, _, _ in self._names(query, doc_ids)]
+        the documents is held or no word names them. Under ``filter`` (parsed) every
+        count is over the documents it allows: another tenant's documents change no
+        weight."""
+        return [(start, end) for start, end, _, _ in self._names(query, doc_ids, filter)]
 
     def lead_terms(self, doc_ids: Iterable[str]) -> set[str]:
         """The terms the leads of ``doc_ids`` hold (none for an unknown id)."""
@@ -262,27 +273,32 @@ class LeadIndex(DocumentIndex):
                 held.update(tokenize(_text(found[0]), self._bm25.stemmer))
         return held
 
-    def _names(self, query: str, doc_ids: Iterable[str]) -> list[tuple[int, int, float, float]]:
+    def _names(
+        self, query: str, doc_ids: Iterable[str], filter: Filter | None = None
+    ) -> list[tuple[int, int, float, float]]:
         """:meth:`name_spans` with each span's weight (over its distinct terms their leads
         hold, the sum of :meth:`naming_weight`'s term weights) and its heaviest term's. A
         run whose every name word most documents hold in their text (see
         :meth:`use_text_counts`) names nothing; two words their lead writes capitalised
         side by side weigh as two words no other lead holds when few documents hold both
-        (:data:`NAME_PAIR`)."""
+        (:data:`NAME_PAIR`). Every count is over the documents ``filter`` allows."""
         stemmer = self._bm25.stemmer
         doc_ids = list(doc_ids)
         held = self.lead_terms(doc_ids)
-        n = len(self._leads)
-        if not held or n == 0:
+        if not held or not self._leads:
             return []
+        allowed = None if filter is None else partial(matches, filter)
         words = [(m.start(), m.end(), _terms(query, m, stemmer)) for m in _WORD.finditer(query)]
-        idf = self._bm25.idf({t for _, _, terms in words for t in terms & held})
-        unique = math.log1p((n - 0.5) / 1.5)  # the IDF of a term one lead alone holds
-        weight = {t: (w / unique) ** 2 for t, w in idf.items()}
-        paired = self._name_pairs(query, doc_ids)
+        found, n = self._bm25.group_frequency(
+            {t for _, _, terms in words for t in terms & held}, allowed
+        )  # (a lead is one group: its document)
+        if n == 0:
+            return []
+        weight = {t: _idf_ratio(df, n) for t, df in found.items() if df > 0}
+        paired = self._name_pairs(query, doc_ids, allowed)
         weight.update((t, 1.0) for t in paired)
         name_words = {t for t, w in weight.items() if w >= NAME_WORD}
-        common = self._common_in_texts(name_words - paired)
+        common = self._common_in_texts(name_words - paired, allowed)
         spans: list[tuple[int, int, float, float]] = []
         start = end = -1
         terms_in: set[str] = set()
@@ -311,21 +327,22 @@ class LeadIndex(DocumentIndex):
         audit clauses hold them."""
         self._text_counts = counts
 
-    def _common_in_texts(self, terms: set[str]) -> set[str]:
-        """Those of ``terms`` that too many documents hold in their text to name one
-        (weight below :data:`NAME_WORD` by the documents' IDF, as leads weigh them)."""
+    def _common_in_texts(self, terms: set[str], allowed: Allowed) -> set[str]:
+        """Those of ``terms`` that too many of the documents ``allowed`` accepts hold in
+        their text to name one (weight below :data:`NAME_WORD` by the documents' IDF, as
+        leads weigh them)."""
         counts = self._text_counts
         if counts is None or not terms:
             return set()
-        found, n = counts.group_frequency(terms)
+        found, n = counts.group_frequency(terms, allowed)
         return {t for t, df in found.items() if df > 0 and _text_weight(df, n) < NAME_WORD}
 
-    def _name_pairs(self, query: str, doc_ids: Iterable[str]) -> set[str]:
+    def _name_pairs(self, query: str, doc_ids: Iterable[str], allowed: Allowed) -> set[str]:
         """The terms of the pairs of words side by side in ``query`` that the leads of
-        ``doc_ids`` write capitalised side by side and few documents hold in one chunk
-        (:data:`NAME_PAIR`): ``"in the sponsorship agreement with national processing"``
-        names the contract whose lead says *National Processing Company*, though most
-        contracts hold *national* and *processing*."""
+        ``doc_ids`` write capitalised side by side and few of the documents ``allowed``
+        accepts hold in one chunk (:data:`NAME_PAIR`): ``"in the sponsorship agreement
+        with national processing"`` names the contract whose lead says *National
+        Processing Company*, though most contracts hold *national* and *processing*."""
         counts = self._text_counts
         capitalised: set[tuple[str, str]] = set()
         for doc_id in doc_ids:
@@ -336,7 +353,7 @@ class LeadIndex(DocumentIndex):
         found = {pair for pair, _ in _word_pairs(query, stemmer) if pair in capitalised}
         if not found:
             return set()
-        together, n = counts.pair_frequency(found)
+        together, n = counts.pair_frequency(found, allowed)
         return {
             t for pair, df in together.items() if _text_weight(df, n) >= NAME_PAIR for t in pair
         }
@@ -348,7 +365,7 @@ class LeadIndex(DocumentIndex):
         found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, allowed))
         return [(d, score) for d, score in found if d in leads]
 
-    def naming_weight(self, query: str, doc_id: str) -> float:
+    def naming_weight(self, query: str, doc_id: str, filter: Filter | None = None) -> float:
         """How strongly ``query`` names the document ``doc_id``: the weight of its heaviest
         name (:meth:`name_spans`), the sum over the name's distinct terms that the lead
         holds of ``(the term's IDF over the leads / the IDF of a term that one lead alone
@@ -358,8 +375,9 @@ class LeadIndex(DocumentIndex):
         query that names a document by its title or parties scores about one per name word,
         wherever the name stands and however much else the question says; rare words
         scattered over a question that names nothing (``expiration ... last``) are
-        several weak names, not one strong one."""
-        names = self._names(query, [doc_id])
+        several weak names, not one strong one. Under ``filter`` (parsed) the IDFs are
+        over the documents it allows."""
+        names = self._names(query, [doc_id], filter)
         return max((w for _, _, w, top in names if top >= UNIQUE_TERM), default=0.0)
 
     def search(self, query: str, filter: Filter | None = None) -> list[Document]:
@@ -370,12 +388,17 @@ class LeadIndex(DocumentIndex):
         return [lead for lead in leads if lead is not None]  # None: deleted since the search
 
 
-def _text_weight(df: int, n: int) -> float:
-    """The weight of a term ``df`` of ``n`` documents hold: its IDF over that of a term one
-    document alone holds, squared (as :meth:`LeadIndex.naming_weight` weighs lead terms)."""
-    if n < 2:
-        return 0.0
+def _idf_ratio(df: int, n: int) -> float:
+    """The weight of a term ``df`` of ``n`` (>= 1) documents hold: its IDF (Lucene's) over
+    that of a term one document alone holds, squared; how
+    :meth:`LeadIndex.naming_weight` weighs lead terms."""
     return (math.log1p((n - df + 0.5) / (df + 0.5)) / math.log1p((n - 0.5) / 1.5)) ** 2
+
+
+def _text_weight(df: int, n: int) -> float:
+    """:func:`_idf_ratio` over the documents' texts; 0 under two documents (a word the
+    only document holds says nothing of which document is meant)."""
+    return 0.0 if n < 2 else _idf_ratio(df, n)
 
 
 def _word_pairs(text: str, stemmer: str | None) -> list[tuple[tuple[str, str], bool]]:
@@ -536,7 +559,7 @@ class DocumentRouter(BaseModel):
         if callbacks is not None:
             config = RunnableConfig(**{**(config or {}), "callbacks": callbacks})
         if isinstance(r, LeadIndex):
-            return self.policy(query, self.named(r, query, r.hits(query, filter)))
+            return self.policy(query, self.named(r, query, r.hits(query, filter), filter))
         if filter is None:
             return self.policy(query, self.chosen(r.invoke(query, config)))
         if _takes_filter(r):
@@ -571,7 +594,7 @@ class DocumentRouter(BaseModel):
         router is the built-in lead index); :meth:`focus_query` decides once routed."""
         return self.focus and isinstance(self.retriever, LeadIndex)
 
-    def focus_query(self, query: str, routed: set[str]) -> str | None:
+    def focus_query(self, query: str, routed: set[str], filter: Filter | None = None) -> str | None:
         """``query`` without the words that name the ``routed`` documents
         (:meth:`LeadIndex.name_spans`), wherever they stand; None when :attr:`focus` is off,
         nothing names them, or what is left asks nothing (only question words such as
@@ -587,7 +610,7 @@ class DocumentRouter(BaseModel):
         r = self.retriever
         if not self.focus or not isinstance(r, LeadIndex):
             return None
-        spans = r.name_spans(query, routed)
+        spans = r.name_spans(query, routed, filter)
         if not spans:
             return None
         text = _without(query, _widened(query, spans, r.stemmer, r.lead_terms(routed)))
@@ -598,7 +621,11 @@ class DocumentRouter(BaseModel):
         return text
 
     def named(
-        self, leads: LeadIndex, query: str, hits: Sequence[tuple[str, float]]
+        self,
+        leads: LeadIndex,
+        query: str,
+        hits: Sequence[tuple[str, float]],
+        filter: Filter | None = None,
     ) -> set[str] | None:
         """The documents among the lead index's ``hits`` that ``query`` names: the one with
         the heaviest name (:meth:`LeadIndex.naming_weight`), when that weighs at least
@@ -609,7 +636,8 @@ class DocumentRouter(BaseModel):
         if self.min_naming <= 0:
             return self.chosen_ids(hits)
         weights = sorted(
-            ((leads.naming_weight(query, d), -i, d) for i, (d, _) in enumerate(hits)), reverse=True
+            ((leads.naming_weight(query, d, filter), -i, d) for i, (d, _) in enumerate(hits)),
+            reverse=True,
         )
         if not weights or weights[0][0] < self.min_naming:
             logger.debug("routing skipped: the query names none of %s", [d for d, _ in hits])

@@ -175,7 +175,9 @@ class Router(Protocol):
         callbacks: Callbacks = None,
     ) -> Route | None: ...
 
-    def focus_query(self, query: str, routed: set[str]) -> str | None: ...
+    def focus_query(
+        self, query: str, routed: set[str], filter: Filter | None = None
+    ) -> str | None: ...
 
 
 @dataclass
@@ -308,10 +310,11 @@ class SearchBranches:
         router: Router,
         callbacks: Callbacks = None,
     ) -> Focused | None:
-        """The text of ``router.focus_query(query, routed)`` (the query without the words
-        that name the routed documents) and both branches for it, filtered to those
-        documents; None when there is no such text (see ``DocumentRouter.focus``)."""
-        text = router.focus_query(query, routed)
+        """The text of ``router.focus_query(query, routed, f)`` (the query without the words
+        that name the routed documents, weighed among those ``f`` allows) and both
+        branches for it, filtered to those documents; None when there is no such text (see
+        ``DocumentRouter.focus``)."""
+        text = router.focus_query(query, routed, f)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None
@@ -327,7 +330,7 @@ class SearchBranches:
         callbacks: Callbacks = None,
     ) -> Focused | None:
         """Async :meth:`focus`."""
-        text = router.focus_query(query, routed)
+        text = router.focus_query(query, routed, f)
         within = None if text is None else self._filterable(_within(f, routed))
         if text is None or within is None:
             return None

@@ -203,30 +203,60 @@ class BM25Index:
             gids = np.unique(bm.gid[:n][bm.alive[:n]])
             return {g for g in map(self._group_keys.__getitem__, gids.tolist()) if g}
 
-    def group_frequency(self, terms: Iterable[str]) -> tuple[dict[str, int], int]:
+    def group_frequency(
+        self, terms: Iterable[str], allowed: Callable[[dict[str, Any]], bool] | None = None
+    ) -> tuple[dict[str, int], int]:
         """For analyzed ``terms`` (as :func:`tokenize` gives them), how many groups (document
-        versions) hold each in some chunk, and how many groups there are."""
+        versions) hold each in some chunk, and how many groups there are; with
+        ``allowed``, only the groups whose metadata it accepts (as :meth:`search` asks)."""
         with self._rw.read():
-            bm = self._bm25
-            vocab = bm.vocab
-            counts = {t: (0 if t not in vocab else bm.group_count([vocab[t]])) for t in terms}
-            return counts, len(self._gid)  # the groups with a live chunk
+            vocab = self._bm25.vocab
+            count = self._group_counter(allowed)
+            found = {t: count([vocab[t]]) if t in vocab else 0 for t in terms}
+            return found, self._groups_allowed(allowed)
 
     def pair_frequency(
-        self, pairs: Iterable[tuple[str, str]]
+        self,
+        pairs: Iterable[tuple[str, str]],
+        allowed: Callable[[dict[str, Any]], bool] | None = None,
     ) -> tuple[dict[tuple[str, str], int], int]:
         """For pairs of analyzed terms, how many groups (document versions) hold both terms
-        of each in one chunk, and how many groups there are."""
+        of each in one chunk, and how many groups there are; with ``allowed``, only the
+        groups whose metadata it accepts."""
         with self._rw.read():
-            bm = self._bm25
-            vocab = bm.vocab
-            counts = {
-                (a, b): (
-                    0 if a not in vocab or b not in vocab else bm.group_count([vocab[a], vocab[b]])
-                )
+            vocab = self._bm25.vocab
+            count = self._group_counter(allowed)
+            found = {
+                (a, b): count([vocab[a], vocab[b]]) if a in vocab and b in vocab else 0
                 for a, b in pairs
             }
-            return counts, len(self._gid)
+            return found, self._groups_allowed(allowed)
+
+    def _group_counter(
+        self, allowed: Callable[[dict[str, Any]], bool] | None
+    ) -> Callable[[list[int]], int]:
+        """Counts the groups ``allowed`` accepts (all without it) that have a live chunk
+        holding every one of some term ids; each group is asked once (read lock held)."""
+        bm, names, groups = self._bm25, self._group_keys, self._groups
+        if allowed is None:
+            return lambda token_ids: len(bm.groups_holding(token_ids))
+        keep = allowed
+        verdicts: dict[int, bool] = {}
+
+        def accepted(gid: int) -> bool:
+            if gid not in verdicts:
+                name = names[gid] or ""  # (live chunks' groups are never free)
+                verdicts[gid] = bool(keep(_with_doc_id(name, groups.get(name, {}))))
+            return verdicts[gid]
+
+        return lambda token_ids: sum(map(accepted, bm.groups_holding(token_ids).tolist()))
+
+    def _groups_allowed(self, allowed: Callable[[dict[str, Any]], bool] | None) -> int:
+        """How many groups have a live chunk, of those ``allowed`` accepts (read lock held)."""
+        if allowed is None:
+            return len(self._gid)
+        groups = self._groups
+        return sum(bool(allowed(_with_doc_id(g, groups.get(g, {})))) for g in self._gid)
 
     def _maybe_compact(self) -> None:
         bm = self._bm25

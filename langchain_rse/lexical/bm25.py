@@ -452,15 +452,16 @@ class IncrementalBM25:
             return rows, np.bincount(inverse, x, minlength=len(rows))
         return empty[0], np.bincount(d, x, minlength=self.n_chunks)
 
-    def group_count(self, token_ids: Sequence[int]) -> int:
-        """How many groups (documents) have a live chunk holding every term of ``token_ids``."""
+    def groups_holding(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The groups (documents) that have a live chunk holding every term of
+        ``token_ids``: their group ids, sorted."""
         chunks = None
         for token_id in token_ids:
             holding = self._live_chunks(token_id)
             chunks = holding if chunks is None else np.intersect1d(chunks, holding)
         if chunks is None or not len(chunks):
-            return 0
-        return len(np.unique(self.gid[chunks]))
+            return np.zeros(0, dtype=np.int64)
+        return np.unique(self.gid[chunks])
 
     def _live_chunks(self, token_id: int) -> np.ndarray:
         """The live chunks holding the term ``token_id``."""

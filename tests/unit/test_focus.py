@@ -193,7 +193,7 @@ def test_a_route_that_does_not_hold_has_no_focus() -> None:
     retriever.invoke("Supply agreement between Holdings and the Buyer; which state's laws govern")
     assert calls == []
     retriever.invoke(QUERY)
-    assert calls == [(QUERY, {"orion.txt"})]
+    assert calls == [(QUERY, {"orion.txt"}, None)]
 
 
 def test_focus_is_saved_and_loaded(tmp_path) -> None:

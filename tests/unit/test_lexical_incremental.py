@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import random
 import threading
+from functools import partial
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from langchain_rse.filters import matches, parse
 from langchain_rse.lexical import BM25Index, group_of, tokenize
 
 WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ro") for b in ("ta", "vi", "zo", "qu")]
@@ -348,7 +350,8 @@ def test_group_and_pair_frequency_count_the_groups_whose_live_chunks_hold_the_te
     """Brute force after random adds, replaces and deletes (merges and renumbering
     crossed): a term's count is the number of groups (document versions) with a live
     chunk holding it, a pair's those with a live chunk holding both, and the number of
-    groups is those with a live chunk."""
+    groups is those with a live chunk; with ``allowed``, of the groups whose metadata it
+    accepts (one tenant's)."""
     rng = random.Random(seed)
     index = BM25Index(**(SMALL if small else {}))
     corpus: dict[str, str] = {}
@@ -358,7 +361,7 @@ def test_group_and_pair_frequency_count_the_groups_whose_live_chunks_hold_the_te
                 f"d{rng.randint(0, 12)}\x1f{rng.randint(0, 3)}" for _ in range(rng.randint(1, 6))
             ]
             texts = [text(rng) for _ in keys]
-            index.add(keys, texts)
+            index.add(keys, texts, {group_of(k): tenant_of(group_of(k)) for k in keys})
             corpus.update(zip(keys, texts))
         else:
             gone = rng.sample(sorted(corpus), min(len(corpus), rng.randint(1, 4)))
@@ -383,3 +386,15 @@ def test_group_and_pair_frequency_count_the_groups_whose_live_chunks_hold_the_te
             if a in held and b in held:
                 both[(a, b)].add(group_of(key))
     assert together == {p: len(g) for p, g in both.items()} and n == groups
+    # one tenant's: only the groups the filter's predicate accepts are counted
+    acme = {group_of(k) for k in corpus if tenant_of(group_of(k))["tenant"] == "acme"}
+    allowed = partial(matches, parse({"tenant": "acme"}))
+    counts, groups = index.group_frequency(terms, allowed)
+    assert counts == {t: len(g & acme) for t, g in holders.items()} and groups == len(acme)
+    together, n = index.pair_frequency(pairs, allowed)
+    assert together == {p: len(g & acme) for p, g in both.items()} and n == len(acme)
+
+
+def tenant_of(group: str) -> dict[str, str]:
+    """A group's metadata: the tenant of ``d<n>`` is acme for an even ``n``."""
+    return {"tenant": "acme" if int(group[1:]) % 2 == 0 else "globex"}

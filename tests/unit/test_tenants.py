@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
@@ -14,6 +16,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from helpers import HashingEmbeddings
 from langchain_rse import DocumentRouter, NoEnricher, RSERetriever
+from langchain_rse.filters import parse
 from langchain_rse.indexing.chunking import document_leads
 from langchain_rse.routing import LeadIndex
 
@@ -271,3 +274,47 @@ def test_the_lead_index_takes_a_filter() -> None:
     found = leads.invoke(QUERY, filter=ACME)
     assert [d.id for d in found][0] == "orion.txt" and not foreign(found)
     assert found[0].metadata["tenant"] == "acme"  # leads carry the documents' metadata
+
+
+_NAMES = ("Orion", "ORION", "Supply", "SUPPLY", "Agreement", "Holdings", "Buyer", "Lyra", "Vega")
+_WORDS = ("termination", "notice", "period", "supply", "agreement", "orion", "deliveries", "goods")
+OTHER_WORDS = (*_NAMES, *_WORDS, "Clause", "days", "weeks", "party")
+"""What another tenant's documents are made of: the words that name acme's contracts."""
+PHRASINGS = (
+    QUERY,
+    "Consider the Orion Supply Agreement between Orion Holdings and the Buyer; which law",
+    "Orion Holdings's supply agreement: what notice period ends it?",
+    "notice period in the orion supply agreement",
+)
+_other_text = st.lists(st.sampled_from(OTHER_WORDS), min_size=3, max_size=60).map(" ".join)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    texts=st.lists(st.tuples(_other_text, _other_text), min_size=1, max_size=5),
+    query=st.sampled_from(PHRASINGS),
+)
+def test_no_other_tenants_documents_change_a_tenants_route_focus_or_results(
+    texts: list[tuple[str, str]], query: str
+) -> None:
+    """Whatever another tenant holds (random documents of the words that name acme's
+    contracts, capitalised or not), acme's route, focus text and results are those of an
+    index without them: every count the router weighs a name by is over acme's documents."""
+    acme = parse(ACME)
+    alone = bound(False)
+    r = bound()
+    r.filter = None
+    other = [
+        Document(f"{a}.\n\n{b}.", id=f"gx-{i}", metadata={"tenant": "globex"})
+        for i, (a, b) in enumerate(texts)
+    ]
+    r.add_documents(other)
+    r.filter = ACME
+    assert alone.router is not None and r.router is not None
+    route = r.router.route(query, filter=acme)
+    assert route == alone.router.route(query, filter=acme)
+    if route is not None:
+        focus = r.router.focus_query(query, set(route.docs), acme)
+        assert focus == alone.router.focus_query(query, set(route.docs), acme)
+    got = [(d.page_content, d.metadata) for d in r.invoke(query, k=3)]
+    assert got == [(d.page_content, d.metadata) for d in alone.invoke(query, k=3)]
