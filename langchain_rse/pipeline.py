@@ -545,7 +545,7 @@ def _search_and_fuse(
                 text, focus_dense, focus_lexical = extra
                 branches += [focus_dense.hits, focus_lexical]
                 texts.update(focus_dense.texts)
-                weights += s.weights
+                weights += [route.focus * w for w in s.weights]
                 ranking = fused(branches, weights)
                 s = dataclasses.replace(s, rerank_queries=[*s.queries, text])
     ranking, route = apply_route(route, ranking, branches, weights)

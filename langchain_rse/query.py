@@ -65,9 +65,10 @@ class Route:
     check_k: int | None = None
     """Not confirmed yet: the route holds only for the documents with a chunk among the
     first ``check_k`` of the unrouted ranking (:meth:`confirmed`). None: it holds as is."""
-    focus: bool = False
-    """The query's clauses other than the naming one also search the routed documents
-    (:attr:`DocumentRouter.focus <langchain_rse.routing.DocumentRouter.focus>`)."""
+    focus: float = 0.0
+    """The query without the words that name the routed documents also searches them,
+    its searches fused at this times the query's own weights; 0: no focus search
+    (:attr:`DocumentRouter.focus_weight <langchain_rse.routing.DocumentRouter.focus_weight>`)."""
 
     @property
     def keeps_only(self) -> bool:

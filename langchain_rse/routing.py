@@ -521,9 +521,15 @@ class DocumentRouter(BaseModel):
     of the contract"`` without ``Supply Agreement between Acme and Beta``, wherever those
     words stand) also searches them, so the words that name the document, which every
     chunk's header repeats, do not decide the ranking inside it. The two extra searches
-    (dense and lexical, filtered to the routed documents) are fused with the query's own,
-    with the same weights, and a reranker scores the candidates against that text too.
-    Needs the built-in lead index."""
+    (dense and lexical, filtered to the routed documents) are fused with the query's own
+    at :attr:`focus_weight` times their weights, and a reranker scores the candidates
+    against that text too. Needs the built-in lead index."""
+    focus_weight: float = Field(default=2.0, gt=0)
+    """How much the focus searches count in the fusion, relative to the query's own: 2,
+    the text without the name ranks the routed document's chunks twice as much as the
+    whole question, whose name words every chunk's header repeats (chosen on CUAD dev's
+    phrasing families, checked on COVID-QA dev, the code set and the docs corpus:
+    ``benchmarks/RESULTS.md``)."""
 
     @classmethod
     def leads(cls, boost: float = DEFAULT_BOOST, **kwargs: Any) -> DocumentRouter:
@@ -687,7 +693,8 @@ class DocumentRouter(BaseModel):
         :meth:`focuses`."""
         if routed is None:
             return None
-        return Route(frozenset(routed), 1.0 + self.boost, self.check_k, self.focuses(query))
+        focus = self.focus_weight if self.focuses(query) else 0.0
+        return Route(frozenset(routed), 1.0 + self.boost, self.check_k, focus)
 
     def sync_leads(self, sources: Sequence[Document], removed: Sequence[str]) -> None:
         """Upsert the leads of (re)indexed documents, delete removed ones (``sync=True``)."""
@@ -707,6 +714,7 @@ class DocumentRouter(BaseModel):
             "boost": self.boost,
             "margin": self.margin,
             "focus": self.focus,
+            "focus_weight": self.focus_weight,
             "min_naming": self.min_naming,
             "min_coverage": self.min_coverage,
         }
@@ -800,10 +808,11 @@ def _widened(
     query: str, spans: Sequence[tuple[int, int]], stemmer: str | None, held: set[str]
 ) -> list[tuple[int, int]]:
     """``spans`` grown, within the clause, over the words next to them that say nothing
-    (stop words, :data:`QUESTION_WORDS`, ``between``: ``"In the"``, ``"according to the"``)
-    and over the capitalized words the routed leads hold, across a comma too (the name's own
-    ``, Inc.``, ``Co-Branding Agreement``): ``"Consider the Orion Supply Agreement between
-    Orion Holdings, Inc.; the date"`` keeps ``"the date"``."""
+    (stop words, :data:`QUESTION_WORDS`, ``between``: ``"In the"``, ``"according to the"``;
+    a possessive's ``'s``) and over the capitalized words the routed leads hold, across a
+    comma too (the name's own ``, Inc.``, ``Co-Branding Agreement``): ``"Consider the Orion
+    Supply Agreement between Orion Holdings, Inc.; the date"`` and ``"Orion Holdings's
+    Supply Agreement: the date"`` keep ``"the date"``."""
     asking = set(tokenize(f"{QUESTION_WORDS} between among", stemmer))
     empty: dict[int, int] = {}
     named: dict[int, int] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.documents import Document
@@ -128,14 +129,12 @@ def test_the_first_branchs_first_hit_is_always_a_candidate(
 
 
 def test_the_router_gives_its_settings_as_the_route() -> None:
-    router = DocumentRouter(retriever=LeadIndex(), boost=2.0, check_k=7)
+    router = DocumentRouter(retriever=LeadIndex(), boost=2.0, check_k=7, focus_weight=1.5)
     assert router.policy("q", None) is None
     named = "In the Orion Supply Agreement, which law governs?"
-    assert router.policy(named, {"orion"}) == Route(frozenset({"orion"}), 3.0, 7, True)
+    assert router.policy(named, {"orion"}) == Route(frozenset({"orion"}), 3.0, 7, 1.5)
     # whether a text is left once the name is cut out is decided when focusing
-    assert router.policy("which law governs", {"orion"}) == Route(
-        frozenset({"orion"}), 3.0, 7, True
-    )
+    assert router.policy("which law governs", {"orion"}) == Route(frozenset({"orion"}), 3.0, 7, 1.5)
     unfocused = router.model_copy(update={"focus": False})
     assert unfocused.policy(named, {"orion"}) == Route(frozenset({"orion"}), 3.0, 7)
     hard = router.model_copy(update={"boost": math.inf, "check_k": None, "focus": False})
@@ -187,3 +186,50 @@ def test_a_keep_only_route_returns_only_the_routed_document(
     r.add_documents(docs)
     found = r.invoke(query, k=k, mode=mode)
     assert found and {d.metadata["doc_id"] for d in found} == {routed}
+
+
+@settings(max_examples=60)
+@given(
+    weight=st.sampled_from([0.5, 1.0, 2.0, 4.0]),
+    weights=st.tuples(st.floats(0.25, 4.0), st.floats(0.25, 4.0)),
+)
+def test_the_focus_searches_are_fused_at_the_routes_focus_weight(
+    weight: float, weights: tuple[float, float]
+) -> None:
+    """The query's own searches rank chunk 1 of the routed document first, the focus
+    searches chunk 2: with the focus searches at ``weight`` times the query's weights,
+    chunk 2 comes first exactly when ``weight`` > 1, and the fused scores are the
+    reciprocal-rank sums at those weights (brute force)."""
+    from langchain_rse.pipeline import Focus, QuerySettings, Search, _search_and_fuse
+    from langchain_rse.query import DenseResult
+    from langchain_rse.segments import get_preset
+
+    one, two = chunk_key("a", "v", 1), chunk_key("a", "v", 2)
+    s = QuerySettings(
+        k=3,
+        mode="chunks",
+        queries=["the Orion agreement: which law"],
+        weights=weights,
+        candidate_pool=10,
+        params=get_preset("default"),
+        rerank=False,
+        strict_rerank=False,
+    )
+    steps = _search_and_fuse(s)
+    assert isinstance(next(steps), Search)
+    route = Route(frozenset({"a"}), math.inf, None, weight)
+    own = [(one, 0.9), (two, 0.8)]
+    request = steps.send(([DenseResult(own)], [own], route))
+    assert isinstance(request, Focus) and request.routed == {"a"}
+    focus = [(two, 0.9), (one, 0.8)]
+    try:
+        steps.send(("which law", DenseResult(focus), focus))
+    except StopIteration as done:
+        settings_, (found, held) = done.value
+    assert held == route and settings_.rerank_queries == [*s.queries, "which law"]
+    rrf = lambda first, second: first / (60 + 1) + second / (60 + 2)  # noqa: E731
+    w = sum(weights)
+    want = {one: rrf(w, weight * w), two: rrf(weight * w, w)}
+    assert {c.key: c.fused_score for c in found} == pytest.approx(want)
+    if weight != 1.0:
+        assert found[0].key == (two if weight > 1 else one)
