@@ -5,6 +5,7 @@ Transmission of HIV-1*)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -144,6 +145,25 @@ def routes_of(docs: list[Document], questions: dict[str, str]) -> dict[str, obje
     return {family: getattr(router.route(q), "docs", None) for family, q in questions.items()}
 
 
+def contracts(
+    kinds: list[str], parties: list[tuple[str, str]], body: Callable[[int], str]
+) -> list[Document]:
+    """Contract ``c<d>``: its kind and parties in its opening, then ``body(d)``."""
+    return [
+        Document(f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n{body(d)}", id=f"c{d}")
+        for d, (kind, (a, b)) in enumerate(zip(kinds, parties))
+    ]
+
+
+def assert_named_however_phrased(
+    docs: list[Document], kinds: list[str], parties: list[tuple[str, str]], i: int, ask: str
+) -> None:
+    """Every phrasing that names contract ``c<i>`` routes to it; the ask alone nowhere."""
+    routes = routes_of(docs, phrasings(kinds[i], *parties[i], ask))
+    assert routes.pop("noname") is None
+    assert routes == dict.fromkeys(routes, {f"c{i}"})
+
+
 @settings(max_examples=30)
 @given(
     n=st.integers(3, 8),
@@ -166,17 +186,8 @@ def test_a_question_is_routed_alike_however_it_names_its_contract(
         "interpretation of this contract is governed by the laws of the State of New York. "
         "Term. The initial term expires on 1 May 2030 unless renewed."
     )
-    docs = [
-        Document(
-            f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n{FILLER}\n\n{clauses}",
-            id=f"c{i}",
-        )
-        for i, (kind, (a, b)) in enumerate(zip(kinds, parties))
-    ]
-    i = asked % n
-    routes = routes_of(docs, phrasings(kinds[i], *parties[i], ask))
-    assert routes.pop("noname") is None
-    assert routes == dict.fromkeys(routes, {f"c{i}"})
+    docs = contracts(kinds, parties, lambda _: f"{FILLER}\n\n{clauses}")
+    assert_named_however_phrased(docs, kinds, parties, asked % n, ask)
 
 
 @settings(max_examples=30)
@@ -252,18 +263,11 @@ def test_the_name_decides_the_route_not_what_the_ask_shares_with_another_lead(
     j = (i + opener) % n  # the contract whose opening states the common clause
     if j == i:
         j = (i + 1) % n
-    docs = [
-        Document(
-            f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n"
-            + (f"{COMMON_CLAUSE} {COMMON_CLAUSE}\n\n" if d == j else "")
-            + f"{FILLER}\n\n{COMMON_CLAUSE}",
-            id=f"c{d}",
-        )
-        for d, (kind, (a, b)) in enumerate(zip(kinds, parties))
-    ]
-    routes = routes_of(docs, phrasings(kinds[i], *parties[i], ask))
-    assert routes.pop("noname") is None
-    assert routes == dict.fromkeys(routes, {f"c{i}"})
+    opening = f"{COMMON_CLAUSE} {COMMON_CLAUSE}\n\n"
+    docs = contracts(
+        kinds, parties, lambda d: (opening if d == j else "") + f"{FILLER}\n\n{COMMON_CLAUSE}"
+    )
+    assert_named_however_phrased(docs, kinds, parties, i, ask)
 
 
 COMMON_WORDS = [
@@ -283,6 +287,8 @@ COMMON_WORDS = [
     "western",
     "digital",
     "media",
+    "pacific",
+    "resources",
 ]
 APART = "\n\n".join(  # longer than a chunk: the words around it share no chunk
     f"Schedule {c}. The parties keep the records of their dealings for seven years, in good "
@@ -304,26 +310,20 @@ def test_a_name_of_common_words_routes_however_it_is_phrased(
     """Each contract's party is two common words (CUAD: *National Processing*, *System
     Associates*) that every contract's text holds, in chunks of their own: no word names a
     contract, the two side by side do. Every phrasing routes to the contract named, the
-    lower-case partial name too; the ask alone nowhere."""
+    lower-case partial name too; the ask alone nowhere. The party words are not kind words:
+    a word of another contract's title (*Services*) is in every chunk of it (the header), so
+    that contract holds the pair in one chunk as soon as its text holds the other word, and
+    the pair is no longer rare (a known limit, ``docs/routing.md``)."""
     rng = random.Random(seed)
-    words = rng.sample(COMMON_WORDS, 2 * n)
+    words = rng.sample([w for w in COMMON_WORDS if w.title() not in KINDS], 2 * n)
     parties = [
         (f"{words[2 * d].title()} {words[2 * d + 1].title()} Inc.", "the Buyer") for d in range(n)
     ]
     usage = f"\n\n{APART}\n\n".join(f"The {w} terms of the schedules apply." for w in words)
     kinds = [rng.choice(KINDS) for _ in range(n)]
-    docs = [
-        Document(
-            f"{kind.upper()} AGREEMENT\n\nbetween {a} and {b}.\n\n{FILLER}\n\n{usage}\n\n"
-            "Liability. Each party's liability is capped at the fees paid.",
-            id=f"c{d}",
-        )
-        for d, (kind, (a, b)) in enumerate(zip(kinds, parties))
-    ]
-    i = asked % n
-    routes = routes_of(docs, phrasings(kinds[i], *parties[i], ask))
-    assert routes.pop("noname") is None
-    assert routes == dict.fromkeys(routes, {f"c{i}"})
+    liability = "Liability. Each party's liability is capped at the fees paid."
+    docs = contracts(kinds, parties, lambda _: f"{FILLER}\n\n{usage}\n\n{liability}")
+    assert_named_however_phrased(docs, kinds, parties, asked % n, ask)
 
 
 @settings(max_examples=20)
