@@ -118,7 +118,7 @@ def test_the_lead_reaches_past_a_cover_legend() -> None:
     retriever.add_documents(docs)
     assert retriever.router is not None
     route = retriever.router.route(QUERY, {})
-    assert route is not None and route.docs == {"orion.txt"} and route.check_k == 10
+    assert route is not None and route.docs == {"orion.txt"} and route.check_k == 50
     results = retriever.invoke(QUERY, k=4, mode="chunks")
     assert results[0].metadata["doc_id"] == "orion.txt"
 
@@ -226,7 +226,7 @@ def test_a_route_the_search_disagrees_with_is_not_applied() -> None:
     expected = [(d.page_content, d.metadata) for d in plain.invoke(QUERY, k=5)]
     assert "weather.txt" not in {m["doc_id"] for _, m in expected}
 
-    checked = with_unrelated_doc(router=wrong)  # check_k=10 by default
+    checked = with_unrelated_doc(router=DocumentRouter(retriever=wrong, check_k=10))
     assert [(d.page_content, d.metadata) for d in checked.invoke(QUERY, k=5)] == expected
 
     forced = with_unrelated_doc(router=DocumentRouter(retriever=wrong, check_k=None))
@@ -238,7 +238,7 @@ async def test_only_the_routed_documents_the_search_agrees_with_are_kept() -> No
     router = RecordingRouter(
         results=[Document("x", id="weather.txt"), Document("y", id="lyra.txt")], calls=[]
     )
-    routed = with_unrelated_doc(router=DocumentRouter(retriever=router, documents=2))
+    routed = with_unrelated_doc(router=DocumentRouter(retriever=router, documents=2, check_k=10))
     for results in (
         routed.invoke(QUERY, k=10, mode="chunks"),
         await routed.ainvoke(QUERY, k=10, mode="chunks"),
@@ -328,7 +328,7 @@ def test_the_default_routes_softly_with_the_built_in_lead_index() -> None:
     retriever = default_retriever()
     router = retriever.router
     assert router is not None and isinstance(router.retriever, LeadIndex)
-    assert router.sync and router.boost == DEFAULT_BOOST and router.check_k == 10
+    assert router.sync and router.boost == DEFAULT_BOOST and router.check_k == 50
     # each retriever gets its own lead index
     assert default_retriever().router.retriever is not router.retriever  # type: ignore[union-attr]
     retriever = default_retriever(router=DocumentRouter.leads(min_naming=ONE_WORD))
