@@ -137,13 +137,18 @@ def both(a: Filter | None, b: Filter | None) -> Filter | None:
 
 
 def doc_ids(f: Filter | None) -> set[str] | None:
-    """The doc ids ``f`` keeps when it is only ``{"doc_id": ...}`` (an ``$eq`` or ``$in``
-    of strings), else None: such a filter can be served from a store's own index."""
+    """The doc ids outside which ``f`` keeps nothing: those of ``{"doc_id": ...}`` (an
+    ``$eq`` or ``$in`` of strings), or of the ones an ``$and`` holds (their intersection);
+    None when ``f`` does not bound them. A store can read those documents' entries from its
+    own index, then check the whole filter on them."""
     if isinstance(f, Cmp) and f.key == "doc_id":
         if f.op == "$eq" and isinstance(f.value, str):
             return {f.value}
         if f.op == "$in" and all(isinstance(v, str) for v in f.value):
             return set(f.value)
+    if isinstance(f, Bool) and f.op == "$and":
+        bounds = [found for item in f.items if (found := doc_ids(item)) is not None]
+        return set.intersection(*bounds) if bounds else None
     return None
 
 

@@ -23,7 +23,6 @@ import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from functools import partial
 from typing import Any, Protocol
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun, Callbacks
@@ -33,7 +32,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from langchain_rse.filters import Filter, matches, parse, to_dict
+from langchain_rse.filters import Filter, parse, to_dict
 from langchain_rse.fusion import Branch, Fused, fused
 from langchain_rse.indexing.chunking import doc_id_for, document_leads
 from langchain_rse.indexing.records import (
@@ -101,22 +100,18 @@ tells a sentence end."""
 logger = logging.getLogger(__name__)
 
 
-Allowed = Callable[[dict[str, Any]], bool] | None
-"""Which documents' metadata a filter accepts (None: every document)."""
-
-
 class TextCounts(Protocol):
     """How many documents hold terms in their whole text (the owning retriever's
-    :class:`~langchain_rse.lexical.BM25Index`), among those ``allowed`` accepts."""
+    :class:`~langchain_rse.lexical.BM25Index`), among those a filter allows."""
 
     def group_frequency(
-        self, terms: Iterable[str], allowed: Allowed = None
+        self, terms: Iterable[str], filter: Filter | None = None
     ) -> tuple[dict[str, int], int]:
         """How many documents hold each analyzed term, and how many documents there are."""
         ...
 
     def pair_frequency(
-        self, pairs: Iterable[tuple[str, str]], allowed: Allowed = None
+        self, pairs: Iterable[tuple[str, str]], filter: Filter | None = None
     ) -> tuple[dict[tuple[str, str], int], int]:
         """How many documents hold both terms of each pair in one chunk, and how many
         documents there are."""
@@ -287,18 +282,17 @@ class LeadIndex(DocumentIndex):
         held = self.lead_terms(doc_ids)
         if not held or not self._leads:
             return []
-        allowed = None if filter is None else partial(matches, filter)
         words = [(m.start(), m.end(), _terms(query, m, stemmer)) for m in _WORD.finditer(query)]
         found, n = self._bm25.group_frequency(
-            {t for _, _, terms in words for t in terms & held}, allowed
+            {t for _, _, terms in words for t in terms & held}, filter
         )  # (a lead is one group: its document)
         if n == 0:
             return []
         weight = {t: _idf_ratio(df, n) for t, df in found.items() if df > 0}
-        paired = self._name_pairs(query, doc_ids, allowed)
+        paired = self._name_pairs(query, doc_ids, filter)
         weight.update((t, 1.0) for t in paired)
         name_words = {t for t, w in weight.items() if w >= NAME_WORD}
-        common = self._common_in_texts(name_words - paired, allowed)
+        common = self._common_in_texts(name_words - paired, filter)
         spans: list[tuple[int, int, float, float]] = []
         start = end = -1
         terms_in: set[str] = set()
@@ -327,20 +321,20 @@ class LeadIndex(DocumentIndex):
         audit clauses hold them."""
         self._text_counts = counts
 
-    def _common_in_texts(self, terms: set[str], allowed: Allowed) -> set[str]:
-        """Those of ``terms`` that too many of the documents ``allowed`` accepts hold in
+    def _common_in_texts(self, terms: set[str], filter: Filter | None) -> set[str]:
+        """Those of ``terms`` that too many of the documents ``filter`` allows hold in
         their text to name one (weight below :data:`NAME_WORD` by the documents' IDF, as
         leads weigh them)."""
         counts = self._text_counts
         if counts is None or not terms:
             return set()
-        found, n = counts.group_frequency(terms, allowed)
+        found, n = counts.group_frequency(terms, filter)
         return {t for t, df in found.items() if df > 0 and _text_weight(df, n) < NAME_WORD}
 
-    def _name_pairs(self, query: str, doc_ids: Iterable[str], allowed: Allowed) -> set[str]:
+    def _name_pairs(self, query: str, doc_ids: Iterable[str], filter: Filter | None) -> set[str]:
         """The terms of the pairs of words side by side in ``query`` that the leads of
-        ``doc_ids`` write capitalised side by side and few of the documents ``allowed``
-        accepts hold in one chunk (:data:`NAME_PAIR`): ``"in the sponsorship agreement
+        ``doc_ids`` write capitalised side by side and few of the documents ``filter``
+        allows hold in one chunk (:data:`NAME_PAIR`): ``"in the sponsorship agreement
         with national processing"`` names the contract whose lead says *National
         Processing Company*, though most contracts hold *national* and *processing*."""
         counts = self._text_counts
@@ -353,7 +347,7 @@ class LeadIndex(DocumentIndex):
         found = {pair for pair, _ in _word_pairs(query, stemmer) if pair in capitalised}
         if not found:
             return set()
-        together, n = counts.pair_frequency(found, allowed)
+        together, n = counts.pair_frequency(found, filter)
         return {
             t for pair, df in together.items() if _text_weight(df, n) >= NAME_PAIR for t in pair
         }
@@ -361,8 +355,7 @@ class LeadIndex(DocumentIndex):
     def _hits(self, query: str, filter: Filter | None) -> list[tuple[str, float]]:
         """:meth:`hits` without the shared store's generation check (done once per query)."""
         leads = self._leads
-        allowed = None if filter is None else (lambda metadata: matches(filter, metadata))
-        found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, allowed))
+        found = ((doc_of(key), score) for key, score in self._bm25.search(query, self.k, filter))
         return [(d, score) for d, score in found if d in leads]
 
     def naming_weight(self, query: str, doc_id: str, filter: Filter | None = None) -> float:

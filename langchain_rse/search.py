@@ -360,8 +360,7 @@ class SearchBranches:
         if self.lexical_store is None:
             if self.before_lexical is not None:
                 self.before_lexical()
-            allowed = None if f is None else (lambda metadata: matches(f, metadata))
-            return self.lexical.search(query, self.k, allowed)
+            return self.lexical.search(query, self.k, f)
         kw = search_kwargs(self.lexical_store, f, self.translator)
         hits = self.lexical_store.similarity_search_with_score(query, k=self.k, **kw)
         return _keyed([(doc, float(score)) for doc, score in hits], f)[0]

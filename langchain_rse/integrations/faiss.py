@@ -18,6 +18,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,9 @@ same results, in about half the time (100k vectors of 384 dimensions: ~4 ms inst
 HALF_ERROR = 1e-3
 """More than the most a half-precision copy of a unit vector changes its inner product with
 a unit query (each component rounded by at most 2**-11 of itself: at most 2**-11 in all)."""
+KEPT_FILTERS = 32
+"""Filters whose passing positions a store keeps between writes (the least recently used
+goes first): at most 8 bytes a vector each, a tenant's share of that for a tenant's filter."""
 
 MetadataFilter = Mapping[str, Any] | Filter | Callable[[dict[str, Any]], bool] | None
 """A filter in the retriever's language (a dict, or parsed), or a function of the metadata."""
@@ -105,6 +109,7 @@ class FaissStore(VectorStore):
         self.texts: list[str] = []
         self._position: dict[str, int] = {}
         self._by_doc: dict[str, np.ndarray] | None = None  # positions by doc id, lazily
+        self._passing = self._new_passing()
         self._half: Any = None  # the half-precision copy (HALF_SCAN_FROM), kept by writes
 
     @property
@@ -170,7 +175,7 @@ class FaissStore(VectorStore):
         self.metadatas += [dict(m) for m in metadatas]
         self.texts += list(texts) if self.keep_text else [""] * n
         self._position.update((name, start + i) for i, name in enumerate(names))
-        self._by_doc = None
+        self._forget_positions()
         return names
 
     def delete(self, ids: Sequence[str] | None = None, **kwargs: object) -> bool | None:
@@ -204,8 +209,14 @@ class FaissStore(VectorStore):
         self.metadatas = [self.metadatas[p] for p in kept]
         self.texts = [self.texts[p] for p in kept]
         self._position = {name: p for p, name in enumerate(self.ids)}
-        self._by_doc = None
+        self._forget_positions()
         return True
+
+    def _forget_positions(self) -> None:
+        """After a write: the positions found per doc id and per filter are stale (a new
+        dict, so a search still running fills the old one)."""
+        self._by_doc = None
+        self._passing = self._new_passing()
 
     # ------------------------------------------------------------ reads
 
@@ -296,11 +307,29 @@ class FaissStore(VectorStore):
             if docs is not None:  # only these documents' positions are read
                 by_doc = self._doc_positions()
                 parts = [by_doc[d] for d in sorted(docs) if d in by_doc]
-                return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-            f = filter
-            filter = lambda m: matches(f, m)  # noqa: E731
-        passes = [p for p, m in enumerate(self.metadatas) if filter(m)]
-        return np.asarray(passes, dtype=np.int64)
+                found = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+                if isinstance(filter, Bool):  # (an $and: its other conditions too)
+                    meta, f = self.metadatas, filter
+                    keep = (matches(f, meta[p]) for p in found.tolist())
+                    found = found[np.fromiter(keep, dtype=bool, count=len(found))]
+                return found
+            return self._passing(repr(filter), filter)  # (repr: True and 1 differ)
+        return self._positions_passing(filter)
+
+    def _new_passing(self) -> Callable[[str, Filter], np.ndarray]:
+        """The positions a filter lets through, for the :data:`KEPT_FILTERS` most recently
+        used filters (keyed by their ``repr``); a write starts a new cache."""
+
+        @lru_cache(maxsize=KEPT_FILTERS)
+        def passing(key: str, filter: Filter) -> np.ndarray:
+            found = self._positions_passing(partial(matches, filter))
+            found.flags.writeable = False  # (shared by the searches until a write)
+            return found
+
+        return passing
+
+    def _positions_passing(self, filter: Callable[[dict[str, Any]], bool]) -> np.ndarray:
+        return np.asarray([p for p, m in enumerate(self.metadatas) if filter(m)], dtype=np.int64)
 
     def _doc_positions(self) -> dict[str, np.ndarray]:
         by_doc = self._by_doc

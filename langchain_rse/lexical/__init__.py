@@ -10,10 +10,12 @@ import io
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache, partial
 from typing import Any, Literal
 
 import numpy as np
 
+from langchain_rse.filters import Filter, doc_ids, matches
 from langchain_rse.indexing.recordstore import ReadWriteLock
 from langchain_rse.lexical.bm25 import IncrementalBM25, PostingsBlock
 from langchain_rse.lexical.tokenizer import DEFAULT_STEMMER, check_stemmer, tokenize
@@ -28,6 +30,9 @@ SAVE_FORMAT = 3
 """Version of :meth:`BM25Index.export_state`'s layout (1: token lists in JSON; 2: arrays,
 terms not stemmed; 3: arrays and the stemmer's name)."""
 _BULK = 20_000  # chunks per block when a whole index is loaded
+_VERDICTS_KEPT = 64
+"""Filters whose verdicts on the groups are kept between writes (the least recently used
+goes first): a byte per group each."""
 
 
 LexicalHit = tuple[str, float]
@@ -104,6 +109,9 @@ class BM25Index:
         """Each group id's live chunks: a group whose last chunk goes is forgotten."""
         self._free_gids: list[int] = []
         self._rw = ReadWriteLock()
+        self._verdicts = lru_cache(maxsize=_VERDICTS_KEPT)(self._unknown_verdicts)
+        """Per filter (its ``repr``), each group id's verdict: 1 accepted, 0 refused, -1 not
+        asked yet. Searches fill it in; every write empties the cache."""
         self._merger: threading.Thread | None = None
         self.merge_errors = 0
         """Background merges that failed (logged; the blocks stay unmerged, still exact)."""
@@ -121,11 +129,12 @@ class BM25Index:
         groups: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
         """Add (or replace) chunks; ``groups``: metadata per group (see :func:`group_of`)
-        that :meth:`search`'s ``allowed`` is asked about. Visible to the next search."""
+        that :meth:`search`'s ``filter`` is checked against. Visible to the next search."""
         if len(ids) != len(texts):
             raise ValueError("ids and texts must have the same length")
         tokens = {i: tokenize(t, self.stemmer) for i, t in zip(ids, texts)}  # last duplicate wins
         with self._rw.write():
+            self._verdicts.cache_clear()
             bm = self._bm25
             self._release(bm.delete([i for i in tokens if i in bm.chunk_of]))  # replaced ones
             self._groups.update(groups or {})
@@ -178,12 +187,14 @@ class BM25Index:
         Visible to the next search."""
         ids = list(ids)
         with self._rw.write():
+            self._verdicts.cache_clear()
             self._release(self._bm25.delete(ids))
             self._maybe_compact()
 
     def delete_groups(self, groups: Iterable[str]) -> int:
         """Remove every chunk of these groups (document versions); returns how many."""
         with self._rw.write():
+            self._verdicts.cache_clear()
             bm = self._bm25
             gids = [self._gid[g] for g in groups if g in self._gid]
             if not gids:
@@ -204,59 +215,67 @@ class BM25Index:
             return {g for g in map(self._group_keys.__getitem__, gids.tolist()) if g}
 
     def group_frequency(
-        self, terms: Iterable[str], allowed: Callable[[dict[str, Any]], bool] | None = None
+        self, terms: Iterable[str], filter: Filter | None = None
     ) -> tuple[dict[str, int], int]:
         """For analyzed ``terms`` (as :func:`tokenize` gives them), how many groups (document
-        versions) hold each in some chunk, and how many groups there are; with
-        ``allowed``, only the groups whose metadata it accepts (as :meth:`search` asks)."""
+        versions) hold each in some chunk, and how many groups there are; with ``filter``
+        (parsed, see :func:`~langchain_rse.filters.parse`), only the groups it allows (as
+        :meth:`search` checks them)."""
         with self._rw.read():
             vocab = self._bm25.vocab
-            count = self._group_counter(allowed)
+            count = self._group_counter(filter)
             found = {t: count([vocab[t]]) if t in vocab else 0 for t in terms}
-            return found, self._groups_allowed(allowed)
+            return found, self._groups_allowed(filter)
 
     def pair_frequency(
-        self,
-        pairs: Iterable[tuple[str, str]],
-        allowed: Callable[[dict[str, Any]], bool] | None = None,
+        self, pairs: Iterable[tuple[str, str]], filter: Filter | None = None
     ) -> tuple[dict[tuple[str, str], int], int]:
         """For pairs of analyzed terms, how many groups (document versions) hold both terms
-        of each in one chunk, and how many groups there are; with ``allowed``, only the
-        groups whose metadata it accepts."""
+        of each in one chunk, and how many groups there are; with ``filter``, only the
+        groups it allows."""
         with self._rw.read():
             vocab = self._bm25.vocab
-            count = self._group_counter(allowed)
+            count = self._group_counter(filter)
             found = {
                 (a, b): count([vocab[a], vocab[b]]) if a in vocab and b in vocab else 0
                 for a, b in pairs
             }
-            return found, self._groups_allowed(allowed)
+            return found, self._groups_allowed(filter)
 
-    def _group_counter(
-        self, allowed: Callable[[dict[str, Any]], bool] | None
-    ) -> Callable[[list[int]], int]:
-        """Counts the groups ``allowed`` accepts (all without it) that have a live chunk
-        holding every one of some term ids; each group is asked once (read lock held)."""
-        bm, names, groups = self._bm25, self._group_keys, self._groups
-        if allowed is None:
+    def _group_counter(self, filter: Filter | None) -> Callable[[list[int]], int]:
+        """Counts the groups ``filter`` allows (all without it) that have a live chunk
+        holding every one of some term ids (read lock held)."""
+        bm = self._bm25
+        if filter is None:
             return lambda token_ids: len(bm.groups_holding(token_ids))
-        keep = allowed
-        verdicts: dict[int, bool] = {}
+        return lambda token_ids: int(self._verdict(filter, bm.groups_holding(token_ids)).sum())
 
-        def accepted(gid: int) -> bool:
-            if gid not in verdicts:
-                name = names[gid] or ""  # (live chunks' groups are never free)
-                verdicts[gid] = bool(keep(_with_doc_id(name, groups.get(name, {}))))
-            return verdicts[gid]
-
-        return lambda token_ids: sum(map(accepted, bm.groups_holding(token_ids).tolist()))
-
-    def _groups_allowed(self, allowed: Callable[[dict[str, Any]], bool] | None) -> int:
-        """How many groups have a live chunk, of those ``allowed`` accepts (read lock held)."""
-        if allowed is None:
+    def _groups_allowed(self, filter: Filter | None) -> int:
+        """How many groups have a live chunk, of those ``filter`` allows (read lock held)."""
+        if filter is None:
             return len(self._gid)
-        groups = self._groups
-        return sum(bool(allowed(_with_doc_id(g, groups.get(g, {})))) for g in self._gid)
+        return int(self._verdict(filter, np.fromiter(self._gid.values(), dtype=np.intp)).sum())
+
+    def _unknown_verdicts(self, filter_repr: str) -> np.ndarray:
+        """A verdict per group id, none asked yet."""
+        return np.full(len(self._group_keys), -1, dtype=np.int8)
+
+    def _verdict(self, filter: Filter, gids: np.ndarray) -> np.ndarray:
+        """Whether ``filter`` allows each of the live groups ``gids``; each group's metadata
+        is checked once per filter between two writes (for the most recently used
+        :data:`_VERDICTS_KEPT` filters that do not name doc ids; read lock held)."""
+        if doc_ids(filter) is None:  # (not the Filter: equal filters 1 and True differ)
+            known = self._verdicts(repr(filter))
+        else:  # a routed or pinned query's own documents: seldom asked again
+            known = self._unknown_verdicts("")
+        asked = known[gids]
+        if (asked < 0).any():
+            names, groups = self._group_keys, self._groups
+            for g in np.unique(gids[asked < 0]).tolist():
+                name = names[g] or ""  # (live chunks' groups are never free)
+                known[g] = matches(filter, _with_doc_id(name, groups.get(name, {})))
+            asked = known[gids]
+        return asked > 0
 
     def _maybe_compact(self) -> None:
         bm = self._bm25
@@ -288,6 +307,7 @@ class BM25Index:
                 bm.merge()
 
     def _reset(self, groups: dict[str, dict[str, Any]] | None) -> None:
+        self._verdicts.cache_clear()
         self._bm25.reset()
         self._groups = dict(groups or {})
         self._gid, self._group_keys, self._group_live, self._free_gids = {}, [], [], []
@@ -388,36 +408,25 @@ class BM25Index:
             df = bm.df[list(ids.values())].astype(np.float64)
             return dict(zip(ids, np.log1p((bm.n_live - df + 0.5) / (df + 0.5)).tolist()))
 
-    def search(
-        self, query: str, k: int, allowed: Callable[[dict[str, Any]], bool] | None = None
-    ) -> list[LexicalHit]:
+    def search(self, query: str, k: int, filter: Filter | None = None) -> list[LexicalHit]:
         """The ``k`` best chunks with a positive BM25 score, best first (ties: the earlier
-        added first); with ``allowed``, only chunks whose group metadata it accepts, with
-        the group's ``doc_id`` added (its name up to the last ``\x1f``: the doc id of the
-        retriever's chunk keys), checked before the top ``k`` is cut, so a selective filter
-        still gets ``k``."""
+        added first); with ``filter`` (parsed, see :func:`~langchain_rse.filters.parse`),
+        only chunks whose group's metadata it allows, with the group's ``doc_id`` added
+        (its name up to the last ``\x1f``: the doc id of the retriever's chunk keys),
+        checked before the top ``k`` is cut, so a selective filter still gets ``k``."""
         q = tokenize(query, self.stemmer)
         if not q or k <= 0:
             return []
         with self._rw.read():
             bm = self._bm25
-            keep = None if allowed is None else (lambda chunks: self._allowed(chunks, allowed))
+            keep = None if filter is None else partial(self._allowed, filter)
             chunks, scores = bm.top(bm.term_ids(q, grow=False), k, keep)
             keys = bm.keys
             return [(keys[d], s) for d, s in zip(chunks.tolist(), scores.tolist())]
 
-    def _allowed(self, chunks: np.ndarray, allowed: Callable[[dict[str, Any]], bool]) -> np.ndarray:
-        """Which of ``chunks`` have a group ``allowed`` accepts (one call per group; the groups
-        found by marking a flag per group, not by sorting the chunks' group ids)."""
-        gids = self._bm25.gid[chunks]
-        groups, names = self._groups, self._group_keys
-        verdict = np.zeros(len(names), dtype=bool)
-        verdict[gids] = True
-        found = np.flatnonzero(verdict).tolist()
-        live = [names[g] or "" for g in found]  # (live chunks' groups are never free)
-        seen = (_with_doc_id(name, groups.get(name, {})) for name in live)
-        verdict[found] = np.fromiter((bool(allowed(m)) for m in seen), dtype=bool, count=len(found))
-        return verdict[gids]
+    def _allowed(self, filter: Filter, chunks: np.ndarray) -> np.ndarray:
+        """Which of ``chunks`` have a group ``filter`` allows (read lock held)."""
+        return self._verdict(filter, self._bm25.gid[chunks])
 
     # ------------------------------------------------------------------ persistence
 

@@ -458,10 +458,18 @@ class IncrementalBM25:
         chunks = None
         for token_id in token_ids:
             holding = self._live_chunks(token_id)
-            chunks = holding if chunks is None else np.intersect1d(chunks, holding)
+            if chunks is None:
+                chunks = holding
+            else:  # those of ``chunks`` that also hold this term: a flag per chunk, no sort
+                flag = np.zeros(self.n_chunks, dtype=bool)
+                flag[holding] = True
+                chunks = chunks[flag[chunks]]
         if chunks is None or not len(chunks):
             return np.zeros(0, dtype=np.int64)
-        return np.unique(self.gid[chunks])
+        gids = self.gid[chunks]
+        seen = np.zeros(int(gids.max()) + 1, dtype=bool)  # a flag per group: no sort
+        seen[gids] = True
+        return np.flatnonzero(seen)
 
     def _live_chunks(self, token_id: int) -> np.ndarray:
         """The live chunks holding the term ``token_id``."""

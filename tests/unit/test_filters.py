@@ -4,6 +4,8 @@ that keeps a store's mistakes from leaking results."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
@@ -12,6 +14,7 @@ from helpers import HashingEmbeddings, make_contract
 from langchain_rse import DocumentRouter, RSERetriever
 from langchain_rse.filters import (
     FilterError,
+    doc_ids,
     matches,
     parse,
     search_kwargs,
@@ -48,6 +51,38 @@ META = {"tenant": "acme", "year": 2021, "score": 0.5, "public": True}
 )
 def test_matches(spec, expected) -> None:
     assert matches(parse(spec), META) is expected
+
+
+DOC_IDS = ("a", "b", "c")
+conditions = st.one_of(
+    st.builds(lambda v: {"doc_id": v}, st.sampled_from(DOC_IDS)),
+    st.builds(lambda v: {"doc_id": {"$in": v}}, st.lists(st.sampled_from(DOC_IDS), min_size=1)),
+    st.builds(lambda v: {"doc_id": {"$ne": v}}, st.sampled_from(DOC_IDS)),
+    st.builds(lambda v: {"tenant": v}, st.sampled_from(("acme", "globex"))),
+)
+filters = st.recursive(
+    conditions,
+    lambda inner: st.builds(
+        lambda op, items: {op: items},
+        st.sampled_from(("$and", "$or")),
+        st.lists(inner, min_size=1, max_size=3),
+    ),
+    max_leaves=6,
+)
+
+
+@given(
+    spec=filters,
+    doc_id=st.sampled_from((*DOC_IDS, "d")),
+    tenant=st.sampled_from(("acme", "globex")),
+)
+def test_a_filter_keeps_no_document_outside_its_doc_ids(spec, doc_id, tenant) -> None:
+    """What a store may read first (only the documents :func:`doc_ids` names) loses
+    nothing the filter keeps."""
+    f = parse(spec)
+    bound = doc_ids(f)
+    if bound is not None and matches(f, {"doc_id": doc_id, "tenant": tenant}):
+        assert doc_id in bound
 
 
 @pytest.mark.parametrize(

@@ -221,7 +221,8 @@ def test_a_filter_on_doc_id_keeps_that_document(store: str) -> None:
         for mode in ("segments", "chunks"):
             found = retriever.invoke("termination notice period", k=10, mode=mode, filter=f)
             assert found and {d.metadata["doc_id"] for d in found} <= wanted
-    assert doc_ids(parse({"doc_id": "a", "tier": "b"})) is None
+    assert doc_ids(parse({"doc_id": "a", "tier": "b"})) == {"a"}  # (then "tier" checked)
+    assert doc_ids(parse({"$or": [{"doc_id": "a"}, {"tier": "b"}]})) is None
     assert doc_ids(parse({"doc_id": {"$ne": "a"}})) is None
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import random
 import threading
-from functools import partial
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from langchain_rse.filters import matches, parse
+from langchain_rse import lexical
+from langchain_rse.filters import Filter, matches, parse
 from langchain_rse.lexical import BM25Index, group_of, tokenize
 
 WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ro") for b in ("ta", "vi", "zo", "qu")]
@@ -152,7 +152,7 @@ def test_replacing_a_chunk_and_duplicate_ids_in_one_call() -> None:
     assert sorted(index.tokens()["a"]) == ["mivi"] and len(index) == 2
 
 
-def test_filters_are_checked_once_per_group() -> None:
+def test_filters_are_checked_once_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
     index = BM25Index()
     index.add(
         ["x\x1f1\x1f0", "x\x1f1\x1f1", "y\x1f1\x1f0"],
@@ -160,14 +160,20 @@ def test_filters_are_checked_once_per_group() -> None:
         groups={"x\x1f1": {"t": "x"}, "y\x1f1": {"t": "y"}},
     )
     calls: list[dict] = []
+    real = lexical.matches
 
-    def allowed(metadata: dict) -> bool:
+    def counted(f: Filter | None, metadata: dict) -> bool:
         calls.append(metadata)
-        return metadata.get("t") == "x"
+        return real(f, metadata)
 
-    hits = index.search("kata", 1, allowed)
+    monkeypatch.setattr(lexical, "matches", counted)
+    x = parse({"t": "x"})
+    hits = index.search("kata", 1, x)
     assert [k for k, _ in hits] == ["x\x1f1\x1f1"] or [k for k, _ in hits] == ["x\x1f1\x1f0"]
     assert len(calls) == 2  # two groups, however many chunks
+    assert index.search("kata", 1, x) == hits
+    assert index.group_frequency(["kata"], x) == ({"kata": 1}, 1)
+    assert len(calls) == 2  # until the next write, each group is checked once per filter
     index.delete(["y\x1f1\x1f0"])
     assert "y\x1f1" not in index.groups()
 
@@ -342,59 +348,76 @@ def test_hits_read_their_keys_after_the_index_changes() -> None:
     assert all(k not in {h for h, _ in index.search("kata lota", 30)} for k, _ in before[:6])
 
 
+FILTERS = [
+    parse({"tenant": "acme"}),
+    parse({"tenant": {"$ne": "acme"}}),
+    parse({"flag": True}),
+    parse({"flag": 1}),  # equal to True in Python, not in the filter language
+]
+
+
 @settings(max_examples=40)
-@given(seed=st.integers(0, 10_000), steps=st.integers(1, 40), small=st.booleans())
+@given(
+    seed=st.integers(0, 10_000),
+    steps=st.integers(1, 40),
+    small=st.booleans(),
+    background=st.booleans(),
+)
 def test_group_and_pair_frequency_count_the_groups_whose_live_chunks_hold_the_terms(
-    seed: int, steps: int, small: bool
+    seed: int, steps: int, small: bool, background: bool
 ) -> None:
-    """Brute force after random adds, replaces and deletes (merges and renumbering
-    crossed): a term's count is the number of groups (document versions) with a live
-    chunk holding it, a pair's those with a live chunk holding both, and the number of
-    groups is those with a live chunk; with ``allowed``, of the groups whose metadata it
-    accepts (one tenant's)."""
+    """Brute force after each of random adds, replaces and deletes (merges and renumbering
+    crossed; a group's metadata rewritten by a later add): a term's count is the number of
+    groups (document versions) with a live chunk holding it, a pair's those with a live
+    chunk holding both, and the number of groups is those with a live chunk; under a
+    filter, of the groups whose metadata it allows now, and a filtered search returns the
+    unfiltered hits of exactly those groups (a verdict kept from before a write would
+    show)."""
     rng = random.Random(seed)
-    index = BM25Index(**(SMALL if small else {}))
+    index = BM25Index(background_merges=background, **(SMALL if small else {}))
     corpus: dict[str, str] = {}
+    metadata: dict[str, dict[str, object]] = {}
+    terms = {t for w in WORDS for t in tokenize(w)} | {"unknown"}
+    common = sorted({t for w in WORDS[:10] for t in tokenize(w)}) + ["unknown"]
+    pairs = [(a, b) for a in common for b in common if a < b]  # (the frequent terms)
     for _ in range(steps):
         if rng.random() < 0.6 or not corpus:
             keys = [
                 f"d{rng.randint(0, 12)}\x1f{rng.randint(0, 3)}" for _ in range(rng.randint(1, 6))
             ]
             texts = [text(rng) for _ in keys]
-            index.add(keys, texts, {group_of(k): tenant_of(group_of(k)) for k in keys})
+            groups = {group_of(k): random_metadata(rng) for k in keys}
+            index.add(keys, texts, groups)
             corpus.update(zip(keys, texts))
+            metadata.update(groups)
         else:
             gone = rng.sample(sorted(corpus), min(len(corpus), rng.randint(1, 4)))
             index.delete(gone)
             for k in gone:
                 corpus.pop(k)
-    terms = {t for w in WORDS for t in tokenize(w)} | {"unknown"}
-    counts, groups = index.group_frequency(terms)
-    holders: dict[str, set[str]] = {t: set() for t in terms}
-    for key, body in corpus.items():
-        for t in tokenize(body):
-            holders[t].add(group_of(key))
-    assert counts == {t: len(g) for t, g in holders.items()}
-    assert groups == len({group_of(k) for k in corpus})
-    # a pair's count: the groups with a live chunk holding both terms
-    pairs = [(a, b) for a in sorted(terms) for b in sorted(terms) if a < b]
-    together, n = index.pair_frequency(pairs)
-    both: dict[tuple[str, str], set[str]] = {p: set() for p in pairs}
-    for key, body in corpus.items():
-        held = set(tokenize(body))
-        for a, b in pairs:
-            if a in held and b in held:
-                both[(a, b)].add(group_of(key))
-    assert together == {p: len(g) for p, g in both.items()} and n == groups
-    # one tenant's: only the groups the filter's predicate accepts are counted
-    acme = {group_of(k) for k in corpus if tenant_of(group_of(k))["tenant"] == "acme"}
-    allowed = partial(matches, parse({"tenant": "acme"}))
-    counts, groups = index.group_frequency(terms, allowed)
-    assert counts == {t: len(g & acme) for t, g in holders.items()} and groups == len(acme)
-    together, n = index.pair_frequency(pairs, allowed)
-    assert together == {p: len(g & acme) for p, g in both.items()} and n == len(acme)
+        holders: dict[str, set[str]] = {t: set() for t in terms}
+        both: dict[tuple[str, str], set[str]] = {p: set() for p in pairs}
+        for key, body in corpus.items():
+            held = set(tokenize(body))
+            for t in held & terms:
+                holders[t].add(group_of(key))
+            for a, b in pairs:
+                if a in held and b in held:
+                    both[(a, b)].add(group_of(key))
+        live = {group_of(k) for k in corpus}
+        everything = index.search("kata lota mivi", len(corpus) + 1)
+        for f in [None, *rng.sample(FILTERS, len(FILTERS))]:
+            seen = {g for g in live if matches(f, {**metadata[g], "doc_id": g.split("\x1f")[0]})}
+            counts, n = index.group_frequency(terms, f)
+            assert counts == {t: len(g & seen) for t, g in holders.items()} and n == len(seen)
+            together, n = index.pair_frequency(pairs, f)
+            assert together == {p: len(g & seen) for p, g in both.items()} and n == len(seen)
+            assert index.search("kata lota mivi", len(corpus) + 1, f) == [
+                (k, s) for k, s in everything if group_of(k) in seen
+            ]
 
 
-def tenant_of(group: str) -> dict[str, str]:
-    """A group's metadata: the tenant of ``d<n>`` is acme for an even ``n``."""
-    return {"tenant": "acme" if int(group[1:]) % 2 == 0 else "globex"}
+def random_metadata(rng: random.Random) -> dict[str, object]:
+    """A group's metadata: a tenant, and a flag that is ``True``, ``1`` or absent."""
+    flag = rng.choice([{"flag": True}, {"flag": 1}, {}])
+    return {"tenant": rng.choice(["acme", "globex"]), **flag}

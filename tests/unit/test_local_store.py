@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.documents import Document
 
 from conftest import corpus_documents
@@ -94,6 +96,7 @@ def test_scores_are_cosines_in_the_order_of_an_exact_search() -> None:
         {"$or": [{"doc_id": "d2"}, {"tenant": "initech"}]},
         {"doc_id": "d3"},
         {"doc_id": {"$in": ["d1", "d4"]}},
+        {"doc_id": {"$in": ["d1", "d3"]}, "tenant": "acme"},  # those documents, then the rest
         {"doc_id": "nowhere"},
     ],
 )
@@ -107,10 +110,55 @@ def test_a_filtered_search_is_exact(spec: dict[str, Any]) -> None:
     every = store.similarity_search_with_score("warranty law", k=60)
     score = {d.id: s for d, s in every}
     want = [s for d, s in every if matches(f, d.metadata)][:4]
-    for given in (spec, f, lambda m: matches(f, m)):
-        got = store.similarity_search_with_score("warranty law", k=4, filter=given)
+    for form in (spec, f, lambda m: matches(f, m)):
+        got = store.similarity_search_with_score("warranty law", k=4, filter=form)
         assert [s for _, s in got] == pytest.approx(want, abs=1e-6)  # (ties in any order)
         assert all(matches(f, d.metadata) and score[d.id] == pytest.approx(s) for d, s in got)
+
+
+FILTERS = [
+    {"tenant": "acme"},
+    {"tenant": {"$ne": "acme"}, "year": {"$gte": 2003}},
+    {"flag": True},
+    {"flag": 1},  # equal to True in Python, not in the filter language
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["add", "delete"]),
+            st.lists(st.integers(0, 11), max_size=4, unique=True),
+        ),
+        max_size=12,
+    ),
+    order=st.permutations(range(len(FILTERS))),
+)
+def test_a_filtered_search_sees_every_write_before_it(
+    steps: list[tuple[str, list[int]]], order: list[int]
+) -> None:
+    """After each of random adds, replaces (with new metadata) and deletes, every filter
+    returns the best of exactly the vectors that pass it now: what a filter let through
+    before a write is never reused after it."""
+    store = FaissStore(HashingEmbeddings())
+    for n, (action, picked) in enumerate(steps):
+        ids = [f"id{i}" for i in picked]
+        if action == "add" and ids:
+            metas = [
+                {"tenant": ["acme", "globex"][(i + n) % 2], "year": 2000 + (i * n) % 7}
+                | [{"flag": True}, {"flag": 1}, {}][(i + n) % 3]
+                for i in picked
+            ]
+            store.add_texts([f"{WORDS[(i + n) % 8]} clause {i}" for i in picked], metas, ids=ids)
+        elif ids:
+            store.delete(ids)  # (unknown ids are ignored)
+        every = store.similarity_search_with_score("warranty law", k=len(store) + 1)
+        for spec in [FILTERS[i] for i in order]:
+            want = [s for d, s in every if matches(parse(spec), d.metadata)]
+            got = store.similarity_search_with_score("warranty law", k=len(store) + 1, filter=spec)
+            assert [s for _, s in got] == pytest.approx(want, abs=1e-6), spec
+            assert all(matches(parse(spec), d.metadata) for d, _ in got), spec
 
 
 def test_store_saves_as_faiss_and_json_and_loads(tmp_path: Path) -> None:
