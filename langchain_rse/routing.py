@@ -90,8 +90,8 @@ QUESTION_WORDS = (
 """Words that ask but say nothing of what is asked: :meth:`DocumentRouter.focus_query`
 focuses only on a text that holds another word."""
 _WORD = re.compile(r"[^\W_]+")
-_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([,;:.?!])")
 """A word of a query, as the tokenizer reads words."""
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([,;:.?!])")
 _BREAK = re.compile(r"[;:?!\n]|\.\s+(?=[A-Z])")
 """Punctuation a name does not run across: a clause or sentence end (not the full stop of
 ``Inc. and``). Search it between two words up to the second word's first letter, which
