@@ -214,7 +214,7 @@ class FaissStore(VectorStore):
 
     def _forget_positions(self) -> None:
         """After a write: the positions found per doc id and per filter are stale (a new
-        dict, so a search still running fills the old one)."""
+        cache, so a search still running fills the old one)."""
         self._by_doc = None
         self._passing = self._new_passing()
 
