@@ -264,8 +264,8 @@ class BM25Index:
         """Whether ``filter`` allows each of the live groups ``gids``; each group's metadata
         is checked once per filter between two writes (for the most recently used
         :data:`_VERDICTS_KEPT` filters that do not name doc ids; read lock held)."""
-        if doc_ids(filter) is None:  # (not the Filter: equal filters 1 and True differ)
-            known = self._verdicts(repr(filter))
+        if doc_ids(filter) is None:
+            known = self._verdicts(repr(filter))  # (repr: the equal Filters 1 and True differ)
         else:  # a routed or pinned query's own documents: seldom asked again
             known = self._unknown_verdicts("")
         asked = known[gids]
