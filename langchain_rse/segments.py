@@ -100,8 +100,9 @@ class RSEParams:
     between two relevant passages is not left out (:func:`fit_segments`; 0: never)."""
     snap_chars: int = 150
     """How far (characters) a segment's start or end may move to a sentence or line
-    boundary, so that it does not begin or stop mid-phrase: outward when the budget has
-    room, else inward, never past the dense search's first chunk (0: exact chunk ends)."""
+    boundary (not a line break inside a sentence of wrapped prose), so that it does not
+    begin or stop mid-phrase: outward when the budget has room, else inward, never past the
+    dense search's first chunk (0: exact chunk ends)."""
     min_result_chars: int = 100
     """A shorter result (a bare heading, a few words) is grown forward, then backward, to at
     least this many characters and the next sentence or line end, within the budget;
@@ -510,7 +511,8 @@ def fit_segments(
        room left, or fits once results ranked below both are left out.
     2. **Snapping** (``snap_chars``): a start or end inside a sentence moves out to the
        nearest sentence or line boundary when that fits, else in (within the first or
-       last chunk, never into the dense search's first chunk).
+       last chunk, never into the dense search's first chunk); the line breaks of wrapped
+       prose are inside sentences (:func:`_wraps`).
     3. **No fragments** (``min_result_chars``): a shorter result grows forward, then
        backward, to that length and a boundary; one that cannot is left out unless it is
        its whole document, or holds the dense search's first chunk (then the lowest
@@ -661,11 +663,35 @@ _END = re.compile(r"[.!?…。！？][\"'”’)\]»]*|\n")
 """Where a sentence or line may end: after a terminal (and closing quotes), before a newline."""
 _START = re.compile(r"(?:\n|[.!?…。！？][\"'”’)\]»]*\s)\s*")
 """Where a sentence or line may start: after a newline or a sentence end, past blanks."""
+_PROSE_WORD = re.compile(r"[^\W\d_]+[,.;:!?]?")
+"""A plain word (letters, one punctuation mark after): what lines of prose are made of."""
+_WRAP_LAST = re.compile(r"[^\W\d_][,;:]?$")
+_WRAP_NEXT = re.compile(r"[ \t]*([^\W\d_])")
+_COMMENT = re.compile(r"\s*(?:#|//|/\*|\*|--|;|%)")
+_WRAP_WORDS = 6
+_WRAP_CHARS = 30
+
+
+def _wraps(text: str, newline: int) -> bool:
+    """Whether the line break at ``newline`` falls inside a sentence: hard-wrapped prose
+    (reStructuredText, Markdown, plain text at 72-80 columns) whose line ends in a word
+    (or a comma, semicolon or colon after it) and whose next line goes on with a lower-case
+    letter. The line must read as
+    prose (at least six plain words and thirty characters, not opened by a comment marker),
+    so that the line ends of code, lists of names and comments followed by code stay ends."""
+    line = text[text.rfind("\n", 0, newline) + 1 : newline].rstrip()
+    if len(line.strip()) < _WRAP_CHARS or not _WRAP_LAST.search(line) or _COMMENT.match(line):
+        return False
+    nxt = _WRAP_NEXT.match(text, newline + 1)
+    if nxt is None or not nxt.group(1).islower():
+        return False
+    return sum(bool(_PROSE_WORD.fullmatch(w)) for w in line.split()) >= _WRAP_WORDS
 
 
 def _is_end(text: str, i: int) -> bool:
     """Whether a result may end at ``i``: the text's end, a line's end (only blanks before
-    the newline), or a sentence's end (a terminal and closers, then a blank)."""
+    the newline) unless the line wraps mid-sentence (:func:`_wraps`), or a sentence's end
+    (a terminal and closers, then a blank)."""
     n = len(text)
     if i >= n:
         return True
@@ -674,7 +700,9 @@ def _is_end(text: str, i: int) -> bool:
     j = i
     while j < n and text[j] in " \t\r\f\v":
         j += 1
-    if j == n or text[j] == "\n":
+    if j == n:
+        return True
+    if text[j] == "\n" and not _wraps(text, j):
         return True
     if not text[i].isspace():
         return False
@@ -685,14 +713,17 @@ def _is_end(text: str, i: int) -> bool:
 
 
 def _is_start(text: str, i: int) -> bool:
-    """Whether a result may start at ``i``: the text's start, a line's first non-blank, or
-    a sentence's first character."""
+    """Whether a result may start at ``i``: the text's start, a line's first non-blank
+    unless the line before wraps into it mid-sentence (:func:`_wraps`), or a sentence's
+    first character."""
     if i <= 0:
         return True
     j = i
     while j > 0 and text[j - 1] in " \t\r\f\v":
         j -= 1
-    if j == 0 or text[j - 1] == "\n":
+    if j == 0:
+        return True
+    if text[j - 1] == "\n" and not _wraps(text, j - 1):
         return True
     if j == i:  # no blank before i: mid-word
         return False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import textwrap
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -65,6 +66,44 @@ paragraphs = st.lists(sentences, min_size=1, max_size=6).map("".join)
 headings = st.sampled_from(WORDS).map(
     lambda w: st.sampled_from([f"# {w}\n", f"{w}\n{'=' * len(w)}\n", f"{w.upper()}\n"])
 )
+PROSE = [
+    "the",
+    "app",
+    "runs",
+    "a",
+    "view",
+    "and",
+    "its",
+    "request",
+    "context",
+    "stays",
+    "open",
+    "until",
+    "it",
+    "returns",
+    "data",
+]
+
+
+@st.composite
+def prose(draw: st.DrawFn) -> str:
+    """Sentences on one line: a capital first, plain words (some with a comma, semicolon or
+    colon after them), a full stop, question or exclamation mark last."""
+    sentences = []
+    for _ in range(draw(st.integers(1, 8))):
+        words = draw(st.lists(st.sampled_from(PROSE), min_size=2, max_size=16))
+        marks = draw(st.lists(st.sampled_from(["", "", "", "", ",", ";", ":"]), min_size=16))
+        words = [w + m for w, m in zip(words[:-1], marks)] + words[-1:]
+        words[0] = words[0].capitalize()
+        sentences.append(" ".join(words) + draw(st.sampled_from([".", "?", "!"])))
+    return " ".join(sentences)
+
+
+def _wrapped(text: str, width: int) -> str:
+    """``text`` hard-wrapped at ``width`` columns: each line break takes one blank's place."""
+    out = textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+    assert out.replace("\n", " ") == text
+    return out
 
 
 @st.composite
@@ -75,6 +114,8 @@ def documents(draw: st.DrawFn) -> str:
         if draw(st.booleans()) and draw(st.booleans()):
             parts.append(draw(draw(headings)))
         passage = draw(paragraphs)
+        if draw(st.integers(0, 3)) == 0:  # hard-wrapped prose (reST, Markdown, e-mail)
+            passage = _wrapped(draw(prose()), draw(st.integers(40, 100)))
         parts.append(passage * draw(st.sampled_from([1, 1, 1, 2, 3])))
         parts.append(draw(st.sampled_from(BREAKS)))
     text = "".join(parts)
@@ -362,6 +403,42 @@ def test_with_room_results_start_and_end_on_boundaries(f: Fit) -> None:
                 _is_start(f.text, i) and not f.text[i].isspace()
                 for i in range(max(lo, g.start_index - reach), g.start_index)
             )
+
+
+@settings(max_examples=200)
+@given(prose(), st.integers(60, 100))
+def test_hard_wrapping_prose_adds_no_result_ends_or_starts(text: str, width: int) -> None:
+    """Metamorphic: prose hard-wrapped at 60-100 columns may end and start a result exactly
+    where the same prose on one line may: a line break inside a sentence is no end."""
+    wrapped = _wrapped(text, width)
+    for i in range(len(text) + 1):
+        assert _is_end(wrapped, i) == _is_end(text, i), (i, wrapped[max(0, i - 30) : i + 30])
+        assert _is_start(wrapped, i) == _is_start(text, i), (i, wrapped[max(0, i - 30) : i + 30])
+
+
+def test_a_line_of_code_or_a_comment_still_ends_where_it_ends() -> None:
+    """Only prose wraps: a reST paragraph's wrapped line is no end, its sentence's end is;
+    a comment before code, an import and a list of names end at their line ends."""
+    rst = (
+        "``load_logged_in_user`` checks if a user id is stored in the session and gets\n"
+        "that user's data from the database, storing it\n"
+        "on :data:`g.user <g>`, which lasts for the length of the request.\n"
+        "If there is no user id, ``g.user`` will be ``None``.\n"
+    )
+    for line_end in (rst.index("\nthat"), rst.index("\non ")):
+        assert not _is_end(rst, line_end) and not _is_start(rst, line_end + 1)
+    assert _is_end(rst, rst.index("\nIf")) and _is_start(rst, rst.index("If"))
+    code = (
+        "    # check whether the cache already holds a value for this key\n"
+        "    if key in cache:\n"
+        "from pyflink.common import Types\n"
+        "from pyflink.datastream import StreamExecutionEnvironment\n"
+        "    mockXdgPrimaryCredentialRetriever,\n"
+        "    mockEnvHomeXdgCredentialRetriever,\n"
+    )
+    lines = [i for i, c in enumerate(code) if c == "\n"]
+    assert all(_is_end(code, i) for i in lines)
+    assert all(_is_start(code, i + 1) for i in lines[:-1])
 
 
 def test_a_gap_is_bought_with_the_results_ranked_below_both() -> None:
