@@ -666,7 +666,9 @@ _START = re.compile(r"(?:\n|[.!?…。！？][\"'”’)\]»]*\s)\s*")
 _PROSE_WORD = re.compile(r"[^\W\d_]+[,.;:!?]?")
 """A plain word (letters, one punctuation mark after): what lines of prose are made of."""
 _WRAP_LAST = re.compile(r"[^\W\d_][,;:]?$")
-_WRAP_NEXT = re.compile(r"[ \t]*([^\W\d_])")
+_WRAP_NEXT = re.compile(r"[ \t]*(?::[a-z]+(?::[a-z]+)?:)?[`*_\"'(\[]*([^\W\d_])")
+"""The next line's first letter, past inline markup that opens it (a reST role, literal
+quotes, emphasis, a bracket)."""
 _COMMENT = re.compile(r"\s*(?:#|//|/\*|\*|--|;|%)")
 _WRAP_WORDS = 6
 _WRAP_CHARS = 30
@@ -676,7 +678,7 @@ def _wraps(text: str, newline: int) -> bool:
     """Whether the line break at ``newline`` falls inside a sentence: hard-wrapped prose
     (reStructuredText, Markdown, plain text at 72-80 columns) whose line ends in a word
     (or a comma, semicolon or colon after it) and whose next line goes on with a lower-case
-    letter. The line must read as
+    letter (after any inline markup: ``:data:`session```, ````g.user````). The line must read as
     prose (at least six plain words and thirty characters, not opened by a comment marker),
     so that the line ends of code, lists of names and comments followed by code stay ends."""
     line = text[text.rfind("\n", 0, newline) + 1 : newline].rstrip()

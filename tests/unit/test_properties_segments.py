@@ -420,12 +420,13 @@ def test_a_line_of_code_or_a_comment_still_ends_where_it_ends() -> None:
     """Only prose wraps: a reST paragraph's wrapped line is no end, its sentence's end is;
     a comment before code, an import and a list of names end at their line ends."""
     rst = (
-        "``load_logged_in_user`` checks if a user id is stored in the session and gets\n"
-        "that user's data from the database, storing it\n"
-        "on :data:`g.user <g>`, which lasts for the length of the request.\n"
+        "The loader looks for a user id that the login view kept in the\n"
+        ":data:`session` and reads that user's row from the database, keeping it\n"
+        "on :data:`g.user <g>` for the rest of the request, so that every view\n"
+        "``before_request`` runs ahead of can read it.\n"
         "If there is no user id, ``g.user`` will be ``None``.\n"
     )
-    for line_end in (rst.index("\nthat"), rst.index("\non ")):
+    for line_end in (rst.index("\n:data:"), rst.index("\non "), rst.index("\n``before")):
         assert not _is_end(rst, line_end) and not _is_start(rst, line_end + 1)
     assert _is_end(rst, rst.index("\nIf")) and _is_start(rst, rst.index("If"))
     code = (
