@@ -672,16 +672,22 @@ quotes, emphasis, a bracket)."""
 _COMMENT = re.compile(r"\s*(?:#|//|/\*|\*|--|;|%)")
 _WRAP_WORDS = 6
 _WRAP_CHARS = 30
+_WRAP_MAX_CHARS = 200
+"""A longer line was not hard-wrapped (prose wraps at 60-100 columns)."""
 
 
 def _wraps(text: str, newline: int) -> bool:
     """Whether the line break at ``newline`` falls inside a sentence: hard-wrapped prose
-    (reStructuredText, Markdown, plain text at 72-80 columns) whose line ends in a word
-    (or a comma, semicolon or colon after it) and whose next line goes on with a lower-case
-    letter (after any inline markup: ``:data:`session```, ````g.user````). The line must read as
-    prose (at least six plain words and thirty characters, not opened by a comment marker),
-    so that the line ends of code, lists of names and comments followed by code stay ends."""
-    line = text[text.rfind("\n", 0, newline) + 1 : newline].rstrip()
+    (reStructuredText, Markdown, plain text at 72-80 columns) whose line ends in a word (or
+    a comma, semicolon or colon after it) and whose next line goes on with a lower-case
+    letter (after any inline markup: ``:data:`session```, ````g.user````). The line must
+    read as prose (at least six plain words, 30 to 200 characters, not opened by a comment
+    marker), so that the line ends of code, lists of names and comments followed by code
+    stay ends."""
+    start = text.rfind("\n", max(newline - _WRAP_MAX_CHARS - 1, 0), newline) + 1
+    if start == 0 and newline > _WRAP_MAX_CHARS:
+        return False
+    line = text[start:newline].rstrip()
     if len(line.strip()) < _WRAP_CHARS or not _WRAP_LAST.search(line) or _COMMENT.match(line):
         return False
     nxt = _WRAP_NEXT.match(text, newline + 1)

@@ -454,3 +454,13 @@ def test_a_gap_is_bought_with_the_results_ranked_below_both() -> None:
     got = _fit(f, p)
     assert [(g.chunk_start, g.chunk_end) for g in got] == [(0, 5)]
     assert sum(g.end_index - g.start_index for g in got) <= used
+
+
+def test_a_line_too_long_to_be_wrapped_ends_where_it_ends() -> None:
+    """A paragraph written on one line (longer than any wrap width) ends at its line end,
+    and the check reads at most a wrap's width of it."""
+    line = "the app runs a view and its request context stays open " * 5000
+    text = line + "\nand the next paragraph starts here."
+    assert _is_end(text, len(line)) and _is_start(text, len(line) + 1)
+    wrapped = "the app runs a view and its request context stays open\nand goes on."
+    assert not _is_end(wrapped, wrapped.index("\n"))
