@@ -97,6 +97,7 @@ from common import (
     base_embeddings,
     cut_at_budget,
     data_dir,
+    distinct_chars,
     fmt_table,
     log,
     paired_test,
@@ -567,12 +568,12 @@ def score(
             gold_docs = {f for f, _, _ in q.gold}
             for b in budgets:
                 got = method(q.text, b)
-                chars = sum(e - s for _, s, e in got)
+                chars = distinct_chars(got)  # the overlap of overlapping chunks once
                 if chars > b:
                     log(f"{name} returned {chars} characters at budget {b}: over budget")
                 r, p = recall_precision(q.gold, got)
                 docs = {f for f, _, _ in got}
-                wrong = sum(e - s for f, s, e in got if f not in gold_docs)
+                wrong = distinct_chars([g for g in got if g[0] not in gold_docs])
                 misled = len(docs) == 1 and not docs & gold_docs and dense_first[j]
                 width = gap_width(q.gold, got)
                 row = {
