@@ -108,10 +108,18 @@ class RSEParams:
     least this many characters and the next sentence or line end, within the budget;
     when it cannot be, it is left out, unless it is its whole document or holds the dense
     search's first chunk (0: off)."""
+    headed_segment_chunks: int | None = None
+    """Longest segment in a document with line headings (Markdown, reStructuredText,
+    AsciiDoc): documentation whose answers are paragraphs with their lead-in (None: the
+    same as ``max_segment_chunks``; never shorter than it)."""
 
     def __post_init__(self) -> None:
         if self.max_segment_chunks < 1:
             raise ValueError(f"max_segment_chunks must be >= 1, got {self.max_segment_chunks}")
+        if self.headed_segment_chunks is not None and self.headed_segment_chunks < 1:
+            raise ValueError(
+                f"headed_segment_chunks must be >= 1, got {self.headed_segment_chunks}"
+            )
         if self.max_total_chunks < 1:
             raise ValueError(f"max_total_chunks must be >= 1, got {self.max_total_chunks}")
         if not 0 <= self.irrelevant_chunk_penalty <= 1:
@@ -138,8 +146,9 @@ PRESETS: dict[str, RSEParams] = {
     "find_all": RSEParams(40, 60, 0.4, 0.15, 40.0),
     # The default pipeline (document routing, 300-character chunks): runs of up
     # to 3 chunks, joined when they touch, up to 24 chunks in all; chosen on half a of the
-    # CUAD dev split, checked on half b (benchmarks/RESULTS.md).
-    "default": RSEParams(3, 24, 0.2, 0.2, 20.0),
+    # CUAD dev split, checked on half b; up to 5 in documents with headings, chosen on the
+    # Flask docs, checked on Starlette's (benchmarks/RESULTS.md).
+    "default": RSEParams(3, 24, 0.2, 0.2, 20.0, headed_segment_chunks=5),
     # The default for 600-character chunks (the default chunk size until 2026-12-02).
     "long_chunks": RSEParams(2, 12, 0.3, 0.3, 10.0),
     # The default before document routing (RRF 1:1, no routing): the best of the sweeps on
@@ -241,12 +250,15 @@ def best_segments(
     min_segment_value: float,
     sizes: Ints | None = None,
     max_size: int | None = None,
+    doc_caps: Ints | None = None,
 ) -> list[Segment]:
     """Greedy-exact segment search (see the module docstring); best first.
 
-    With ``sizes`` (each chunk's length in characters, flattened like ``values``) and
-    ``max_size``, the picks' total size also stays within ``max_size``: a run that no longer
-    fits is skipped like one that overlaps a pick, so smaller runs still fill the rest.
+    With ``doc_caps``, the longest run in document ``d`` is ``doc_caps[d]`` chunks instead
+    of ``max_segment_chunks``. With ``sizes`` (each chunk's length in characters, flattened
+    like ``values``) and ``max_size``, the picks' total size also stays within
+    ``max_size``: a run that no longer fits is skipped like one that overlaps a pick, so
+    smaller runs still fill the rest.
     """
     values = np.asarray(values, dtype=np.float64)
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -261,7 +273,8 @@ def best_segments(
         size_prefix = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.asarray(sizes, dtype=np.int64), out=size_prefix[1:])
         size_at = size_prefix.tolist()
-    cap = min(int(max_segment_chunks), budget, n)
+    longest = int(max_segment_chunks) if doc_caps is None else int(np.max(doc_caps))
+    cap = min(longest, budget, n)
     # A run longer than one chunk that starts on a negative chunk, or ends on a chunk worth
     # at most 0, is never picked: the run without that chunk is worth more (or as much, and
     # comes first), and whatever rules it out rules the longer one out too. So runs start
@@ -270,7 +283,10 @@ def best_segments(
     # would cross its document's end. Leaving them out leaves the picks as they are.
     first = np.flatnonzero(values >= 0) if min_segment_value > 0 else np.arange(n)
     ends = first[:, None] + np.arange(1, cap + 1)
-    inside = ends <= offsets[np.searchsorted(offsets, first, side="right")][:, None]
+    doc_of = np.searchsorted(offsets, first, side="right")
+    inside = ends <= offsets[doc_of][:, None]
+    if doc_caps is not None:  # each document's own longest run
+        inside &= np.arange(1, cap + 1) <= np.asarray(doc_caps)[doc_of - 1][:, None]
     np.minimum(ends, n, out=ends)
     ok = inside & (values[ends - 1] > 0)
     ok[:, 0] = inside[:, 0]
@@ -392,9 +408,16 @@ def choose_segments(
         [(position[c.doc_id], c.chunk_index, c.relevance) for c in cands],
         p.irrelevant_chunk_penalty,
     )
+    caps = None
+    if p.headed_segment_chunks is not None and p.headed_segment_chunks > p.max_segment_chunks:
+        caps = np.array(
+            [p.headed_segment_chunks if pointers[d].headed else p.max_segment_chunks for d in docs]
+        )
     if s.max_chars is None:  # the preset's budget, in chunks
         budget = p.max_total_chunks + (len(s.queries) - 1) * p.extra_query_chunks
-        segs = best_segments(values, offsets, p.max_segment_chunks, budget, p.min_segment_value)
+        segs = best_segments(
+            values, offsets, p.max_segment_chunks, budget, p.min_segment_value, doc_caps=caps
+        )
     else:  # the caller's budget, in characters
         sizes = np.fromiter(
             (n for d in docs for n in _strides(pointers[d].spans)), np.int64, len(values)
@@ -407,6 +430,7 @@ def choose_segments(
             p.min_segment_value,
             sizes,
             s.max_chars,
+            caps,
         )
     if p.merge_touching:
         segs = merge_touching(segs)

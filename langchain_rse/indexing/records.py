@@ -188,6 +188,9 @@ class Pointer(JsonRecord):
     """Half-open character range of each chunk, in chunk order (stored flat)."""
     fallbacks: int = 0
     """Chunks whose LLM context failed (header used): re-adding the document retries them."""
+    headed: bool = False
+    """The text has line headings (``indexing.sections``): its segments may run to
+    ``RSEParams.headed_segment_chunks``."""
 
     @field_validator("spans", mode="before")
     @classmethod

@@ -52,6 +52,7 @@ from langchain_rse.indexing.records import (
     splitter_fingerprint,
 )
 from langchain_rse.indexing.recordstore import RecordStore
+from langchain_rse.indexing.sections import line_headings
 
 __all__ = [
     "INDEX_BATCH_SIZE",
@@ -224,6 +225,7 @@ class Prepared:
             metadata=dict(todo.doc.metadata),
             spans=Spans((c.start_index, c.end_index) for c in chunks),
             fallbacks=sum(ctx.method == "fallback" for ctx in contexts),
+            headed=bool(line_headings(todo.doc.page_content)),
         )
         body = DocBody(text=todo.doc.page_content, contexts=Contexts(contexts))
         return cls(record, body, chunks, todo.replaces)

@@ -96,3 +96,25 @@ def test_chunks_mode_with_overlapping_chunks_keeps_each_chunk() -> None:
     for d in r.invoke("reset the boiler", k=5):
         assert d.metadata["chunk_index"] == d.metadata["chunk_start"]
         assert d.page_content == spans[d.metadata["start_index"] : d.metadata["end_index"]]
+
+
+def test_a_segment_runs_longer_in_a_document_with_headings() -> None:
+    """``headed_segment_chunks``: a document with line headings (here Markdown) may return
+    a run of 5 chunks where the same text without headings returns 3."""
+    para = "Reset the boiler by holding the reset button until the pressure gauge settles. "
+    body = "\n\n".join([para * 3] * 8)
+    docs = [
+        Document("# Boiler manual\n\n## Resetting\n\n" + body, id="headed"),
+        Document("Boiler manual.\n\nResetting.\n\n" + body, id="plain"),
+    ]
+    params = get_preset("default").with_overrides(merge_touching=False, bridge_chunks=0)
+    r = RSERetriever.from_documents(
+        docs,
+        vectorstore=InMemoryVectorStore(HashingEmbeddings()),
+        rse_params=params,
+        show_progress=False,
+    )
+    assert [p.headed for p in r.index.pointers(["headed", "plain"])] == [True, False]
+    for doc_id, longest in (("headed", 5), ("plain", 3)):
+        got = r.invoke("reset the boiler pressure gauge", k=10, filter={"doc_id": doc_id})
+        assert max(d.metadata["chunk_end"] - d.metadata["chunk_start"] for d in got) == longest

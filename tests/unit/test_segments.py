@@ -18,14 +18,15 @@ from langchain_rse.segments import (
 )
 
 
-def brute_force(values, offsets, max_len, max_total, min_value):
+def brute_force(values, offsets, max_len, max_total, min_value, doc_caps=None):
     """Greedy formulation, straightforwardly: every run, every pick."""
     chosen, blocked, budget = [], set(), max_total
     while budget > 0:
         best = None
         for d in range(len(offsets) - 1):
+            longest = max_len if doc_caps is None else doc_caps[d]
             for s in range(offsets[d], offsets[d + 1]):
-                for length in range(1, max_len + 1):
+                for length in range(1, longest + 1):
                     e = s + length
                     if e > offsets[d + 1] or length > budget or blocked & set(range(s, e)):
                         break
@@ -54,6 +55,24 @@ def test_matches_brute_force(seed: int) -> None:
         (a, b) for a, b, _ in want
     ]
     assert [s.value for s in got] == pytest.approx([v for _, _, v in want])
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_matches_brute_force_with_a_longest_run_per_document(seed: int) -> None:
+    """``doc_caps``: each document's own longest run (documents with headings get longer
+    ones)."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 12, size=rng.integers(1, 5))
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    values = rng.normal(0.0, 0.5, size=offsets[-1])
+    caps = rng.integers(1, 7, size=len(counts))
+    max_total, min_value = int(rng.integers(1, 16)), float(rng.uniform(-0.2, 0.8))
+    got = best_segments(values, offsets, 3, max_total, min_value, doc_caps=caps)
+    want = brute_force(list(values), list(offsets), 3, max_total, min_value, list(caps))
+    assert [(offsets[s.doc] + s.start, offsets[s.doc] + s.end) for s in got] == [
+        (a, b) for a, b, _ in want
+    ]
+    assert all(s.end - s.start <= caps[s.doc] for s in got)
 
 
 @pytest.mark.parametrize("seed", [4, 304, 672, 1578, 2336, 2820, 2874])
