@@ -251,16 +251,7 @@ def _fresh(seen: list[tuple[int, int]], s: int, e: int) -> int:
 
 def distinct_chars(got: Sequence[Span]) -> int:
     """The characters ``got`` returns, each counted once (overlapping chunks share some)."""
-    total = 0
-    by_doc: dict[str, list[tuple[int, int]]] = {}
-    for f, s, e in got:
-        by_doc.setdefault(f, []).append((s, e))
-    for ranges in by_doc.values():
-        at = -1
-        for s, e in sorted(ranges):
-            total += max(0, e - max(s, at))
-            at = max(at, e)
-    return total
+    return _length(merge_spans(got))
 
 
 def cut_at_budget(ranked: Sequence[Span], budget: int) -> list[Span]:

@@ -283,10 +283,10 @@ def best_segments(
     # would cross its document's end. Leaving them out leaves the picks as they are.
     first = np.flatnonzero(values >= 0) if min_segment_value > 0 else np.arange(n)
     ends = first[:, None] + np.arange(1, cap + 1)
-    doc_of = np.searchsorted(offsets, first, side="right")
-    inside = ends <= offsets[doc_of][:, None]
+    doc_of_first = np.searchsorted(offsets, first, side="right") - 1
+    inside = ends <= offsets[doc_of_first + 1][:, None]
     if doc_caps is not None:  # each document's own longest run
-        inside &= np.arange(1, cap + 1) <= np.asarray(doc_caps)[doc_of - 1][:, None]
+        inside &= np.arange(1, cap + 1) <= np.asarray(doc_caps)[doc_of_first][:, None]
     np.minimum(ends, n, out=ends)
     ok = inside & (values[ends - 1] > 0)
     ok[:, 0] = inside[:, 0]
