@@ -21,7 +21,8 @@ Pure numpy, no I/O.
   below, every lone chunk too).
 * :func:`fit_segments` then turns the chosen chunk runs into characters, within the
   budget: gaps of up to two chunks bridged, ends moved to sentence or line boundaries, fragments
-  grown or left out (the text is passed in; still no I/O).
+  grown or left out, ends carried on to their paragraph's end (the text is passed in; still
+  no I/O).
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ class RSEParams:
     """Longest segment in a document with line headings (Markdown, reStructuredText,
     AsciiDoc): documentation whose answers are paragraphs with their lead-in (None: the
     same as ``max_segment_chunks``; never shorter than it)."""
+    paragraph_chars: int = 300
+    """How far (characters) a result that stops inside a paragraph may go on to the
+    paragraph's end (a blank line, or the text's end) when the budget has room left after
+    every result is placed: an answer is not cut off before its last sentences (0: off)."""
 
     def __post_init__(self) -> None:
         if self.max_segment_chunks < 1:
@@ -128,7 +133,7 @@ class RSEParams:
             )
         if self.decay_rate <= 0:
             raise ValueError(f"decay_rate must be positive, got {self.decay_rate}")
-        for name in ("bridge_chunks", "snap_chars", "min_result_chars"):
+        for name in ("bridge_chunks", "snap_chars", "min_result_chars", "paragraph_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -541,6 +546,9 @@ def fit_segments(
        backward, to that length and a boundary; one that cannot is left out unless it is
        its whole document, or holds the dense search's first chunk (then the lowest
        ranked results make room for it).
+    4. **Paragraph ends** (``paragraph_chars``): then, best result first, one that stops
+       inside a paragraph goes on to its end when that is near and fits the room left
+       (never at another result's cost).
 
     Results stay exact slices and never overlap; the order is the selection's (a bridged
     pair takes the better place)."""
@@ -577,6 +585,11 @@ def fit_segments(
             room = _grow(
                 pieces, g, text, lo, hi, p.min_result_chars, max(p.snap_chars, 1), room, protect
             )
+    if p.paragraph_chars > 0:
+        for g in (g for g in order if g in pieces):
+            text = texts[g.doc_id]
+            _, hi = _room_around(pieces, g, len(text))
+            room = _to_paragraph_end(g, text, hi, p.paragraph_chars, room)
     return [_chosen(g, pointers) for g in sorted(pieces, key=lambda g: g.rank)]
 
 
@@ -872,6 +885,53 @@ def _grow(
         return room + (g.end - g.start)
     g.start, g.end = start, end
     return room - cost
+
+
+_INLINE_BLANKS = " \t\r\f\v"
+_BLANK_LINE = re.compile(r"[ \t\r\f\v]*\n")
+"""The rest of a line that is empty (but for blanks)."""
+_BLANK_TO_END = re.compile(r"\s*\Z")
+
+
+def _at_paragraph_end(text: str, i: int) -> bool:
+    """Whether ``i`` ends a paragraph: only blanks follow it up to an empty line, or up
+    to the text's end."""
+    j = i
+    while j < len(text) and text[j] in _INLINE_BLANKS:
+        j += 1
+    if j < len(text) and text[j] == "\n" and _BLANK_LINE.match(text, j + 1):
+        return True
+    return _BLANK_TO_END.match(text, i) is not None
+
+
+def _paragraph_end_after(text: str, start: int, limit: int) -> int | None:
+    """The first paragraph end in ``(start, limit]`` (``start`` not being one): the last
+    non-blank before an empty line, or before the text's end."""
+    j = text.find("\n", start)
+    while j != -1:
+        i = j
+        while i > start and text[i - 1] in _INLINE_BLANKS:
+            i -= 1
+        if i > limit:
+            break
+        if _BLANK_LINE.match(text, j + 1):
+            return i
+        j = text.find("\n", j + 1)
+    if _BLANK_TO_END.match(text, limit):
+        return len(text.rstrip())
+    return None
+
+
+def _to_paragraph_end(g: _Piece, text: str, hi: int, reach: int, room: float) -> float:
+    """Carry ``g``'s end on to its paragraph's end when that is at most ``reach`` further,
+    not past ``hi``, and fits ``room``; the room left."""
+    if _at_paragraph_end(text, g.end):
+        return room
+    end = _paragraph_end_after(text, g.end, min(hi, g.end + reach))
+    if end is not None and end - g.end <= room:
+        room -= end - g.end
+        g.end = end
+    return room
 
 
 def segment_documents(

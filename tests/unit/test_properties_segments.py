@@ -8,7 +8,9 @@ varied ``k``, budgets and filters:
 * every result is the exact slice ``source[start_index:end_index]``;
 * results never overlap;
 * no result is under ``min_result_chars`` unless it is its whole document (or holds the
-  dense search's first chunk, which may be short when the document is).
+  dense search's first chunk, which may be short when the document is);
+* with room, a result stops inside a paragraph only when its end is further than
+  ``paragraph_chars``.
 
 Failing inputs found while developing are kept as ``@example`` regressions.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import textwrap
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -367,8 +370,8 @@ def test_fitting_keeps_budget_slices_and_the_dense_first_chunk(f: Fit) -> None:
 def test_no_gap_of_up_to_bridge_chunks_is_left_when_it_fits(f: Fit) -> None:
     """Brute force over every pair of neighbouring results: two results at most
     ``bridge_chunks`` chunks apart are only left apart when their gap exceeds the budget
-    left (snapping and growing off, so only bridging spends it)."""
-    p = get_preset("default").with_overrides(snap_chars=0, min_result_chars=0)
+    left (snapping, growing and paragraph ends off, so only bridging spends it)."""
+    p = get_preset("default").with_overrides(snap_chars=0, min_result_chars=0, paragraph_chars=0)
     got = sorted(_fit(f, p), key=lambda g: g.start_index)
     _check_fit(f, p, got)
     left = (
@@ -403,6 +406,56 @@ def test_with_room_results_start_and_end_on_boundaries(f: Fit) -> None:
                 _is_start(f.text, i) and not f.text[i].isspace()
                 for i in range(max(lo, g.start_index - reach), g.start_index)
             )
+
+
+def _paragraph_end(text: str, i: int) -> bool:
+    """Brute force: only blanks follow ``i`` up to an empty line or the text's end."""
+    return bool(re.match(r"[ \t\r\f\v]*\n[ \t\r\f\v]*\n", text[i:])) or not text[i:].strip()
+
+
+@settings(max_examples=150)
+@given(fits())
+def test_with_room_a_result_ends_its_paragraph_when_that_is_near(f: Fit) -> None:
+    """Brute force: with no budget, a result that stops inside a paragraph has no paragraph
+    end within ``paragraph_chars`` before the next result."""
+    p = get_preset("default")
+    f = Fit(f.text, f.runs, None, f.dense)
+    got = sorted(_fit(f, p), key=lambda g: g.start_index)
+    _check_fit(f, p, got)
+    for j, g in enumerate(got):
+        hi = got[j + 1].start_index if j + 1 < len(got) else len(f.text)
+        if not _paragraph_end(f.text, g.end_index):
+            reach = range(g.end_index + 1, min(hi, g.end_index + p.paragraph_chars) + 1)
+            assert not any(_paragraph_end(f.text, i) for i in reach)
+
+
+@settings(max_examples=150)
+@given(fits())
+def test_a_paragraph_end_is_bought_with_room_left_only(f: Fit) -> None:
+    """Metamorphic: carrying ends on to their paragraphs' ends never drops a result, never
+    moves a start and never shortens a result; it only spends the budget's room."""
+    off = _fit(f, get_preset("default").with_overrides(paragraph_chars=0))
+    on = _fit(f, get_preset("default"))
+    _check_fit(f, get_preset("default"), on)
+    assert [(g.doc_id, g.start_index) for g in on] == [(g.doc_id, g.start_index) for g in off]
+    assert all(a.end_index >= b.end_index for a, b in zip(on, off))
+
+
+def test_an_answer_paragraph_comes_back_to_its_end_when_the_budget_has_room() -> None:
+    """A chunk that stops inside its paragraph comes back to the paragraph's end when the
+    budget has room for the rest, and stops short of it (on a sentence end) when not."""
+    para = " ".join(f"Step {i}: hold the reset button until the gauge settles." for i in range(7))
+    text = "\n\n".join([para] * 4)
+    spans = _spans(text)
+    first = next(i for i, (_, e) in enumerate(spans) if not _paragraph_end(text, e))
+    start, end = spans[first]
+    paragraph_end = text.index("\n\n", end)
+    assert paragraph_end - end <= get_preset("default").paragraph_chars
+    p = get_preset("default")
+    (roomy,) = _fit(Fit(text, ((first, first + 1),), end - start + 400, None), p)
+    assert roomy.end_index == paragraph_end
+    (tight,) = _fit(Fit(text, ((first, first + 1),), end - start, None), p)
+    assert tight.end_index < paragraph_end and _is_end(text, tight.end_index)
 
 
 @settings(max_examples=200)
@@ -450,7 +503,7 @@ def test_a_gap_is_bought_with_the_results_ranked_below_both() -> None:
     runs = ((0, 2), (3, 5), (6, 8))  # chunk 2 lies between the first two
     used = sum(spans[b - 1][1] - spans[a][0] for a, b in runs)
     f = Fit(text, runs, used, None)
-    p = get_preset("default").with_overrides(snap_chars=0, min_result_chars=0)
+    p = get_preset("default").with_overrides(snap_chars=0, min_result_chars=0, paragraph_chars=0)
     got = _fit(f, p)
     assert [(g.chunk_start, g.chunk_end) for g in got] == [(0, 5)]
     assert sum(g.end_index - g.start_index for g in got) <= used
