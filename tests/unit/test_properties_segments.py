@@ -9,8 +9,8 @@ varied ``k``, budgets and filters:
 * results never overlap;
 * no result is under ``min_result_chars`` unless it is its whole document (or holds the
   dense search's first chunk, which may be short when the document is);
-* with room, a result stops inside a paragraph only when its end is further than
-  ``paragraph_chars``.
+* with room, a result stops inside a paragraph only when the paragraph's end is further
+  than ``paragraph_chars`` or past the next result.
 
 Failing inputs found while developing are kept as ``@example`` regressions.
 """
