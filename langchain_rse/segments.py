@@ -694,6 +694,8 @@ def _bridge(
         pieces.remove(y)
 
 
+_INLINE_BLANKS = " \t\r\f\v"
+"""Blanks inside a line."""
 _TERMINALS = ".!?…。！？"
 _CLOSERS = "\"'”’)]»"
 _END = re.compile(r"[.!?…。！？][\"'”’)\]»]*|\n")
@@ -743,7 +745,7 @@ def _is_end(text: str, i: int) -> bool:
     if i <= 0:
         return False
     j = i
-    while j < n and text[j] in " \t\r\f\v":
+    while j < n and text[j] in _INLINE_BLANKS:
         j += 1
     if j == n:
         return True
@@ -764,7 +766,7 @@ def _is_start(text: str, i: int) -> bool:
     if i <= 0:
         return True
     j = i
-    while j > 0 and text[j - 1] in " \t\r\f\v":
+    while j > 0 and text[j - 1] in _INLINE_BLANKS:
         j -= 1
     if j == 0:
         return True
@@ -887,21 +889,11 @@ def _grow(
     return room - cost
 
 
-_INLINE_BLANKS = " \t\r\f\v"
 _BLANK_LINE = re.compile(r"[ \t\r\f\v]*\n")
 """The rest of a line that is empty (but for blanks)."""
 _BLANK_TO_END = re.compile(r"\s*\Z")
-
-
-def _at_paragraph_end(text: str, i: int) -> bool:
-    """Whether ``i`` ends a paragraph: only blanks follow it up to an empty line, or up
-    to the text's end."""
-    j = i
-    while j < len(text) and text[j] in _INLINE_BLANKS:
-        j += 1
-    if j < len(text) and text[j] == "\n" and _BLANK_LINE.match(text, j + 1):
-        return True
-    return _BLANK_TO_END.match(text, i) is not None
+_PARAGRAPH_END = re.compile(r"[ \t\r\f\v]*\n[ \t\r\f\v]*\n|\s*\Z")
+"""What follows a paragraph's end: blanks up to an empty line, or to the text's end."""
 
 
 def _paragraph_end_after(text: str, start: int, limit: int) -> int | None:
@@ -917,15 +909,18 @@ def _paragraph_end_after(text: str, start: int, limit: int) -> int | None:
         if _BLANK_LINE.match(text, j + 1):
             return i
         j = text.find("\n", j + 1)
-    if _BLANK_TO_END.match(text, limit):
-        return len(text.rstrip())
+    if _BLANK_TO_END.match(text, limit):  # the text's last non-blank
+        i = limit
+        while i > start and text[i - 1].isspace():
+            i -= 1
+        return i
     return None
 
 
 def _to_paragraph_end(g: _Piece, text: str, hi: int, reach: int, room: float) -> float:
     """Carry ``g``'s end on to its paragraph's end when that is at most ``reach`` further,
     not past ``hi``, and fits ``room``; the room left."""
-    if _at_paragraph_end(text, g.end):
+    if _PARAGRAPH_END.match(text, g.end):
         return room
     end = _paragraph_end_after(text, g.end, min(hi, g.end + reach))
     if end is not None and end - g.end <= room:
