@@ -120,12 +120,9 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rse import RSERetriever
 
-CORPORA = ("cuad", "code", "covidqa", "docs", "mddocs")
 BUDGETS = (2000, 4000, 8000)
 TARGET_BUDGET = 4000
 PEERS = ("dense", "naive500", "ensemble", "dense1000", "ensemble1000")
-CORPUS_PEERS = {d: ("dense", "dense1000", "ensemble1000") for d in ("docs", "mddocs")}
-"""Peers scored when ``--peers`` is not given (others: the first three of :data:`PEERS`)."""
 NAIVE_CHUNK = 500
 WIDE_CHUNK, WIDE_OVERLAP = 1000, 100
 """The docs peers' chunks: 1000 characters, the ensemble's with 100 of overlap."""
@@ -174,6 +171,9 @@ DOCS_CORPORA = {
         "RSE_MDDOCS_CORPUS",
     ),
 }
+CORPORA = ("cuad", "code", "covidqa", *DOCS_CORPORA)
+CORPUS_PEERS = {d: ("dense", "dense1000", "ensemble1000") for d in DOCS_CORPORA}
+"""Peers scored when ``--peers`` is not given (others: the first three of :data:`PEERS`)."""
 DEFAULT_K = 50
 """Segments the default may return: large enough that only the budget binds."""
 PASS_KS = (5, 10, 20)
