@@ -2,8 +2,11 @@
 
 One table per corpus (CUAD dev, Anthropic's code set, COVID-QA dev, ``docs``: Flask
 3.1.0's reStructuredText documentation with the 44 questions of
-``benchmarks/data/flask_questions.json``, and ``mddocs``: Starlette 0.41.3's Markdown
-documentation with the 45 questions of ``benchmarks/data/starlette_questions.json``).
+``benchmarks/data/flask_questions.json``, ``mddocs``: Starlette 0.41.3's Markdown
+documentation with the 45 questions of ``benchmarks/data/starlette_questions.json``, and
+``structlog``: structlog 24.4.0's MyST Markdown documentation with the 45 questions of
+``benchmarks/data/structlog_questions.json``, a held-out check: written after every docs
+default was chosen, and no default tuned on it).
 Every method uses the same embedding model (the bundled one, vectors cached in
 ``benchmarks/.cache/``):
 
@@ -19,11 +22,11 @@ Every method uses the same embedding model (the bundled one, vectors cached in
   100 characters of overlap.
 
 A docs corpus is a pinned sdist's ``docs/`` folder (``DOCS_CORPORA``): read from
-``$RSE_DOCS_CORPUS`` / ``$RSE_MDDOCS_CORPUS`` (a ``docs/`` folder) when set, else fetched
-once with ``pip download`` into ``benchmarks/.cache/docs/`` (checked against its SHA-256);
-when neither works the corpus is skipped with a message. Each question's gold is the
-paragraph holding its quoted anchor, re-located on load (a mismatch is an error, not a
-silent skip).
+``$RSE_DOCS_CORPUS`` / ``$RSE_MDDOCS_CORPUS`` / ``$RSE_STRUCTLOG_CORPUS`` (a ``docs/``
+folder) when set, else fetched once with ``pip download`` into ``benchmarks/.cache/docs/``
+(checked against its SHA-256); when neither works the corpus is skipped with a message.
+Each question's gold is the paragraph holding its quoted anchor, re-located on load (a
+mismatch is an error, not a silent skip).
 
 Each peer's best-first ranges are cut at the budget (``common.cut_at_budget``). Per budget:
 character recall / precision, evidence hit (at least half the gold characters returned),
@@ -169,6 +172,15 @@ DOCS_CORPORA = {
         DATA / "starlette_questions.json",
         "Starlette 0.41.3 docs (Markdown)",
         "RSE_MDDOCS_CORPUS",
+    ),
+    "structlog": DocsCorpus(
+        "structlog",
+        "24.4.0",
+        "b27bfecede327a6d2da5fbc96bd859f114ecc398a6389d664f62085ee7ae6fc4",
+        "*.md",
+        DATA / "structlog_questions.json",
+        "structlog 24.4.0 docs (MyST Markdown)",
+        "RSE_STRUCTLOG_CORPUS",
     ),
 }
 CORPORA = ("cuad", "code", "covidqa", *DOCS_CORPORA)
