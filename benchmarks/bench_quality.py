@@ -766,11 +766,14 @@ def family_table(args: argparse.Namespace, embeddings: CachedEmbeddings) -> str:
     methods = {"default": default_method(retriever), "dense": dense_method(retriever, args.budgets)}
     header = ["wording", *(f"recall {b // 1000}k %" for b in args.budgets)]
     header += ["dense 4k %", "routed right / wrong / none", "misled (2k/4k/8k)"]
-    rows, recalls = [], {}
+    header += [f"vs {WORDINGS[0]} at {args.budgets[-1] // 1000}k (won / lost, p)"]
+    rows, recalls, per_question = [], {}, {}
     for w, c in worded.items():
         res = score(c, methods, idx, args.budgets, top=False)  # the table has no top-N column
         routes = route_counts(retriever, [c.queries[i] for i in idx])
         recalls[w] = [100 * _mean(res["default"][b]["recall"]) for b in args.budgets]
+        per_question[w] = [100 * x for x in res["default"][args.budgets[-1]]["recall"]]
+        t = paired_test(per_question[w], per_question[WORDINGS[0]])
         dense4k = (
             100 * _mean(res["dense"][TARGET_BUDGET]["recall"])
             if TARGET_BUDGET in args.budgets
@@ -783,12 +786,14 @@ def family_table(args: argparse.Namespace, embeddings: CachedEmbeddings) -> str:
                 f"{dense4k:.1f}",
                 f"{routes['right']} / {routes['wrong']} / {routes['none']}",
                 "/".join(f"{sum(res['default'][b]['misled']):.0f}" for b in args.budgets),
+                f"{t.diff:+.1f} ({t.wins} / {t.losses}, p = {t.p:.2f})",
             ]
         )
     spread = [
         max(recalls[w][j] for w in NAMING_WORDINGS) - min(recalls[w][j] for w in NAMING_WORDINGS)
         for j in range(len(args.budgets))
     ]
+    chance, p = spread_by_chance([per_question[w] for w in NAMING_WORDINGS])
     return (
         f"## CUAD dev phrasing families: {len(base.contracts)} contracts, {len(idx)} questions "
         f"each (half {args.half}), {variant_name(settings)}\n\nCommit {commit()}, "
@@ -796,8 +801,28 @@ def family_table(args: argparse.Namespace, embeddings: CachedEmbeddings) -> str:
         + fmt_table(header, rows)
         + "\n\nspread between the naming families (max - min recall): "
         + ", ".join(f"{b // 1000}k {d:.1f}" for b, d in zip(args.budgets, spread))
-        + " points"
+        + f" points; at {args.budgets[-1] // 1000}k, with each question's recalls shuffled "
+        f"among the naming families (no family effect) the spread is {chance:.1f} (median), "
+        f"and {100 * p:.0f}% of shuffles reach the observed one"
     )
+
+
+def spread_by_chance(
+    families: Sequence[Sequence[float]], n: int = 2_000, seed: int = 0
+) -> tuple[float, float]:
+    """How large the spread (max - min of the families' means) is when the family makes no
+    difference: each question's scores shuffled among the families, ``n`` times (a
+    permutation test; ``families[f][q]`` is family ``f``'s score of question ``q``). Returns
+    the median shuffled spread and the share of shuffles whose spread reaches the observed
+    one (the p-value of "the families differ")."""
+    scores = np.asarray(families, dtype=np.float64)
+    observed = np.ptp(scores.mean(axis=1))
+    rng = np.random.default_rng(seed)
+    spreads = np.empty(n)
+    for i in range(n):
+        shuffled = rng.permuted(scores, axis=0)  # each column (question) on its own
+        spreads[i] = np.ptp(shuffled.mean(axis=1))
+    return float(np.median(spreads)), float((spreads >= observed - 1e-12).mean())
 
 
 def commit() -> str:
