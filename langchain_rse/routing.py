@@ -92,6 +92,10 @@ focuses only on a text that holds another word."""
 _WORD = re.compile(r"[^\W_]+")
 """A word of a query, as the tokenizer reads words."""
 _SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([,;:.?!])")
+_STRAY_PUNCTUATION = re.compile(r"[,;:]+(?=[?.!]|$)")
+"""A comma, semicolon or colon a cut-out name leaves before a sentence's end or the text's
+end (``"the date of the contract, according to the Orion Supply Agreement?"`` would leave
+``"the date of the contract,?"``)."""
 _BREAK = re.compile(r"[;:?!\n]|\.\s+(?=[A-Z])")
 """Punctuation a name does not run across: a clause or sentence end (not the full stop of
 ``Inc. and``). Search it between two words up to the second word's first letter, which
@@ -789,15 +793,15 @@ def apply_route(
 
 
 def _without(query: str, spans: Sequence[tuple[int, int]]) -> str:
-    """``query`` with ``spans`` cut out, whitespace runs made one space, stray leading
-    punctuation dropped."""
+    """``query`` with ``spans`` cut out, whitespace runs made one space, stray punctuation
+    dropped (leading, or left before a sentence's end)."""
     kept, at = [], 0
     for start, end in spans:
         kept.append(query[at:start])
         at = end
     kept.append(query[at:])
-    text = " ".join(" ".join(kept).split())
-    return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", text).lstrip(",;:. ")
+    text = _SPACE_BEFORE_PUNCTUATION.sub(r"\1", " ".join(" ".join(kept).split()))
+    return _STRAY_PUNCTUATION.sub("", text).lstrip(",;:. ")
 
 
 def _widened(

@@ -3,6 +3,7 @@ chunks (issue 16; by words, not clauses, since issue 55)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,8 @@ def test_the_words_that_name_the_routed_document_are_dropped_wherever_they_stand
         assert focused is not None and ASKED in focused.lower(), (query, focused)
         assert "orion" not in focused.lower()
         assert _asked_terms(focused) == _asked_terms(ASKED), (query, focused)
+        # no comma, semicolon or colon is left where the name was cut out
+        assert not re.search(r"[,;:]\s*(?:[?.!]|$)", focused), (query, focused)
     # the name's own words go with it (capitalized words its lead holds, across a comma)
     assert router.focus_query(QUERY, {"orion.txt"}) == ASKED
     named = "In the Orion Supply Agreement, between Orion Holdings and the Buyer, which state's"
@@ -115,6 +118,8 @@ def test_focus_asks_the_same_however_the_name_is_placed(
     }[where]
     focused = ROUTER.focus_query(query, {"orion.txt"})
     assert focused is not None and _asked_terms(focused) == _asked_terms(ask), (query, focused)
+    # and no comma, semicolon or colon is left where the name was cut out
+    assert not re.search(r"[,;:]\s*(?:[?.!]|$)", focused), (query, focused)
 
 
 ROUTER = build().router
