@@ -889,10 +889,11 @@ def _grow(
     return room - cost
 
 
-_BLANK_LINE = re.compile(r"[ \t\r\f\v]*\n")
+_BLANK_RUN = f"[{_INLINE_BLANKS}]*"
+_BLANK_LINE = re.compile(_BLANK_RUN + r"\n")
 """The rest of a line that is empty (but for blanks)."""
 _BLANK_TO_END = re.compile(r"\s*\Z")
-_PARAGRAPH_END = re.compile(r"[ \t\r\f\v]*\n[ \t\r\f\v]*\n|\s*\Z")
+_PARAGRAPH_END = re.compile(_BLANK_RUN + r"\n" + _BLANK_RUN + r"\n|\s*\Z")
 """What follows a paragraph's end: blanks up to an empty line, or to the text's end."""
 
 
